@@ -1,0 +1,47 @@
+# Kernels, Measured: the two commands a reader needs, and a few for contributors.
+#
+#   make serve   build and serve the site at http://127.0.0.1:8000 (no GPU needed)
+#   make test    the whole suite: CPU (Triton interpreter, nvcc compile checks, docs fences, notebooks,
+#                strict site build) and, with a CUDA GPU present, the GPU tests too
+#
+# Both create .venv on first use. PYTHON picks the interpreter (3.10+); TORCH picks the torch to install when
+# the venv has none (on a machine without a GPU, a CPU build keeps the download small).
+
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed
+
+.PHONY: serve test build bench report gpu-test clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[docs,test]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
+
+build: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+test: $(STAMP)
+	$(PY) -m pytest --markdown-docs --markdown-docs-syntax=superfences tests docs README.md CONTRIBUTING.md
+
+# On a CUDA machine: fail (instead of skip) when the GPU is missing, then run the sanitizer pass.
+gpu-test: $(STAMP)
+	REQUIRE_GPU=1 $(PY) -m pytest tests
+	$(PY) scripts/sanitize.py
+
+bench: $(STAMP)
+	$(PY) -m snippets bench $(OPS)
+
+report: $(STAMP)
+	$(PY) -m snippets report
+
+clean:
+	rm -rf site build .pytest_cache

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU, in one run: the GPU test suite (REQUIRE_GPU=1), a compute-sanitizer pass over
+# the CUDA programs and kernels, the benchmarks, and the captured program outputs the chapters show.
+#
+#   bash scripts/gpu_run.sh [OUTDIR] [bench args...]     e.g. bash scripts/gpu_run.sh out --quick vector_add
+#
+# Logs and results land in OUTDIR (default ./gpu-out); copy OUTDIR/results.json over
+# benchmarks/results/<gpu>.json (or run with --out) and commit it.
+set -uo pipefail
+OUTDIR=${1:-gpu-out}
+shift || true
+mkdir -p "$OUTDIR"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 REQUIRE_GPU=1 KM_OUTPUT_DIR=$OUTDIR
+PY=${PYTHON:-python3}
+# Without .git here, pass the commit being measured: KM_COMMIT=$(git rev-parse HEAD) KM_DIRTY=0|1
+status=0
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUTDIR/env.txt"
+$PY -c "import torch, triton, cupy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__)" | tee -a "$OUTDIR/env.txt"
+
+echo "== GPU test suite"
+$PY -m pytest tests -q -p no:cacheprovider --junitxml="$OUTDIR/junit.xml" 2>&1 | tee "$OUTDIR/pytest.log" || status=1
+
+echo "== compute-sanitizer"
+if command -v compute-sanitizer >/dev/null; then
+  $PY scripts/sanitize.py 2>&1 | tee "$OUTDIR/sanitizer.log" || status=1
+else
+  echo "compute-sanitizer not found: skipped" | tee "$OUTDIR/sanitizer.log"
+fi
+
+echo "== benchmarks"
+$PY -m snippets bench --out "$OUTDIR/results.json" "$@" 2>&1 | tee "$OUTDIR/bench.log" || status=1
+exit $status

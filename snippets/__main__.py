@@ -1,0 +1,37 @@
+"""Command line: ``python -m snippets {bench,report,list}``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m snippets", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bench", help="check and time ops on this GPU; merge into benchmarks/results/<gpu>.json")
+    b.add_argument("ops", nargs="*", help="op names (default: all)")
+    b.add_argument("--quick", action="store_true", help="headline sizes only, smaller GEMM ceilings")
+    b.add_argument("--out", type=Path, help="results file to merge into (default: benchmarks/results/<gpu>.json)")
+    r = sub.add_parser("report", help="summarise committed results (no GPU needed)")
+    r.add_argument("--json", action="store_true", help="one JSON record per op and GPU")
+    r.add_argument("--results", type=Path, help="results folder (default: benchmarks/results)")
+    sub.add_parser("list", help="list the registered ops and their implementations")
+    args = parser.parse_args(argv)
+
+    if args.cmd == "bench":
+        from snippets.bench.harness import run
+        run(args.ops, quick=args.quick, out=args.out)
+    elif args.cmd == "report":
+        from snippets.bench.report import RESULTS_DIR, print_report, report
+        print_report(report(args.results or RESULTS_DIR), args.json)
+    else:
+        from snippets.registry import load_all
+        for name, op in load_all().items():
+            impls = ", ".join(f"{i.name}={i.lang}" for i in op.impls.values())
+            print(f"part {op.part}  {name:18s} {op.metric:8s} {impls}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

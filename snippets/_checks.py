@@ -1,0 +1,77 @@
+"""Input checks shared by every public host function.
+
+Kernels do no checking (a bad pointer or size inside a kernel is an illegal memory access or a silently wrong
+answer), so every public function calls these first and raises a ``TypeError`` or ``ValueError`` that names the
+offending argument, its shape and its dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+import torch
+
+
+def triton_interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def describe(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+
+def check_tensors(
+    names: Iterable[str],
+    tensors: Iterable[object],
+    *,
+    dtypes: Iterable[torch.dtype],
+    device: str = "cuda",
+    same_shape: bool = True,
+    contiguous: bool = True,
+    allow_empty: bool = True,
+) -> None:
+    """Validate the tensor arguments of a kernel launch.
+
+    ``device="cuda"`` accepts CUDA tensors; for Triton kernels pass ``device=triton_device()`` so that CPU
+    tensors are accepted under the interpreter. All tensors must share one device, one dtype and (if
+    ``same_shape``) one shape.
+    """
+    names, tensors, dtypes = list(names), list(tensors), tuple(dtypes)
+    first = None
+    for name, t in zip(names, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != device:
+            hint = " (move it with .cuda())" if device == "cuda" else ""
+            raise ValueError(f"{name} must be on a {device} device, got {describe(t)}{hint}")
+        if t.dtype not in dtypes:
+            allowed = ", ".join(str(d) for d in dtypes)
+            raise TypeError(f"{name} has dtype {t.dtype}; this function supports {allowed}")
+        if contiguous and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got strides {t.stride()} for {describe(t)}; "
+                             "call .contiguous() first")
+        if not allow_empty and t.numel() == 0:
+            raise ValueError(f"{name} is empty ({describe(t)})")
+        if first is None:
+            first = (name, t)
+            continue
+        fname, f = first
+        if t.device != f.device:
+            raise ValueError(f"{name} is on {t.device} but {fname} is on {f.device}")
+        if t.dtype != f.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but {fname} has dtype {f.dtype}")
+        if same_shape and t.shape != f.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but {fname} has shape {tuple(f.shape)}")
+
+
+def triton_device() -> str:
+    """The device a Triton kernel's tensors must live on: ``cpu`` under the interpreter, else ``cuda``."""
+    return "cpu" if triton_interpreting() else "cuda"
+
+
+def check_scalar(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a Python int or float, got {type(value).__name__}")
+    return float(value)

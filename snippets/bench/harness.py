@@ -1,0 +1,257 @@
+"""``python -m snippets bench``: check every implementation against its reference, then time it, on this GPU.
+
+The ceilings the results are compared against (copy bandwidth, cuBLAS GEMM rates) are measured in the same run,
+on the same GPU. Results are merged into ``benchmarks/results/<gpu>.json`` one op at a time: an op's entry is
+replaced whole, so every number of one op comes from one run, next to the ceiling measured in that run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import subprocess
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from snippets.bench.timing import Timing, rotation, time_device, time_host
+from snippets.registry import REPO_ROOT, Impl, Op, dtype_name, load_all, size_key
+
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+SCHEMA = 1
+
+
+def slug(gpu_name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3': the results file's name."""
+    return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # not installed, or no version attribute
+        return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+                              timeout=10).stdout.strip()
+    except Exception:  # no git, or not a checkout
+        return None
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, check=True, timeout=20).stdout
+        return out.strip().splitlines()[0]
+    except Exception:  # nvidia-smi missing
+        return None
+
+
+def provenance() -> dict[str, Any]:
+    """Where and with what a measurement was taken."""
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": props.name,
+        "sm_count": props.multi_processor_count,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "memory_bytes": props.total_memory,
+        "l2_bytes": getattr(props, "L2_cache_size", None),
+        "driver": _driver_version(),
+        "cuda_runtime": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "cupy": _version("cupy"),
+        "numpy": _version("numpy"),
+        "python": platform.python_version(),
+        # A copy of the tree without .git (a GPU runner) passes the commit in KM_COMMIT instead.
+        "commit": _git("rev-parse", "HEAD") or os.environ.get("KM_COMMIT"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))
+        if _git("rev-parse", "HEAD") else os.environ.get("KM_DIRTY") == "1",
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# --8<-- [start:ceilings]
+def measure_ceilings(quick: bool = False) -> dict[str, dict[str, Any]]:
+    """The ceilings of this GPU, measured now: copy bandwidth and cuBLAS GEMM rates."""
+    out: dict[str, dict[str, Any]] = {}
+    n = 2**28  # 1 GiB of fp32 each way: far beyond L2
+    src = torch.randn(n, device="cuda")
+    dst = torch.empty_like(src)
+    t = time_device(lambda: dst.copy_(src), [()], budget_ms=300)
+    out["copy"] = {"value": 2 * src.nbytes / (t.median * 1e-3) / 1e9, "unit": "GB/s",
+                   "how": f"dst.copy_(src), {src.nbytes >> 20} MiB fp32, bytes read + written"}
+    del src, dst
+
+    m = 4096 if quick else 8192
+    for name, dtype, tf32 in (("gemm_fp32", torch.float32, False), ("gemm_tf32", torch.float32, True),
+                              ("gemm_fp16", torch.float16, False), ("gemm_bf16", torch.bfloat16, False)):
+        a = torch.randn(m, m, device="cuda", dtype=dtype)
+        b = torch.randn(m, m, device="cuda", dtype=dtype)
+        prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        try:
+            t = time_device(torch.matmul, [(a, b)], budget_ms=400)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = prev
+        out[name] = {"value": 2 * m**3 / (t.median * 1e-3) / 1e12, "unit": "TFLOP/s",
+                     "how": f"torch.matmul {m}x{m}x{m} {dtype_name(dtype)}" + (" (TF32)" if tf32 else "")}
+    return out
+# --8<-- [end:ceilings]
+
+
+# --8<-- [start:check]
+def check_impl(op: Op, impl: Impl, args: tuple, dtype: torch.dtype) -> float:
+    """Run ``impl`` once and compare it with the reference computed in float64; raise if they differ.
+    Returns the largest absolute error."""
+    out = impl.fn(*args)
+    ref_args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+    ref = op.reference(*ref_args)
+    rtol, atol = op.tolerance(dtype)
+    out64 = out.to(device=ref.device, dtype=torch.float64)
+    if out64.shape != ref.shape:
+        raise AssertionError(f"{op.name} {impl.name}: shape {tuple(out64.shape)}, reference {tuple(ref.shape)}")
+    if not torch.allclose(out64, ref, rtol=rtol, atol=atol, equal_nan=True):
+        err = (out64 - ref).abs().nan_to_num(float("inf")).max().item()
+        raise AssertionError(f"{op.name} {impl.name} {dtype_name(dtype)}: max abs error {err:.3g} "
+                             f"exceeds rtol={rtol}, atol={atol}")
+    return (out64 - ref).abs().max().item() if ref.numel() else 0.0
+# --8<-- [end:check]
+
+
+def _sizes(op: Op, quick: bool) -> list[dict]:
+    sizes = [dict(op.headline)]
+    if not quick:
+        sizes += [dict(s) for s in op.sweep if size_key(s) != size_key(op.headline)]
+    return sizes
+
+
+def plan(ops: Iterable[Op], quick: bool) -> list[tuple[Op, torch.dtype, dict, Impl]]:
+    """Every (op, dtype, size, implementation) the run will time, in order."""
+    jobs = []
+    for op in ops:
+        for dtype in op.timed_dtypes():
+            for size in _sizes(op, quick):
+                for impl in op.impls.values():
+                    if impl.supports(dtype) and (impl.runs_on("cuda") or impl.runs_on("cpu")):
+                        jobs.append((op, dtype, size, impl))
+    return jobs
+
+
+def run_job(op: Op, dtype: torch.dtype, size: dict, impl: Impl, l2_bytes: int, seed: int = 0) -> dict:
+    """Check, then time, one implementation at one size; returns its record (without the derived rates)."""
+    run_on = "cuda" if impl.runs_on("cuda") else "cpu"
+    gen = torch.Generator().manual_seed(seed)
+    ws = op.bytes_moved(size, dtype)
+    sets, flush = rotation(ws, l2_bytes) if impl.timer == "device" else (1, False)
+    arg_sets = [op.make_inputs(size, dtype, impl.input_device(run_on), gen) for _ in range(sets)]
+    err = check_impl(op, impl, arg_sets[0], dtype)
+    if impl.timer == "device":
+        flush_buf = torch.empty(2 * l2_bytes // 4, device="cuda") if flush else None
+        t = time_device(impl.fn, arg_sets, flush=flush_buf)
+    else:
+        t = time_host(impl.fn, arg_sets)
+    return {"impl": impl.name, "lang": impl.lang, "desc": impl.desc, "dtype": dtype_name(dtype),
+            "size": size, "size_key": size_key(size), "headline": size_key(size) == size_key(op.headline),
+            "ms": t.median, "ms_p10": t.p10, "ms_p90": t.p90, "reps": t.reps, "input_sets": sets,
+            "l2_flush": flush, "timer": impl.timer, "max_abs_err": err, "source_hash": impl.source_hash()}
+
+
+def derive(op: Op, records: list[dict], ceiling_value: float) -> None:
+    """Add the rate, the fraction of the ceiling and the speed-up over v0 to each record, in place."""
+    base = {(r["dtype"], r["size_key"]): r["ms"] for r in records if r["impl"] == "v0"}
+    for r in records:
+        dtype = getattr(torch, r["dtype"])
+        r["value"] = op.rate(r["size"], dtype, r["ms"])
+        r["unit"] = op.metric
+        r["fraction_of_ceiling"] = r["value"] / ceiling_value
+        b = base.get((r["dtype"], r["size_key"]))
+        r["speedup_vs_v0"] = b / r["ms"] if b else None
+
+
+def merge(path: Path, gpu: str, entries: dict[str, dict], ceilings: dict) -> dict:
+    """Merge op entries into a results file (an op's entry is replaced whole)."""
+    data = json.loads(path.read_text()) if path.exists() else {"schema": SCHEMA, "gpu": gpu, "ops": {}}
+    if data.get("gpu") != gpu:
+        raise ValueError(f"{path} holds results for {data.get('gpu')!r}, not {gpu!r}")
+    data["schema"] = SCHEMA
+    data["ceilings"] = ceilings
+    data["ops"].update(entries)
+    data["ops"] = dict(sorted(data["ops"].items()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    return data
+
+
+def run(op_names: list[str], quick: bool = False, out: Path | None = None, console=None) -> Path:
+    """The ``bench`` command: measure ceilings, then every requested op; merge into the results file."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not torch.cuda.is_available():
+        raise SystemExit("bench needs a CUDA GPU (torch.cuda.is_available() is False). The committed results "
+                         "are in benchmarks/results/; `python -m snippets report` summarises them.")
+    console = console or Console()
+    registry = load_all()
+    unknown = [n for n in op_names if n not in registry]
+    if unknown:
+        raise SystemExit(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(registry))}")
+    ops = [registry[n] for n in (op_names or sorted(registry))]
+    prov = provenance()
+    l2 = prov["l2_bytes"] or 64 * 2**20
+    console.print(f"[bold]{prov['gpu']}[/], {prov['sm_count']} SMs, torch {prov['torch']}, "
+                  f"triton {prov['triton']}, commit {str(prov['commit'])[:10]}")
+    with console.status("measuring ceilings"):
+        ceilings = measure_ceilings(quick)
+    for k, c in ceilings.items():
+        console.print(f"  ceiling {k}: {c['value']:.1f} {c['unit']} ({c['how']})")
+
+    jobs = plan(ops, quick)
+    records: dict[str, list[dict]] = {op.name: [] for op in ops}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("benchmarking", total=len(jobs))
+        for op, dtype, size, impl in jobs:
+            progress.update(task, description=f"{op.name} {impl.name} {size_key(size)}")
+            records[op.name].append(run_job(op, dtype, size, impl, l2))
+            torch.cuda.empty_cache()
+            progress.advance(task)
+
+    entries = {}
+    for op in ops:
+        ceiling = ceilings[op.ceiling]
+        derive(op, records[op.name], ceiling["value"])
+        entries[op.name] = {"part": op.part, "title": op.title, "metric": op.metric,
+                            "ceiling": {"name": op.ceiling, **ceiling}, "provenance": prov,
+                            "records": records[op.name]}
+    path = out or RESULTS_DIR / f"{slug(prov['gpu'])}.json"
+    merge(path, prov["gpu"], entries, ceilings)
+    _print_table(console, ops, entries)
+    console.print(f"wrote {path}")
+    return path
+
+
+def _print_table(console, ops: list[Op], entries: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="headline sizes")
+    for col in ("op", "impl", "lang", "dtype", "size", "time (ms)", "rate", "% ceiling", "vs v0"):
+        table.add_column(col, justify="right" if col in ("time (ms)", "rate", "% ceiling", "vs v0") else "left")
+    for op in ops:
+        for r in entries[op.name]["records"]:
+            if not r["headline"]:
+                continue
+            sp = f"{r['speedup_vs_v0']:.3g}x" if r["speedup_vs_v0"] else "-"
+            table.add_row(op.name, r["impl"], r["lang"], r["dtype"], r["size_key"], f"{r['ms']:.4f}",
+                          f"{r['value']:.1f} {r['unit']}", f"{100 * r['fraction_of_ceiling']:.1f}%", sp)
+    console.print(table)
+
+
+__all__ = ["Timing", "check_impl", "derive", "measure_ceilings", "merge", "plan", "provenance", "run", "slug"]

@@ -1,0 +1,108 @@
+"""How the book times code: device events around each call, warm-up first, the median of many calls, inputs
+rotated (and L2 flushed when they are small) so that no call finds its data already in cache.
+
+Every number on the site comes through these functions.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Milliseconds per call: the median, and the 10th/90th percentiles as the spread."""
+
+    median: float
+    p10: float
+    p90: float
+    reps: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> "Timing":
+        if not samples:
+            raise ValueError("no timing samples")
+        s = sorted(samples)
+        pick = lambda q: s[min(len(s) - 1, int(q * len(s)))]  # noqa: E731
+        return cls(statistics.median(s), pick(0.1), pick(0.9), len(s))
+
+
+def reps_for(estimate_ms: float, budget_ms: float, lo: int = 10, hi: int = 500) -> int:
+    """How many timed calls fit in ``budget_ms`` given one call's estimated time, clamped to [lo, hi]."""
+    if estimate_ms <= 0 or not math.isfinite(estimate_ms):
+        return hi
+    return max(lo, min(hi, int(budget_ms / estimate_ms)))
+
+
+# --8<-- [start:device_timer]
+def time_device(fn: Callable[..., Any], arg_sets: Sequence[tuple], *, budget_ms: float = 200.0,
+                warmup: int = 3, flush: torch.Tensor | None = None) -> Timing:
+    """Time ``fn`` on the GPU with a pair of CUDA events around every call.
+
+    Calls rotate through ``arg_sets`` so consecutive calls touch different memory; if ``flush`` is given (a
+    buffer larger than L2) it is overwritten between calls, outside the timed region, to evict the last
+    call's data. Warm-up calls first take compilation, autotuning and allocator growth out of the numbers.
+    """
+    for i in range(warmup):
+        fn(*arg_sets[i % len(arg_sets)])
+    torch.cuda.synchronize()
+    probe_start, probe_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    probe_start.record()
+    fn(*arg_sets[0])
+    probe_end.record()
+    torch.cuda.synchronize()
+    reps = reps_for(probe_start.elapsed_time(probe_end), budget_ms)
+
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if flush is not None:
+            flush.zero_()  # a write of 2x L2: whatever fn touched last is gone
+        starts[i].record()
+        fn(*arg_sets[i % len(arg_sets)])
+        ends[i].record()
+    torch.cuda.synchronize()  # elapsed_time needs both events complete
+    return Timing.of([s.elapsed_time(e) for s, e in zip(starts, ends)])
+# --8<-- [end:device_timer]
+
+
+# --8<-- [start:host_timer]
+def time_host(fn: Callable[..., Any], arg_sets: Sequence[tuple], *, budget_ms: float = 300.0,
+              warmup: int = 2) -> Timing:
+    """Time ``fn`` with the host clock, for CPU code and for GPU code whose time includes host work
+    (transfers, synchronizes). The GPU is synchronized before the clock starts and before it stops."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for i in range(warmup):
+        fn(*arg_sets[i % len(arg_sets)])
+    sync()
+    t0 = time.perf_counter()
+    fn(*arg_sets[0])
+    sync()
+    reps = reps_for((time.perf_counter() - t0) * 1e3, budget_ms, lo=5)
+    samples = []
+    for i in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn(*arg_sets[i % len(arg_sets)])
+        sync()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return Timing.of(samples)
+# --8<-- [end:host_timer]
+
+
+def rotation(working_set_bytes: int, l2_bytes: int, cap: int = 16) -> tuple[int, bool]:
+    """How many input sets to rotate through, and whether to flush L2 as well.
+
+    Enough sets that together they span 4x L2 (so each call's inputs were evicted by the calls between), at
+    most ``cap``; when even ``cap`` sets fit in 4x L2 the inputs are tiny, and the harness flushes L2 instead.
+    """
+    if working_set_bytes <= 0:
+        raise ValueError(f"working set must be positive, got {working_set_bytes}")
+    sets = min(cap, max(1, math.ceil(4 * l2_bytes / working_set_bytes)))
+    return sets, sets * working_set_bytes < 4 * l2_bytes

@@ -1,0 +1,72 @@
+"""Load CUDA C kernels from ``csrc/`` and launch them on torch tensors, through CuPy (NVRTC).
+
+Each ``.cu`` file is compiled once per (file, device architecture, options) and cached for the process; CuPy
+also keeps a compiled-kernel cache on disk (``~/.cupy/kernel_cache``), so a second process starts fast.
+Kernels run on torch's current stream, so they order correctly with torch work around them.
+
+Without CuPy or without a GPU, :func:`kernel` raises a ``RuntimeError`` that says what is missing, instead of an
+ImportError or a driver error from deep inside CuPy.
+"""
+
+# --8<-- [start:loader]
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from snippets.registry import REPO_ROOT
+
+CSRC = REPO_ROOT / "csrc"
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as exc:  # the wheel name depends on the CUDA major version: cupy-cuda12x / cupy-cuda13x
+        raise RuntimeError(
+            "the CUDA C versions of this book's kernels are loaded through CuPy, which is not installed: "
+            "pip install cupy-cuda13x (or cupy-cuda12x for a CUDA 12 driver), or use the Triton/PyTorch versions"
+        ) from exc
+    return cupy
+
+
+def require_gpu() -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError("this CUDA C kernel needs an NVIDIA GPU, and torch sees none "
+                           "(torch.cuda.is_available() is False); use the Triton version under TRITON_INTERPRET=1 "
+                           "to run on the CPU")
+
+
+@functools.lru_cache(maxsize=None)
+def _module(path: str, arch: str, options: tuple[str, ...]):
+    cupy = _cupy()
+    source = (CSRC / path).read_text()
+    # CuPy adds the target architecture of the current device itself; ``arch`` keys this cache per device type.
+    opts = ("-std=c++17", f"-I{CSRC / 'common'}", *options)
+    return cupy.RawModule(code=source, options=opts)
+
+
+def kernel(path: str, name: str, options: tuple[str, ...] = ()):
+    """The ``__global__`` function ``name`` (declared ``extern "C"``) of ``csrc/<path>``, compiled for this GPU."""
+    require_gpu()
+    major, minor = torch.cuda.get_device_capability()
+    return _module(path, f"sm_{major}{minor}", tuple(options)).get_function(name)
+
+
+def launch(fn, grid: int | tuple, block: int | tuple, args: tuple, shared_mem: int = 0) -> None:
+    """Launch ``fn`` on torch's current stream. Tensors become device pointers; keep scalars typed
+    (``numpy.int64(n)``, ``numpy.float32(a)``) so they match the kernel's parameter types."""
+    cupy = _cupy()
+    grid = grid if isinstance(grid, tuple) else (grid,)
+    block = block if isinstance(block, tuple) else (block,)
+    ptr_args = tuple(cupy.uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in args)
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    with stream:
+        fn(grid, block, ptr_args, shared_mem=shared_mem)
+# --8<-- [end:loader]
+
+
+def source_path(path: str) -> Path:
+    return CSRC / path

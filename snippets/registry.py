@@ -1,0 +1,199 @@
+"""One declaration per op: the registry that drives tests, benchmarks and the docs.
+
+Every op of the book registers an :class:`Op` here. The test suite reads the registry to know which references
+and implementations to compare, the benchmark harness reads it to know what to time and how to turn a time into
+GB/s or TFLOP/s, and the documentation hook reads it to render tables and to tell fresh measurements from stale
+ones (an implementation's *source hash* changes whenever its code does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+LANGUAGES = ("PyTorch", "Triton", "CUDA", "NumPy")
+# What a rate is compared against. Each ceiling is measured by the harness in the same run as the kernels.
+CEILINGS = {
+    "copy": "device-to-device copy bandwidth (bytes read + written)",
+    "gemm_fp32": "cuBLAS fp32 GEMM rate (IEEE, no TF32)",
+    "gemm_tf32": "cuBLAS TF32 GEMM rate",
+    "gemm_fp16": "cuBLAS fp16 GEMM rate",
+    "gemm_bf16": "cuBLAS bf16 GEMM rate",
+}
+UNITS = {"GB/s": "bytes", "TFLOP/s": "flops"}
+
+Size = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation of an op.
+
+    ``name`` is ``v0`` for the library baseline and ``v1``, ``v2``, ... for the book's own versions (never
+    renumbered). ``sources`` lists what the implementation's speed depends on: Python functions, Triton
+    ``JITFunction`` objects and CUDA files (paths relative to the repository root); its hash marks results stale.
+    ``timer`` is ``"device"`` (CUDA events around the call) or ``"host"`` (a host clock after a synchronize, for
+    CPU code and for anything that includes host transfers).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    lang: str
+    desc: str
+    sources: tuple[Any, ...] = ()
+    device: str = "cuda"  # where it runs: "cuda", "cpu", or "any" (Triton: CUDA, or the CPU interpreter)
+    timer: str = "device"
+    inputs_on: str | None = None  # where its inputs live, if not where it runs (host-to-device copies timed)
+    dtypes: tuple[torch.dtype, ...] | None = None  # None: every dtype the op declares
+
+    def __post_init__(self) -> None:
+        if self.lang not in LANGUAGES:
+            raise ValueError(f"{self.name}: lang must be one of {LANGUAGES}, got {self.lang!r}")
+        if self.device not in ("cuda", "cpu", "any"):
+            raise ValueError(f"{self.name}: device must be 'cuda', 'cpu' or 'any', got {self.device!r}")
+        if self.timer not in ("device", "host"):
+            raise ValueError(f"{self.name}: timer must be 'device' or 'host', got {self.timer!r}")
+
+    def runs_on(self, device: str) -> bool:
+        return self.device == device or (self.device == "any" and device in ("cuda", "cpu"))
+
+    def input_device(self, device: str) -> str:
+        return self.inputs_on or device
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        return self.dtypes is None or dtype in self.dtypes
+
+    def source_hash(self) -> str:
+        """sha256 (first 16 hex digits) over the source of ``fn`` and every entry of ``sources``."""
+        h = hashlib.sha256()
+        for obj in (self.fn, *self.sources):
+            h.update(_source_text(obj).encode())
+        return h.hexdigest()[:16]
+
+
+def _source_text(obj: Any) -> str:
+    if isinstance(obj, (str, Path)):
+        return (REPO_ROOT / obj).read_text()
+    src = getattr(obj, "src", None)  # triton.JITFunction keeps its source here
+    if isinstance(src, str):
+        return src
+    try:
+        return inspect.getsource(getattr(obj, "fn", obj))
+    except TypeError:  # a builtin such as torch.add: its name stands for it (library versions are provenance)
+        return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+@dataclass
+class Op:
+    """An op of the book: its reference, implementations, inputs, cost model and benchmark sizes.
+
+    ``make_inputs(size, dtype, device, generator)`` returns the positional arguments of every implementation.
+    ``bytes_moved(size, dtype)`` and ``flops(size, dtype)`` are the cost model: the fewest bytes that must cross
+    device memory and the arithmetic the op must do. ``metric`` picks which of the two the harness turns into a
+    rate, and ``ceiling`` which measured ceiling it is compared against.
+    """
+
+    name: str
+    part: int
+    chapter: str  # docs path of the chapter that includes this op, relative to docs/
+    title: str
+    reference: Callable[..., Any]
+    make_inputs: Callable[[Size, torch.dtype, str, torch.Generator], tuple]
+    bytes_moved: Callable[[Size, torch.dtype], int]
+    flops: Callable[[Size, torch.dtype], int]
+    metric: str
+    ceiling: str
+    headline: Size
+    sweep: Sequence[Size]
+    dtypes: tuple[torch.dtype, ...]
+    test_sizes: Sequence[Size]
+    impls: dict[str, Impl] = field(default_factory=dict)
+    sweep_axis: str = "n"
+    tolerances: Mapping[torch.dtype, tuple[float, float]] = field(default_factory=dict)
+    bench_dtypes: tuple[torch.dtype, ...] | None = None  # dtypes the harness times; None: the first of dtypes
+
+    def __post_init__(self) -> None:
+        if self.metric not in UNITS:
+            raise ValueError(f"{self.name}: metric must be one of {tuple(UNITS)}, got {self.metric!r}")
+        if self.ceiling not in CEILINGS:
+            raise ValueError(f"{self.name}: ceiling must be one of {tuple(CEILINGS)}, got {self.ceiling!r}")
+
+    def add(self, impl: Impl) -> Impl:
+        if impl.name in self.impls:
+            raise ValueError(f"{self.name}: implementation {impl.name} registered twice")
+        self.impls[impl.name] = impl
+        return impl
+
+    @property
+    def baseline(self) -> Impl | None:
+        return self.impls.get("v0")
+
+    def timed_dtypes(self) -> tuple[torch.dtype, ...]:
+        return self.bench_dtypes or self.dtypes[:1]
+
+    def work(self, size: Size, dtype: torch.dtype) -> int:
+        """The amount the metric divides by time: bytes for GB/s, FLOPs for TFLOP/s."""
+        return self.bytes_moved(size, dtype) if self.metric == "GB/s" else self.flops(size, dtype)
+
+    def rate(self, size: Size, dtype: torch.dtype, ms: float) -> float:
+        """GB/s = bytes / time / 1e9; TFLOP/s = FLOPs / time / 1e12."""
+        scale = 1e9 if self.metric == "GB/s" else 1e12
+        return self.work(size, dtype) / (ms * 1e-3) / scale
+
+    def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+        return self.tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, (1e-5, 1e-5)))
+
+
+# (rtol, atol) per dtype against a float64 reference, for element-wise ops. Reductions scale atol with length.
+DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-12, 1e-12),
+    torch.float32: (1e-6, 1e-6),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (8e-3, 8e-3),
+}
+
+REGISTRY: dict[str, Op] = {}
+
+# Modules that register ops; importing one fills REGISTRY. New parts add their module here.
+OP_MODULES = (
+    "snippets.part1.elementwise",
+    "snippets.part1.why_gpus",
+    "snippets.part1.divergence",
+)
+
+
+def register(op: Op) -> Op:
+    if op.name in REGISTRY:
+        raise ValueError(f"op {op.name!r} registered twice")
+    REGISTRY[op.name] = op
+    return op
+
+
+def load_all() -> dict[str, Op]:
+    for mod in OP_MODULES:
+        importlib.import_module(mod)
+    return REGISTRY
+
+
+def get_op(name: str) -> Op:
+    ops = load_all()
+    if name not in ops:
+        raise KeyError(f"unknown op {name!r}; known ops: {', '.join(sorted(ops))}")
+    return ops[name]
+
+
+def size_key(size: Size) -> str:
+    """A stable text key for a size, used in results files: ``n=268435456`` or ``n=16777216,pattern=alt``."""
+    return ",".join(f"{k}={size[k]}" for k in sorted(size))
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

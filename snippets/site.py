@@ -1,0 +1,257 @@
+"""Render benchmark tables and plots into the chapters, from the committed results (used by the MkDocs hook).
+
+A chapter asks for them with HTML comments on a line of their own, so the raw Markdown stays readable:
+
+    <!-- bench:table vector_add -->              headline size, one table per GPU with results
+    <!-- bench:table warp_divergence sizes=all -->  every measured size
+    <!-- bench:plot vector_add -->               the sweep: rate against size, one line per implementation
+    <!-- bench:plot cpu_vs_gpu y=ms -->          time instead of rate (log scale)
+    <!-- bench:summary -->                       every op of the book, one row per op and GPU
+    <!-- bench:ceilings -->                      the ceilings measured on each GPU
+    <!-- bench:output device_query -->           a program's output captured on each GPU (outputs/<gpu>/NAME.txt)
+
+Every table carries its provenance in a footnote; a result whose source has changed since it was measured is
+marked stale, and an op with no results says so instead of showing numbers.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+from snippets.bench.report import RESULTS_DIR, headline_records, load_results, report, stale_impls
+from snippets.registry import Op, load_all, size_key
+
+DIRECTIVE = re.compile(r"^<!--\s*bench:(\w+)(.*?)-->\s*$", re.MULTILINE)
+CEILING_SHORT = {"copy": "copy", "gemm_fp32": "cuBLAS fp32", "gemm_tf32": "cuBLAS tf32",
+                 "gemm_fp16": "cuBLAS fp16", "gemm_bf16": "cuBLAS bf16"}
+
+
+def _args(text: str) -> tuple[list[str], dict[str, str]]:
+    pos, kw = [], {}
+    for tok in text.split():
+        if "=" in tok:
+            k, v = tok.split("=", 1)
+            kw[k] = v
+        else:
+            pos.append(tok)
+    return pos, kw
+
+
+def _fmt_size(size: dict) -> str:
+    parts = []
+    for k in sorted(size):
+        v = size[k]
+        if isinstance(v, int) and v >= 1024 and (v & (v - 1)) == 0:
+            parts.append(f"{k} = 2^{v.bit_length() - 1}^")
+        elif isinstance(v, int):
+            parts.append(f"{k} = {v:,}")
+        else:
+            parts.append(f"{k} = {v}")
+    return ", ".join(parts)
+
+
+def _fmt_ms(ms: float) -> str:
+    return f"{ms * 1e3:.1f} µs" if ms < 1 else f"{ms:.3f} ms"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def _footnote(op: Op, gpu: str, entry: dict) -> tuple[str, str]:
+    p = entry["provenance"]
+    label = f"bench-{_slug(op.name)}-{_slug(gpu)}"
+    c = entry["ceiling"]
+    text = (f"[^{label}]: Measured by `python -m snippets bench {op.name}` on {p['gpu']} ({p['sm_count']} SMs, "
+            f"compute capability {p['compute_capability']}), driver {p['driver']}, CUDA {p['cuda_runtime']}, "
+            f"torch {p['torch']}, triton {p['triton']}, cupy {p['cupy']}; commit `{str(p['commit'])[:10]}`"
+            f"{' (uncommitted changes)' if p.get('dirty') else ''}, {p['date']}. Ceiling "
+            f"{CEILING_SHORT[c['name']]}: {c['value']:,.0f} {c['unit']} ({c['how']}), measured in the same run. "
+            f"Times are medians of event-timed calls with inputs rotated or L2 flushed.")
+    return label, text
+
+
+def _missing(op: Op) -> str:
+    return (f'!!! warning "Not measured yet"\n    `{op.name}` has no committed GPU results. '
+            f"Run `python -m snippets bench {op.name}` on a CUDA GPU and commit `benchmarks/results/`.\n")
+
+
+def render_table(op: Op, results: dict[str, dict], sizes: str = "headline") -> str:
+    blocks = []
+    for gpu, data in results.items():
+        entry = data["ops"].get(op.name)
+        if entry is None:
+            continue
+        stale = set(stale_impls(op, entry))
+        if sizes == "all":
+            rows = [r for r in entry["records"] if r["dtype"] == headline_records(op, entry)[0]["dtype"]]
+        else:
+            rows = headline_records(op, entry)
+        label, note = _footnote(op, gpu, entry)
+        c = entry["ceiling"]
+        head = (f"**{gpu}**, {rows[0]['dtype'] if rows else ''}"
+                + (f", {_fmt_size(op.headline)}" if sizes != "all" else "")
+                + f"; ceiling: {CEILING_SHORT[c['name']]} {c['value']:,.0f} {c['unit']}[^{label}]")
+        size_col = sizes == "all"
+        cols = (["size"] if size_col else []) + ["version", "language", "what it does", "time", op.metric,
+                                                 f"% of {CEILING_SHORT[c['name']]}", "vs v0"]
+        lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "|".join(
+            ":--" if i < (4 if size_col else 3) else "--:" for i in range(len(cols))) + "|"]
+        for r in rows:
+            mark = ' <span class="bench-stale">stale</span>' if r["impl"] in stale else ""
+            sp = f"{r['speedup_vs_v0']:.3g}x" if r["speedup_vs_v0"] else "-"
+            cells = ([_fmt_size(r["size"])] if size_col else []) + [
+                f"{r['impl']}{mark}", r["lang"], r["desc"], _fmt_ms(r["ms"]), f"{r['value']:,.1f}",
+                f"{100 * r['fraction_of_ceiling']:.1f}%", sp]
+            lines.append("| " + " | ".join(cells) + " |")
+        if stale:
+            lines += ["", f'!!! warning "Stale"\n    The source of {", ".join(sorted(stale))} changed since '
+                      "this measurement (or it was never measured); the numbers above are from the old code."]
+        blocks.append('<div class="bench-table" markdown>\n\n' + "\n".join(lines) + "\n\n</div>\n\n" + note)
+    return "\n\n".join(blocks) if blocks else _missing(op)
+
+
+def render_plot(op: Op, results: dict[str, dict], y: str = "value") -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = []
+    for gpu, data in results.items():
+        entry = data["ops"].get(op.name)
+        if entry is None:
+            continue
+        dtype = headline_records(op, entry)[0]["dtype"] if headline_records(op, entry) else None
+        rows = [r for r in entry["records"] if r["dtype"] == dtype]
+        axis = op.sweep_axis
+        order = [s[axis] for s in op.sweep]
+        categorical = not all(isinstance(v, (int, float)) for v in order)
+        plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "kernels-measured", "font.size": 10})
+        fig, ax = plt.subplots(figsize=(7.2, 3.8))
+        impls = list(dict.fromkeys(r["impl"] for r in rows))
+        width = 0.8 / max(1, len(impls))
+        for k, name in enumerate(impls):
+            pts = sorted(((order.index(r["size"][axis]), r) for r in rows
+                          if r["impl"] == name and r["size"][axis] in order), key=lambda t: t[0])
+            if not pts:
+                continue
+            label = f"{name} {pts[0][1]['lang']}: {pts[0][1]['desc']}"
+            vals = [r["ms"] if y == "ms" else r["value"] for _, r in pts]
+            if categorical:
+                ax.bar([i + (k - (len(impls) - 1) / 2) * width for i, _ in pts], vals, width, label=label)
+            else:
+                ax.plot([order[i] for i, _ in pts], vals, marker="o", ms=3, label=label)
+        if categorical:
+            ax.set_xticks(range(len(order)), [str(v) for v in order])
+        else:
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(axis)
+        c = entry["ceiling"]
+        if y == "ms":
+            ax.set_yscale("log")
+            ax.set_ylabel("time per call (ms)")
+        else:
+            ax.set_ylabel(op.metric)
+            ax.axhline(c["value"], ls="--", lw=1, color="#888888")
+            ax.annotate(f"ceiling: {CEILING_SHORT[c['name']]} {c['value']:,.0f} {c['unit']}", (0.01, 0.97),
+                        xycoords="axes fraction", va="top", fontsize=8)
+        for spine in ax.spines.values():
+            spine.set_color("#888888")
+        ax.tick_params(colors="#888888")
+        ax.grid(alpha=0.25)
+        ax.legend(fontsize=7, frameon=False, loc="best")
+        ax.set_title(f"{op.title}: {gpu}, {dtype}", fontsize=10)
+        fig.tight_layout()
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", transparent=True, metadata={"Date": None})
+        plt.close(fig)
+        svg = buf.getvalue()
+        svg = svg[svg.index("<svg"):]
+        svg = "\n".join(line for line in svg.splitlines() if line.strip())  # no blank lines inside raw HTML
+        p = entry["provenance"]
+        cap = (f"Measured on {p['gpu']}, commit {str(p['commit'])[:10]}, {p['date'][:10]}; "
+               f"medians of event-timed calls.")
+        figs.append(f'<figure class="bench-plot">\n{svg}\n<figcaption>{cap}</figcaption>\n</figure>')
+    return "\n\n".join(figs) if figs else _missing(op)
+
+
+def render_summary(results_dir: Path = RESULTS_DIR) -> str:
+    ops = load_all()
+    lines = ["| part | op | GPU | best version | rate | % of ceiling | vs v0 | fresh |",
+             "|--:|:--|:--|:--|--:|--:|--:|:--|"]
+    for r in report(results_dir):
+        op = ops[r["op"]]
+        link = f"[`{r['op']}`]({op.chapter})"
+        if r["device"] is None:
+            lines.append(f"| {r['part']} | {link} | not measured | | | | | no |")
+            continue
+        rate = f"{r['value']:,.1f} {r['unit']}" if r["value"] is not None else "-"
+        frac = (f"{100 * r['fraction_of_ceiling']:.1f}% of {CEILING_SHORT[r['ceiling']]}"
+                if r["fraction_of_ceiling"] is not None else "-")
+        sp = f"{r['speedup_vs_baseline']:.3g}x" if r["speedup_vs_baseline"] else "-"
+        fresh = "yes" if r["fresh"] else f'<span class="bench-stale">stale: {", ".join(r["stale_impls"])}</span>'
+        lines.append(f"| {r['part']} | {link} | {r['device']} | {r['best_impl']} ({r['best_lang']}) | {rate} | "
+                     f"{frac} | {sp} | {fresh} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_ceilings(results: dict[str, dict]) -> str:
+    if not results:
+        return '!!! warning "Not measured yet"\n    No GPU results are committed.\n'
+    lines = ["| GPU | ceiling | measured | how |", "|:--|:--|--:|:--|"]
+    for gpu, data in results.items():
+        for name, c in data.get("ceilings", {}).items():
+            lines.append(f"| {gpu} | {CEILING_SHORT[name]} | {c['value']:,.1f} {c['unit']} | {c['how']} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_output(name: str, results_dir: Path = RESULTS_DIR) -> str:
+    """Program output captured on the GPU runner: ``benchmarks/results/outputs/<gpu>/<name>.txt``."""
+    if not re.fullmatch(r"[\w-]+", name):
+        raise ValueError(f"bench:output name must be a plain file stem, got {name!r}")
+    blocks = []
+    for path in sorted((results_dir / "outputs").glob(f"*/{name}.txt")):
+        blocks.append(f"Captured on `{path.parent.name}` (`benchmarks/results/outputs/{path.parent.name}/"
+                      f"{name}.txt`):\n\n```text\n{path.read_text().rstrip()}\n```\n")
+    if not blocks:
+        return (f'!!! warning "Not captured yet"\n    No GPU output of `{name}` is committed; the GPU runner '
+                f"writes it to `benchmarks/results/outputs/<gpu>/{name}.txt`.\n")
+    return "\n".join(blocks)
+
+
+def render_page(markdown: str, page_path: str = "", results_dir: Path = RESULTS_DIR) -> str:
+    """Replace every bench directive in ``markdown``; an unknown op or directive raises ``ValueError``."""
+    if "<!-- bench:" not in markdown:
+        return markdown
+    results = load_results(results_dir)
+    ops = load_all()
+
+    def sub(m: re.Match) -> str:
+        kind, (pos, kw) = m.group(1), _args(m.group(2))
+        if kind == "summary":
+            return render_summary(results_dir)
+        if kind == "ceilings":
+            return render_ceilings(results)
+        if kind == "output":
+            return render_output(pos[0] if pos else "", results_dir)
+        if not pos or pos[0] not in ops:
+            raise ValueError(f"{page_path}: bench:{kind} names unknown op {pos[:1]}; known: {sorted(ops)}")
+        op = ops[pos[0]]
+        if kind == "table":
+            return render_table(op, results, kw.get("sizes", "headline"))
+        if kind == "plot":
+            return render_plot(op, results, kw.get("y", "value"))
+        raise ValueError(f"{page_path}: unknown directive bench:{kind}")
+
+    return DIRECTIVE.sub(sub, markdown)
+
+
+def directives(markdown: str) -> list[tuple[str, list[str]]]:
+    """The (kind, positional args) of every bench directive in a page: the contract test reads these."""
+    return [(m.group(1), _args(m.group(2))[0]) for m in DIRECTIVE.finditer(markdown)]
+
+
+__all__ = ["directives", "render_page", "render_plot", "render_summary", "render_table", "size_key"]

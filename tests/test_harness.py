@@ -1,0 +1,184 @@
+"""The benchmark harness, the report and the docs rendering, on CPU with a results file built here.
+
+The numbers in these fixtures are test data for the code paths only; nothing here is published. The GPU test at
+the end runs the real harness end to end on one op.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from snippets import site
+from snippets.bench import harness, report
+from snippets.bench.timing import Timing, reps_for, rotation, time_host
+from snippets.registry import REPO_ROOT, load_all, size_key
+
+OPS = load_all()
+
+
+def test_timing_median_and_spread():
+    t = Timing.of([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert t.median == 3.0 and t.p10 == 1.0 and t.p90 == 5.0 and t.reps == 5
+    with pytest.raises(ValueError):
+        Timing.of([])
+
+
+def test_reps_for_budget():
+    assert reps_for(1.0, 100.0) == 100
+    assert reps_for(1000.0, 100.0) == 10  # never fewer than lo
+    assert reps_for(1e-6, 100.0) == 500  # never more than hi
+    assert reps_for(0.0, 100.0) == 500
+
+
+def test_rotation_spans_l2():
+    l2 = 50 * 2**20
+    assert rotation(2**30, l2) == (1, False)  # one 1 GiB set already dwarfs L2
+    sets, flush = rotation(20 * 2**20, l2)
+    assert sets == 10 and not flush and sets * 20 * 2**20 >= 4 * l2
+    assert rotation(4096, l2) == (16, True)  # tiny: rotate and flush
+    with pytest.raises(ValueError):
+        rotation(0, l2)
+
+
+def test_time_host_measures_sleep():
+    import time
+
+    t = time_host(lambda: time.sleep(0.002), [()], budget_ms=30)
+    assert 1.5 < t.median < 50 and t.reps >= 5
+
+
+def test_check_impl_catches_a_wrong_kernel(device):
+    op = OPS["vector_add"]
+    x, y = torch.randn(100, device=device), torch.randn(100, device=device)
+    good = op.impls["v4"]
+    assert harness.check_impl(op, good, (x, y), torch.float32) < 1e-6
+    wrong = type(good)("v9", lambda a, b: a - b, "PyTorch", "wrong on purpose")
+    with pytest.raises(AssertionError, match="max abs error"):
+        harness.check_impl(op, wrong, (x, y), torch.float32)
+
+
+def test_plan_covers_headline_and_sweep():
+    op = OPS["vector_add"]
+    full = harness.plan([op], quick=False)
+    quick = harness.plan([op], quick=True)
+    assert len(quick) == len(op.impls)  # fp32: every version once at the headline size
+    keys = {size_key(s) for _, _, s, _ in full}
+    assert keys == {size_key(op.headline)} | {size_key(s) for s in op.sweep}
+
+
+def test_slug():
+    assert harness.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def fake_results(tmp_path, op_name="vector_add", stale=(), gpu="Test GPU"):
+    """A results file in the harness's format, with the current source hashes (except ``stale``)."""
+    op = OPS[op_name]
+    prov = {"gpu": gpu, "sm_count": 1, "compute_capability": "9.0", "driver": "0", "cuda_runtime": "0",
+            "torch": torch.__version__, "triton": "0", "cupy": None, "date": "2026-01-01T00:00:00+00:00",
+            "commit": "0" * 40, "dirty": False}
+    records = []
+    for size in [op.headline, *op.sweep]:
+        for k, (name, impl) in enumerate(op.impls.items()):
+            records.append({"impl": name, "lang": impl.lang, "desc": impl.desc, "dtype": "float32",
+                            "size": dict(size), "size_key": size_key(size),
+                            "headline": size_key(size) == size_key(op.headline), "ms": 1.0 / (k + 1),
+                            "source_hash": "old" if name in stale else impl.source_hash()})
+    ceiling = {"name": op.ceiling, "value": 1000.0, "unit": op.metric, "how": "test"}
+    harness.derive(op, records, ceiling["value"])
+    entry = {"part": op.part, "title": op.title, "metric": op.metric, "ceiling": ceiling, "provenance": prov,
+             "records": records}
+    path = tmp_path / f"{harness.slug(gpu)}.json"
+    harness.merge(path, gpu, {op_name: entry}, {op.ceiling: ceiling})
+    return path
+
+
+def test_derive_rates_and_speedups(tmp_path):
+    data = json.loads(fake_results(tmp_path).read_text())
+    rec = {r["impl"]: r for r in data["ops"]["vector_add"]["records"] if r["headline"]}
+    op = OPS["vector_add"]
+    expected = op.bytes_moved(op.headline, torch.float32) / 1e-3 / 1e9  # 1 ms
+    assert rec["v0"]["value"] == pytest.approx(expected)
+    assert rec["v1"]["speedup_vs_v0"] == pytest.approx(2.0)
+    assert rec["v0"]["fraction_of_ceiling"] == pytest.approx(expected / 1000.0)
+
+
+def test_merge_replaces_an_op_and_keeps_others(tmp_path):
+    fake_results(tmp_path, "vector_add")
+    path = fake_results(tmp_path, "scale")
+    data = json.loads(path.read_text())
+    assert set(data["ops"]) == {"vector_add", "scale"}
+    with pytest.raises(ValueError, match="not 'Other GPU'"):
+        harness.merge(path, "Other GPU", {}, {})
+
+
+def test_report_fresh_and_stale(tmp_path):
+    fake_results(tmp_path, "vector_add")
+    fake_results(tmp_path, "scale", stale=("v1",))
+    recs = {r["op"]: r for r in report.report(tmp_path)}
+    assert recs["vector_add"]["fresh"] and recs["vector_add"]["device"] == "Test GPU"
+    assert recs["vector_add"]["best_impl"] == "v4" and recs["vector_add"]["speedup_vs_baseline"] == pytest.approx(5)
+    assert not recs["scale"]["fresh"] and recs["scale"]["stale_impls"] == ["v1"]
+    assert recs["relu"]["device"] is None and not recs["relu"]["fresh"]
+    keys = {"op", "part", "device", "headline_size", "best_impl", "value", "unit", "fraction_of_ceiling",
+            "baseline_impl", "speedup_vs_baseline", "fresh"}
+    assert keys <= set(recs["relu"])
+
+
+def test_report_cli_json_runs_without_gpu(tmp_path):
+    fake_results(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "snippets", "report", "--json", "--results", str(tmp_path)],
+                         capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    recs = json.loads(out.stdout)
+    assert {r["op"] for r in recs} == set(OPS)
+
+
+def test_bench_without_gpu_says_why(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        harness.run(["vector_add"])
+
+
+def test_render_table_and_stale_mark(tmp_path):
+    fake_results(tmp_path, "scale", stale=("v1",))
+    md = site.render_page("x\n\n<!-- bench:table scale -->\n\ny\n", "p.md", tmp_path)
+    assert "| v0 | PyTorch |" in md and "stale</span>" in md and "[^bench-scale-test-gpu]:" in md
+    missing = site.render_page("<!-- bench:table relu -->\n", "p.md", tmp_path)
+    assert "Not measured yet" in missing
+
+
+def test_render_plot_is_inline_svg(tmp_path):
+    fake_results(tmp_path, "vector_add")
+    md = site.render_page("<!-- bench:plot vector_add -->\n", "p.md", tmp_path)
+    assert md.startswith('<figure class="bench-plot">') and "<svg" in md and "\n\n" not in md
+
+
+def test_render_summary_and_unknown(tmp_path):
+    fake_results(tmp_path, "vector_add")
+    md = site.render_page("<!-- bench:summary -->\n", "p.md", tmp_path)
+    assert "[`vector_add`](part1/elementwise.md)" in md and "not measured" in md
+    with pytest.raises(ValueError, match="unknown op"):
+        site.render_page("<!-- bench:table nope -->\n", "p.md", tmp_path)
+
+
+def test_render_output(tmp_path):
+    (tmp_path / "outputs" / "test-gpu").mkdir(parents=True)
+    (tmp_path / "outputs" / "test-gpu" / "device_query.txt").write_text("sm_count: 1\n")
+    md = site.render_page("<!-- bench:output device_query -->\n", "p.md", tmp_path)
+    assert "sm_count: 1" in md and "test-gpu" in md
+
+
+@pytest.mark.gpu
+@pytest.mark.op("vector_add")
+def test_bench_end_to_end_on_gpu(tmp_path):
+    out = tmp_path / "r.json"
+    harness.run(["vector_add"], quick=True, out=out)
+    data = json.loads(out.read_text())
+    recs = data["ops"]["vector_add"]["records"]
+    assert {r["impl"] for r in recs} == set(OPS["vector_add"].impls)
+    assert all(r["value"] > 0 and 0 < r["fraction_of_ceiling"] < 2 for r in recs)
+    assert data["ceilings"]["copy"]["value"] > 100
