@@ -4,8 +4,9 @@
 #   make test    the whole suite: CPU (Triton interpreter, nvcc compile checks, docs fences, notebooks,
 #                strict site build) and, with a CUDA GPU present, the GPU tests too
 #
-# Both create .venv on first use. PYTHON picks the interpreter (3.10+); TORCH picks the torch to install when
-# the venv has none (on a machine without a GPU, a CPU build keeps the download small).
+# Both create .venv on first use. PYTHON picks the interpreter (3.10+); TORCH holds the pip arguments that
+# install torch when the venv has none, e.g. on a machine without a GPU, a CPU build keeps the download small:
+#   make test TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -18,7 +19,7 @@ STAMP   = $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e ".[docs,test]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)

@@ -66,7 +66,8 @@ def _footnote(op: Op, gpu: str, entry: dict) -> tuple[str, str]:
     c = entry["ceiling"]
     text = (f"[^{label}]: Measured by `python -m snippets bench {op.name}` on {p['gpu']} ({p['sm_count']} SMs, "
             f"compute capability {p['compute_capability']}), driver {p['driver']}, CUDA {p['cuda_runtime']}, "
-            f"torch {p['torch']}, triton {p['triton']}, cupy {p['cupy']}; commit `{str(p['commit'])[:10]}`"
+            f"torch {p['torch']}, triton {p['triton']}, cupy {p['cupy']}; host CPU {p.get('cpu')} "
+            f"({p.get('cpu_threads')} torch threads); commit `{str(p['commit'])[:10]}`"
             f"{' (uncommitted changes)' if p.get('dirty') else ''}, {p['date']}. Ceiling "
             f"{CEILING_SHORT[c['name']]}: {c['value']:,.0f} {c['unit']} ({c['how']}), measured in the same run. "
             f"Times are medians of event-timed calls with inputs rotated or L2 flushed.")

@@ -54,6 +54,16 @@ def _driver_version() -> str | None:
         return None
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def provenance() -> dict[str, Any]:
     """Where and with what a measurement was taken."""
     props = torch.cuda.get_device_properties(0)
@@ -70,6 +80,8 @@ def provenance() -> dict[str, Any]:
         "cupy": _version("cupy"),
         "numpy": _version("numpy"),
         "python": platform.python_version(),
+        "cpu": _cpu_model(),  # the host side of CPU-vs-GPU comparisons
+        "cpu_threads": torch.get_num_threads(),
         # A copy of the tree without .git (a GPU runner) passes the commit in KM_COMMIT instead.
         "commit": _git("rev-parse", "HEAD") or os.environ.get("KM_COMMIT"),
         "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))

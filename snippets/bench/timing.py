@@ -40,6 +40,10 @@ def reps_for(estimate_ms: float, budget_ms: float, lo: int = 10, hi: int = 500) 
     return max(lo, min(hi, int(budget_ms / estimate_ms)))
 
 
+# About 50 us at Hopper's ~2 GHz: longer than a Python-side kernel launch (Triton, CuPy or torch).
+SPIN_CYCLES = 100_000
+
+
 # --8<-- [start:device_timer]
 def time_device(fn: Callable[..., Any], arg_sets: Sequence[tuple], *, budget_ms: float = 200.0,
                 warmup: int = 3, flush: torch.Tensor | None = None) -> Timing:
@@ -48,6 +52,10 @@ def time_device(fn: Callable[..., Any], arg_sets: Sequence[tuple], *, budget_ms:
     Calls rotate through ``arg_sets`` so consecutive calls touch different memory; if ``flush`` is given (a
     buffer larger than L2) it is overwritten between calls, outside the timed region, to evict the last
     call's data. Warm-up calls first take compilation, autotuning and allocator growth out of the numbers.
+
+    Before each call the GPU is kept busy (the flush, or a short spin) while the host enqueues the start event
+    and the launch: otherwise an idle GPU records the start event at once and the interval would include the
+    host's launch overhead, not just the kernel.
     """
     for i in range(warmup):
         fn(*arg_sets[i % len(arg_sets)])
@@ -64,6 +72,7 @@ def time_device(fn: Callable[..., Any], arg_sets: Sequence[tuple], *, budget_ms:
     for i in range(reps):
         if flush is not None:
             flush.zero_()  # a write of 2x L2: whatever fn touched last is gone
+        torch.cuda._sleep(SPIN_CYCLES)  # GPU busy while the host enqueues the next two commands
         starts[i].record()
         fn(*arg_sets[i % len(arg_sets)])
         ends[i].record()
