@@ -9,14 +9,15 @@
 set -uo pipefail
 OUTDIR=${1:-gpu-out}
 shift || true
-mkdir -p "$OUTDIR"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 REQUIRE_GPU=1 KM_OUTPUT_DIR=$OUTDIR
+mkdir -p "$OUTDIR/outputs"
+# Program outputs the chapters show go to OUTDIR/outputs/; commit them as benchmarks/results/outputs/<gpu>/.
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 REQUIRE_GPU=1 KM_OUTPUT_DIR=$OUTDIR/outputs
 PY=${PYTHON:-python3}
 # Without .git here, pass the commit being measured: KM_COMMIT=$(git rev-parse HEAD) KM_DIRTY=0|1
 status=0
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUTDIR/env.txt"
-$PY -c "import torch, triton, cupy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__)" | tee -a "$OUTDIR/env.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+$PY -c "import torch, triton, cupy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__)"
 
 echo "== GPU test suite"
 $PY -m pytest tests -q -p no:cacheprovider --junitxml="$OUTDIR/junit.xml" 2>&1 | tee "$OUTDIR/pytest.log" || status=1

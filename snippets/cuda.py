@@ -55,6 +55,20 @@ def kernel(path: str, name: str, options: tuple[str, ...] = ()):
     return _module(path, f"sm_{major}{minor}", tuple(options)).get_function(name)
 
 
+def resident_blocks(fn, threads: int, shared_mem: int = 0) -> int:
+    """How many blocks of ``threads`` threads fit on one SM at once (registers, shared memory, thread slots),
+    from the driver's occupancy calculator: a grid-stride launch of SMs x this many blocks fills the GPU
+    exactly once, with no second, partial wave."""
+    cupy = _cupy()
+    try:
+        return int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, shared_mem))
+    except AttributeError:  # older CuPy: estimate from the register count (registers allocated per warp)
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        regs_per_warp = -(-fn.num_regs * 32 // 256) * 256  # rounded up to the 256-register allocation unit
+        by_regs = props.regs_per_multiprocessor // (regs_per_warp * (threads // 32))
+        return max(1, min(by_regs, props.max_threads_per_multi_processor // threads))
+
+
 def launch(fn, grid: int | tuple, block: int | tuple, args: tuple, shared_mem: int = 0) -> None:
     """Launch ``fn`` on torch's current stream. Tensors become device pointers; keep scalars typed
     (``numpy.int64(n)``, ``numpy.float32(a)``) so they match the kernel's parameter types."""

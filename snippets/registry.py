@@ -82,9 +82,8 @@ class Impl:
 def _source_text(obj: Any) -> str:
     if isinstance(obj, (str, Path)):
         return (REPO_ROOT / obj).read_text()
-    src = getattr(obj, "src", None)  # triton.JITFunction keeps its source here
-    if isinstance(src, str):
-        return src
+    # A Triton kernel is a JITFunction, or an InterpretedFunction under TRITON_INTERPRET=1; both wrap the Python
+    # function in .fn, whose source is the same in either mode (so is the hash).
     try:
         return inspect.getsource(getattr(obj, "fn", obj))
     except TypeError:  # a builtin such as torch.add: its name stands for it (library versions are provenance)

@@ -22,6 +22,7 @@ TRITON_FNS = {
 }
 CUDA_FNS = {
     "vector_add-v1": ew.add_cuda_naive, "vector_add-v2": ew.add_cuda_grid_stride, "vector_add-v3": ew.add_cuda_vec4,
+    "vector_add-v5": ew.add_cuda_vec4_unrolled,
     "scale": lambda x, y: ew.scale_cuda(x, 2.0), "relu": lambda x, y: ew.relu_cuda(x),
     "saxpy": lambda x, y: ew.saxpy_cuda(2.0, x, y),
 }
@@ -139,12 +140,13 @@ def test_cuda_unaligned_views(name, offset):
 
 @pytest.mark.gpu
 @pytest.mark.op("vector_add")
-@pytest.mark.parametrize("n", [1, 3, 4, 5, 255, 256, 257, 1 << 20, (132 * 8 * 256 * 4) + 7])
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 255, 256, 257, 1 << 20, (132 * 8 * 256 * 4) + 7,
+                               (132 * 8 * 256 * 16) * 2 + 5])
 def test_cuda_vector_add_sizes(n):
     """Sizes around the block size, the float4 tail, and past one full grid-stride sweep."""
     x = torch.randn(n, device="cuda")
     y = torch.randn(n, device="cuda")
-    for fn in (ew.add_cuda_naive, ew.add_cuda_grid_stride, ew.add_cuda_vec4):
+    for fn in (ew.add_cuda_naive, ew.add_cuda_grid_stride, ew.add_cuda_vec4, ew.add_cuda_vec4_unrolled):
         torch.testing.assert_close(fn(x, y), x + y)
 
 

@@ -7,8 +7,9 @@ Versions of ``vector_add`` (never renumbered):
 - v2  CUDA, like v1 but a fixed-size grid strides over the array: the grid no longer grows with n.
 - v3  CUDA, like v2 but 16-byte ``float4`` loads and stores: a quarter of the memory instructions.
 - v4  Triton: one program per block of ``BLOCK`` elements, a mask for the ragged end.
+- v5  CUDA, like v3 but four float4 loads per array in flight per thread before the first store.
 
-``scale``, ``relu`` and ``saxpy`` each have v0 (torch), v1 (CUDA, the v3 pattern) and v2 (Triton).
+``scale``, ``relu`` and ``saxpy`` each have v0 (torch), v1 (CUDA, the v5 pattern) and v2 (Triton).
 
 Every one of these ops reads and writes each element once, so its speed is set by memory bandwidth: the cost
 model is bytes moved, and the ceiling is the measured device-to-device copy bandwidth.
@@ -137,21 +138,22 @@ def saxpy_triton(alpha: float, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
 # ----------------------------------------------------------------------------------------------------------
 
 # --8<-- [start:cuda_launch]
-THREADS = 256  # 8 warps per block; 8 such blocks fill an SM's 2048 thread slots
-BLOCKS_PER_SM = 8  # grid-stride versions launch SMs * 8 blocks: the whole GPU, once
+THREADS = 256  # 8 warps per block; up to 8 such blocks fill an SM's 2048 thread slots
 
 
 def _launch_elementwise(name: str, grid_stride: bool, vec: int, tensors: tuple, scalars: tuple = ()):
     """The one launcher of every CUDA version: ``vec`` elements per thread per step, a grid sized to n
-    (one thread per ``vec`` elements) or to the GPU (``grid_stride``)."""
+    (one thread per ``vec`` elements) or to the GPU (``grid_stride``): as many blocks as are resident at
+    once on every SM, so the whole grid runs in one wave (the unrolled kernels use more registers, so
+    fewer of their blocks fit)."""
     *inputs, out = tensors
     n = out.numel()
+    fn = cuda.kernel(CU_FILE, name)
+    blocks = triton.cdiv(n, THREADS * vec)
     if grid_stride:
         sms = torch.cuda.get_device_properties(out.device).multi_processor_count
-        blocks = min(triton.cdiv(n, THREADS * vec), sms * BLOCKS_PER_SM)
-    else:
-        blocks = triton.cdiv(n, THREADS * vec)
-    cuda.launch(cuda.kernel(CU_FILE, name), blocks, THREADS, (*inputs, out, np.int64(n), *scalars))
+        blocks = min(blocks, sms * cuda.resident_blocks(fn, THREADS))
+    cuda.launch(fn, blocks, THREADS, (*inputs, out, np.int64(n), *scalars))
     return out
 
 
@@ -174,7 +176,7 @@ def add_cuda_naive(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def add_cuda_grid_stride(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """v2: like v1, but SMs * 8 blocks stride over the array."""
+    """v2: like v1, but one GPU-filling wave of blocks strides over the array."""
     out = _check_cuda(("x", "y"), (x, y))
     return _launch_elementwise("vector_add_v2", True, 1, (x, y, out))
 
@@ -187,26 +189,37 @@ def add_cuda_vec4(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return _launch_elementwise("vector_add_v3", True, 4, (x, y, out))
 
 
+def add_cuda_vec4_unrolled(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """v5: like v3, but 4 float4 loads per array in flight per thread; falls back to v2 for unaligned views."""
+    out = _check_cuda(("x", "y"), (x, y))
+    if not _aligned16(x, y, out):
+        return _launch_elementwise("vector_add_v2", True, 1, (x, y, out))
+    return _launch_elementwise("vector_add_v5", True, 4 * UNROLL, (x, y, out))
+
+
+UNROLL = 4  # float4 groups per thread per step in the v5 pattern (UNROLL in csrc/part1/elementwise.cu)
+
+
 def _map_cuda(name: str, tensors: tuple[torch.Tensor, ...], scalars: tuple = ()) -> torch.Tensor:
-    """The float4 kernels of scale/relu/saxpy; unaligned views are copied to aligned storage first."""
+    """The unrolled float4 kernels of scale/relu/saxpy; unaligned views are copied to aligned storage first."""
     names = ("x", "y")[: len(tensors)]
     out = _check_cuda(names, tensors)
     tensors = tuple(t if _aligned16(t) else t.clone() for t in tensors)  # clone() allocates aligned memory
-    return _launch_elementwise(name, True, 4, (*tensors, out), scalars)
+    return _launch_elementwise(name, True, 4 * UNROLL, (*tensors, out), scalars)
 
 
 def scale_cuda(x: torch.Tensor, alpha: float) -> torch.Tensor:
-    """v1: alpha * x, float4 grid-stride."""
+    """v1: alpha * x, the v5 pattern of vector_add."""
     return _map_cuda("scale_vec4", (x,), (np.float32(check_scalar("alpha", alpha)),))
 
 
 def relu_cuda(x: torch.Tensor) -> torch.Tensor:
-    """v1: max(x, 0), float4 grid-stride."""
+    """v1: max(x, 0), the v5 pattern of vector_add."""
     return _map_cuda("relu_vec4", (x,))
 
 
 def saxpy_cuda(alpha: float, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """v1: alpha * x + y, float4 grid-stride (one fused multiply-add per element)."""
+    """v1: alpha * x + y, the v5 pattern of vector_add (one fused multiply-add per element)."""
     return _map_cuda("saxpy_vec4", (x, y), (np.float32(check_scalar("alpha", alpha)),))
 
 
@@ -252,12 +265,14 @@ vector_add.add(Impl("v2", add_cuda_grid_stride, "CUDA", "grid-stride loop", (cud
 vector_add.add(Impl("v3", add_cuda_vec4, "CUDA", "grid-stride, float4 loads", (cuda.source_path(CU_FILE), _launch_elementwise),
                     dtypes=FP32))
 vector_add.add(Impl("v4", add_triton, "Triton", "one program per 4096 elements", (_add_kernel,), device="any"))
+vector_add.add(Impl("v5", add_cuda_vec4_unrolled, "CUDA", "grid-stride, 4 float4 loads in flight",
+                    (cuda.source_path(CU_FILE), _launch_elementwise), dtypes=FP32))
 
 scale = register(Op(
     name="scale", title="Scalar multiply", reference=scale_ref, make_inputs=_inputs(1, "last"),
     bytes_moved=_bytes(2), flops=lambda s, d: s["n"], **BENCH))
 scale.add(Impl("v0", torch.mul, "PyTorch", "torch.mul"))
-scale.add(Impl("v1", scale_cuda, "CUDA", "grid-stride, float4 loads", (cuda.source_path(CU_FILE), _map_cuda, _launch_elementwise),
+scale.add(Impl("v1", scale_cuda, "CUDA", "grid-stride, 4 float4 loads in flight", (cuda.source_path(CU_FILE), _map_cuda, _launch_elementwise),
                dtypes=FP32))
 scale.add(Impl("v2", scale_triton, "Triton", "one program per 4096 elements", (_map_kernel, _map_triton),
                device="any"))
@@ -266,7 +281,7 @@ relu = register(Op(
     name="relu", title="ReLU", reference=relu_ref, make_inputs=_inputs(1),
     bytes_moved=_bytes(2), flops=lambda s, d: s["n"], **BENCH))
 relu.add(Impl("v0", torch.relu, "PyTorch", "torch.relu"))
-relu.add(Impl("v1", relu_cuda, "CUDA", "grid-stride, float4 loads", (cuda.source_path(CU_FILE), _map_cuda, _launch_elementwise),
+relu.add(Impl("v1", relu_cuda, "CUDA", "grid-stride, 4 float4 loads in flight", (cuda.source_path(CU_FILE), _map_cuda, _launch_elementwise),
               dtypes=FP32))
 relu.add(Impl("v2", relu_triton, "Triton", "one program per 4096 elements", (_map_kernel, _map_triton),
               device="any"))
@@ -280,7 +295,7 @@ saxpy = register(Op(
     name="saxpy", title="SAXPY", reference=saxpy_ref, make_inputs=_inputs(2, "first"),
     bytes_moved=_bytes(3), flops=lambda s, d: 2 * s["n"], **BENCH))
 saxpy.add(Impl("v0", _saxpy_torch, "PyTorch", "torch.add(y, x, alpha=a)"))
-saxpy.add(Impl("v1", saxpy_cuda, "CUDA", "grid-stride, float4 loads", (cuda.source_path(CU_FILE), _map_cuda, _launch_elementwise),
+saxpy.add(Impl("v1", saxpy_cuda, "CUDA", "grid-stride, 4 float4 loads in flight", (cuda.source_path(CU_FILE), _map_cuda, _launch_elementwise),
                dtypes=FP32))
 saxpy.add(Impl("v2", saxpy_triton, "Triton", "one program per 4096 elements", (_map_kernel, _map_triton),
                device="any"))

@@ -4,6 +4,8 @@
 - v1  NumPy on the CPU (one thread).
 - v2  ``torch.add`` on CPU tensors (torch's CPU kernels use every core).
 - v3  the GPU including the transfers: copy x and y from pinned host memory to the GPU, add, copy the sum back.
+- v4  ``torch.add`` on GPU-resident tensors like v0, but timed from the host: a launch and a synchronize per
+      call, which is what a program that waits for each result pays.
 
 The harness sweeps n from 2**10 to 2**26. At small n the GPU's fixed costs (a launch, a synchronize, transfer
 set-up) exceed the whole CPU computation; at large n the GPU's bandwidth wins, unless the data has to cross
@@ -59,3 +61,4 @@ cpu_vs_gpu.add(Impl("v1", add_numpy, "NumPy", "NumPy on the CPU", device="cpu", 
 cpu_vs_gpu.add(Impl("v2", add_torch_cpu, "PyTorch", "torch on the CPU (all cores)", device="cpu", timer="host"))
 cpu_vs_gpu.add(Impl("v3", add_gpu_with_transfers, "PyTorch", "GPU, counting host-GPU copies", timer="host",
                     inputs_on="cpu"))
+cpu_vs_gpu.add(Impl("v4", torch.add, "PyTorch", "GPU, data resident, host clock (launch + sync)", timer="host"))
