@@ -44,7 +44,7 @@ def _fmt_size(size: dict) -> str:
     for k in sorted(size):
         v = size[k]
         if isinstance(v, int) and v >= 1024 and (v & (v - 1)) == 0:
-            parts.append(f"{k} = 2^{v.bit_length() - 1}^")
+            parts.append(f"{k} = 2<sup>{v.bit_length() - 1}</sup>")
         elif isinstance(v, int):
             parts.append(f"{k} = {v:,}")
         else:
@@ -87,7 +87,9 @@ def render_table(op: Op, results: dict[str, dict], sizes: str = "headline") -> s
             continue
         stale = set(stale_impls(op, entry))
         if sizes == "all":
-            rows = [r for r in entry["records"] if r["dtype"] == headline_records(op, entry)[0]["dtype"]]
+            order = {size_key(sz): i for i, sz in enumerate([*op.sweep, op.headline])}
+            rows = sorted((r for r in entry["records"] if r["dtype"] == headline_records(op, entry)[0]["dtype"]),
+                          key=lambda r: (order.get(r["size_key"], len(order)), r["impl"]))
         else:
             rows = headline_records(op, entry)
         label, note = _footnote(op, gpu, entry)
@@ -131,7 +133,7 @@ def render_plot(op: Op, results: dict[str, dict], y: str = "value") -> str:
         order = [s[axis] for s in op.sweep]
         categorical = not all(isinstance(v, (int, float)) for v in order)
         plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "kernels-measured", "font.size": 10})
-        fig, ax = plt.subplots(figsize=(7.2, 3.8))
+        fig, ax = plt.subplots(figsize=(7.2, 4.6))
         impls = list(dict.fromkeys(r["impl"] for r in rows))
         width = 0.8 / max(1, len(impls))
         for k, name in enumerate(impls):
@@ -163,7 +165,7 @@ def render_plot(op: Op, results: dict[str, dict], y: str = "value") -> str:
             spine.set_color("#888888")
         ax.tick_params(colors="#888888")
         ax.grid(alpha=0.25)
-        ax.legend(fontsize=7, frameon=False, loc="best")
+        ax.legend(fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
         ax.set_title(f"{op.title}: {gpu}, {dtype}", fontsize=10)
         fig.tight_layout()
         buf = io.StringIO()
