@@ -48,17 +48,24 @@ def _module(path: str, arch: str, options: tuple[str, ...]):
     return cupy.RawModule(code=source, options=opts)
 
 
+@functools.lru_cache(maxsize=None)
+def _function(path: str, arch: str, options: tuple[str, ...], name: str):
+    return _module(path, arch, options).get_function(name)
+
+
 def kernel(path: str, name: str, options: tuple[str, ...] = ()):
-    """The ``__global__`` function ``name`` (declared ``extern "C"``) of ``csrc/<path>``, compiled for this GPU."""
+    """The ``__global__`` function ``name`` (declared ``extern "C"``) of ``csrc/<path>``, compiled for this GPU.
+    The same object comes back on every call, so per-kernel facts (``resident_blocks``) are cached with it."""
     require_gpu()
     major, minor = torch.cuda.get_device_capability()
-    return _module(path, f"sm_{major}{minor}", tuple(options)).get_function(name)
+    return _function(path, f"sm_{major}{minor}", tuple(options), name)
 
 
+@functools.lru_cache(maxsize=None)
 def resident_blocks(fn, threads: int, shared_mem: int = 0) -> int:
     """How many blocks of ``threads`` threads fit on one SM at once (registers, shared memory, thread slots),
     from the driver's occupancy calculator: a grid-stride launch of SMs x this many blocks fills the GPU
-    exactly once, with no second, partial wave."""
+    exactly once, with no second, partial wave. Cached: the answer never changes for a compiled kernel."""
     cupy = _cupy()
     try:
         return int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, shared_mem))

@@ -147,6 +147,11 @@ class Op:
         scale = 1e9 if self.metric == "GB/s" else 1e12
         return self.work(size, dtype) / (ms * 1e-3) / scale
 
+    def reference_fp64(self, args: tuple) -> torch.Tensor:
+        """The reference on ``args`` with every floating-point tensor upcast to float64."""
+        return self.reference(*(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                                for a in args))
+
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, (1e-5, 1e-5)))
 

@@ -165,9 +165,22 @@ def test_cuda_without_cupy_is_clear(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_cupy)
     from snippets import cuda
 
-    monkeypatch.setattr(cuda, "_module", cuda._module.__wrapped__)  # bypass the cache
+    monkeypatch.setattr(cuda, "_module", cuda._module.__wrapped__)  # bypass the caches
+    monkeypatch.setattr(cuda, "_function", cuda._function.__wrapped__)
     with pytest.raises(RuntimeError, match="CuPy"):
         cuda.kernel("part1/elementwise.cu", "vector_add_v1")
+
+
+@pytest.mark.gpu
+def test_resident_blocks_fill_an_sm():
+    from snippets import cuda
+
+    fn = cuda.kernel("part1/elementwise.cu", "vector_add_v1")
+    assert fn is cuda.kernel("part1/elementwise.cu", "vector_add_v1")
+    props = torch.cuda.get_device_properties(0)
+    assert cuda.resident_blocks(fn, 256) == props.max_threads_per_multi_processor // 256  # 12 registers: no limit
+    heavy = cuda.kernel("part1/elementwise.cu", "vector_add_v5")
+    assert 1 <= cuda.resident_blocks(heavy, 256) <= cuda.resident_blocks(fn, 256)
 
 
 def test_cuda_without_gpu_is_clear(monkeypatch):

@@ -124,8 +124,7 @@ def check_impl(op: Op, impl: Impl, args: tuple, dtype: torch.dtype) -> float:
     """Run ``impl`` once and compare it with the reference computed in float64; raise if they differ.
     Returns the largest absolute error."""
     out = impl.fn(*args)
-    ref_args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
-    ref = op.reference(*ref_args)
+    ref = op.reference_fp64(args)
     rtol, atol = op.tolerance(dtype)
     out64 = out.to(device=ref.device, dtype=torch.float64)
     if out64.shape != ref.shape:
