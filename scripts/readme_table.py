@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from snippets.bench.report import report  # noqa: E402
-from snippets.site import CEILING_SHORT  # noqa: E402
+from snippets.site import _cname  # noqa: E402
 
 START, END = "<!-- measured:start -->", "<!-- measured:end -->"
 
@@ -27,9 +27,10 @@ def table() -> str:
             continue
         stale = "" if r["fresh"] else " (stale)"
         sp = f"{r['speedup_vs_baseline']:.3g}x" if r["speedup_vs_baseline"] else "-"
+        frac = (f"{100 * r['fraction_of_ceiling']:.1f}% of {_cname(r['ceiling'])}"
+                if r["fraction_of_ceiling"] is not None else "-")
         lines.append(f"| {r['part']} | `{r['op']}` | {r['device']} | {r['best_impl']} {r['best_lang']}{stale} | "
-                     f"{r['value']:,.1f} {r['unit']} | {100 * r['fraction_of_ceiling']:.1f}% of "
-                     f"{CEILING_SHORT[r['ceiling']]} | {sp} |")
+                     f"{r['value']:,.1f} {r['unit']} | {frac} | {sp} |")
     return "\n".join(lines)
 
 

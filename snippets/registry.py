@@ -20,7 +20,9 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 LANGUAGES = ("PyTorch", "Triton", "CUDA", "NumPy")
-# What a rate is compared against. Each ceiling is measured by the harness in the same run as the kernels.
+# What a rate is compared against. Each ceiling is measured by the harness in the same run as the kernels:
+# the built-in ones in snippets/bench/harness.py, others by the function an op module registers with
+# register_ceiling (a ceiling that needs a kernel of its own, such as shared-memory bandwidth).
 CEILINGS = {
     "copy": "device-to-device copy bandwidth (bytes read + written)",
     "gemm_fp32": "cuBLAS fp32 GEMM rate (IEEE, no TF32)",
@@ -28,7 +30,19 @@ CEILINGS = {
     "gemm_fp16": "cuBLAS fp16 GEMM rate",
     "gemm_bf16": "cuBLAS bf16 GEMM rate",
 }
-UNITS = {"GB/s": "bytes", "TFLOP/s": "flops"}
+# Ceilings registered by op modules: name -> function(quick) returning {"value", "unit", "how"}.
+CEILING_MEASURES: dict[str, Callable[[bool], dict]] = {}
+# metric -> what it divides by the time; "ns/access" is a latency (lower is better): time / accesses.
+UNITS = {"GB/s": "bytes", "TFLOP/s": "flops", "ns/access": "accesses"}
+LOWER_IS_BETTER = {"ns/access"}
+
+
+def register_ceiling(name: str, description: str, measure: Callable[[bool], dict]) -> None:
+    """Declare a ceiling that the harness measures with ``measure(quick)`` whenever an op that uses it runs."""
+    if name in CEILINGS and name not in CEILING_MEASURES:
+        raise ValueError(f"ceiling {name!r} is built in")
+    CEILINGS[name] = description
+    CEILING_MEASURES[name] = measure
 
 Size = Mapping[str, Any]
 
@@ -109,7 +123,7 @@ class Op:
     bytes_moved: Callable[[Size, torch.dtype], int]
     flops: Callable[[Size, torch.dtype], int]
     metric: str
-    ceiling: str
+    ceiling: str | None  # None only for latency ("ns/access"): nothing to be a fraction of
     headline: Size
     sweep: Sequence[Size]
     dtypes: tuple[torch.dtype, ...]
@@ -118,12 +132,20 @@ class Op:
     sweep_axis: str = "n"
     tolerances: Mapping[torch.dtype, tuple[float, float]] = field(default_factory=dict)
     bench_dtypes: tuple[torch.dtype, ...] | None = None  # dtypes the harness times; None: the first of dtypes
+    accesses: Callable[[Size, torch.dtype], int] | None = None  # for "ns/access": dependent accesses timed
+    kind: str = "kernel"  # "kernel": a library baseline v0 is required; "micro": a micro-benchmark, v0 optional
 
     def __post_init__(self) -> None:
         if self.metric not in UNITS:
             raise ValueError(f"{self.name}: metric must be one of {tuple(UNITS)}, got {self.metric!r}")
-        if self.ceiling not in CEILINGS:
+        if self.ceiling is None and self.metric != "ns/access":
+            raise ValueError(f"{self.name}: only a latency (ns/access) may have no ceiling")
+        if self.ceiling is not None and self.ceiling not in CEILINGS:
             raise ValueError(f"{self.name}: ceiling must be one of {tuple(CEILINGS)}, got {self.ceiling!r}")
+        if self.metric == "ns/access" and self.accesses is None:
+            raise ValueError(f"{self.name}: a latency metric needs accesses(size, dtype)")
+        if self.kind not in ("kernel", "micro"):
+            raise ValueError(f"{self.name}: kind must be 'kernel' or 'micro', got {self.kind!r}")
 
     def add(self, impl: Impl) -> Impl:
         if impl.name in self.impls:
@@ -139,13 +161,23 @@ class Op:
         return self.bench_dtypes or self.dtypes[:1]
 
     def work(self, size: Size, dtype: torch.dtype) -> int:
-        """The amount the metric divides by time: bytes for GB/s, FLOPs for TFLOP/s."""
-        return self.bytes_moved(size, dtype) if self.metric == "GB/s" else self.flops(size, dtype)
+        """The amount the metric is about: bytes for GB/s, FLOPs for TFLOP/s, accesses for ns/access."""
+        if self.metric == "GB/s":
+            return self.bytes_moved(size, dtype)
+        if self.metric == "TFLOP/s":
+            return self.flops(size, dtype)
+        return self.accesses(size, dtype)
 
     def rate(self, size: Size, dtype: torch.dtype, ms: float) -> float:
-        """GB/s = bytes / time / 1e9; TFLOP/s = FLOPs / time / 1e12."""
+        """GB/s = bytes / time / 1e9; TFLOP/s = FLOPs / time / 1e12; ns/access = time in ns / accesses."""
+        if self.metric == "ns/access":
+            return ms * 1e6 / self.work(size, dtype)
         scale = 1e9 if self.metric == "GB/s" else 1e12
         return self.work(size, dtype) / (ms * 1e-3) / scale
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.metric in LOWER_IS_BETTER
 
     def reference_fp64(self, args: tuple) -> torch.Tensor:
         """The reference on ``args`` with every floating-point tensor upcast to float64."""
@@ -171,6 +203,14 @@ OP_MODULES = (
     "snippets.part1.elementwise",
     "snippets.part1.why_gpus",
     "snippets.part1.divergence",
+    "snippets.part2.coalescing",
+    "snippets.part2.latency",
+    "snippets.part2.banks",
+    "snippets.part2.matrix_add",
+    "snippets.part2.transpose",
+    "snippets.part2.conv1d",
+    "snippets.part2.spills",
+    "snippets.part2.host_transfer",
 )
 
 

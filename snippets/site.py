@@ -28,6 +28,10 @@ CEILING_SHORT = {"copy": "copy", "gemm_fp32": "cuBLAS fp32", "gemm_tf32": "cuBLA
                  "gemm_fp16": "cuBLAS fp16", "gemm_bf16": "cuBLAS bf16"}
 
 
+def _cname(name: str | None) -> str:
+    return CEILING_SHORT.get(name, str(name).replace("_", " "))
+
+
 def _args(text: str) -> tuple[list[str], dict[str, str]]:
     pos, kw = [], {}
     for tok in text.split():
@@ -64,12 +68,13 @@ def _footnote(op: Op, gpu: str, entry: dict) -> tuple[str, str]:
     p = entry["provenance"]
     label = f"bench-{_slug(op.name)}-{_slug(gpu)}"
     c = entry["ceiling"]
+    ceiling = (f"Ceiling {_cname(c['name'])}: {c['value']:,.0f} {c['unit']} ({c['how']}), measured in the same run. "
+               if c else "")
     text = (f"[^{label}]: Measured by `python -m snippets bench {op.name}` on {p['gpu']} ({p['sm_count']} SMs, "
             f"compute capability {p['compute_capability']}), driver {p['driver']}, CUDA {p['cuda_runtime']}, "
             f"torch {p['torch']}, triton {p['triton']}, cupy {p['cupy']}; host CPU {p.get('cpu')} "
             f"({p.get('cpu_threads')} torch threads); commit `{str(p['commit'])[:10]}`"
-            f"{' (uncommitted changes)' if p.get('dirty') else ''}, {p['date']}. Ceiling "
-            f"{CEILING_SHORT[c['name']]}: {c['value']:,.0f} {c['unit']} ({c['how']}), measured in the same run. "
+            f"{' (uncommitted changes)' if p.get('dirty') else ''}, {p['date']}. {ceiling}"
             f"Times are medians of event-timed calls with inputs rotated or L2 flushed.")
     return label, text
 
@@ -96,10 +101,10 @@ def render_table(op: Op, results: dict[str, dict], sizes: str = "headline") -> s
         c = entry["ceiling"]
         head = (f"**{gpu}**, {rows[0]['dtype'] if rows else ''}"
                 + (f", {_fmt_size(op.headline)}" if sizes != "all" else "")
-                + f"; ceiling: {CEILING_SHORT[c['name']]} {c['value']:,.0f} {c['unit']}[^{label}]")
+                + (f"; ceiling: {_cname(c['name'])} {c['value']:,.0f} {c['unit']}" if c else "") + f"[^{label}]")
         size_col = sizes == "all"
         cols = (["size"] if size_col else []) + ["version", "language", "what it does", "time", op.metric,
-                                                 f"% of {CEILING_SHORT[c['name']]}", "vs v0"]
+                                                 f"% of {_cname(c['name'])}" if c else "-", "vs v0"]
         lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "|".join(
             ":--" if i < (4 if size_col else 3) else "--:" for i in range(len(cols))) + "|"]
         for r in rows:
@@ -107,7 +112,7 @@ def render_table(op: Op, results: dict[str, dict], sizes: str = "headline") -> s
             sp = f"{r['speedup_vs_v0']:.3g}x" if r["speedup_vs_v0"] else "-"
             cells = ([_fmt_size(r["size"])] if size_col else []) + [
                 f"{r['impl']}{mark}", r["lang"], r["desc"], _fmt_ms(r["ms"]), f"{r['value']:,.1f}",
-                f"{100 * r['fraction_of_ceiling']:.1f}%", sp]
+                f"{100 * r['fraction_of_ceiling']:.1f}%" if r["fraction_of_ceiling"] is not None else "-", sp]
             lines.append("| " + " | ".join(cells) + " |")
         if stale:
             lines += ["", f'!!! warning "Stale"\n    The source of {", ".join(sorted(stale))} changed since '
@@ -156,10 +161,12 @@ def render_plot(op: Op, results: dict[str, dict], y: str = "value") -> str:
         if y == "ms":
             ax.set_yscale("log")
             ax.set_ylabel("time per call (ms)")
+        elif c is None:
+            ax.set_ylabel(op.metric)
         else:
             ax.set_ylabel(op.metric)
             ax.axhline(c["value"], ls="--", lw=1, color="#888888")
-            ax.annotate(f"ceiling: {CEILING_SHORT[c['name']]} {c['value']:,.0f} {c['unit']}", (0.01, 0.97),
+            ax.annotate(f"ceiling: {_cname(c['name'])} {c['value']:,.0f} {c['unit']}", (0.01, 0.97),
                         xycoords="axes fraction", va="top", fontsize=8)
         for spine in ax.spines.values():
             spine.set_color("#888888")
@@ -192,7 +199,7 @@ def render_summary(results_dir: Path = RESULTS_DIR) -> str:
             lines.append(f"| {r['part']} | {link} | not measured | | | | | no |")
             continue
         rate = f"{r['value']:,.1f} {r['unit']}" if r["value"] is not None else "-"
-        frac = (f"{100 * r['fraction_of_ceiling']:.1f}% of {CEILING_SHORT[r['ceiling']]}"
+        frac = (f"{100 * r['fraction_of_ceiling']:.1f}% of {_cname(r['ceiling'])}"
                 if r["fraction_of_ceiling"] is not None else "-")
         sp = f"{r['speedup_vs_baseline']:.3g}x" if r["speedup_vs_baseline"] else "-"
         fresh = "yes" if r["fresh"] else f'<span class="bench-stale">stale: {", ".join(r["stale_impls"])}</span>'
@@ -207,7 +214,7 @@ def render_ceilings(results: dict[str, dict]) -> str:
     lines = ["| GPU | ceiling | measured | how |", "|:--|:--|--:|:--|"]
     for gpu, data in results.items():
         for name, c in data.get("ceilings", {}).items():
-            lines.append(f"| {gpu} | {CEILING_SHORT[name]} | {c['value']:,.1f} {c['unit']} | {c['how']} |")
+            lines.append(f"| {gpu} | {_cname(name)} | {c['value']:,.1f} {c['unit']} | {c['how']} |")
     return "\n".join(lines) + "\n"
 
 

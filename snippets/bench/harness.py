@@ -19,7 +19,7 @@ from typing import Any, Iterable
 import torch
 
 from snippets.bench.timing import Timing, rotation, time_device, time_host
-from snippets.registry import REPO_ROOT, Impl, Op, dtype_name, load_all, size_key
+from snippets.registry import CEILING_MEASURES, REPO_ROOT, Impl, Op, dtype_name, load_all, size_key
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 SCHEMA = 1
@@ -91,8 +91,9 @@ def provenance() -> dict[str, Any]:
 
 
 # --8<-- [start:ceilings]
-def measure_ceilings(quick: bool = False) -> dict[str, dict[str, Any]]:
-    """The ceilings of this GPU, measured now: copy bandwidth and cuBLAS GEMM rates."""
+def measure_ceilings(quick: bool = False, extra: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
+    """The ceilings of this GPU, measured now: copy bandwidth and cuBLAS GEMM rates, plus any ``extra``
+    ceilings registered by op modules (``register_ceiling``)."""
     out: dict[str, dict[str, Any]] = {}
     n = 2**28  # 1 GiB of fp32 each way: far beyond L2
     src = torch.randn(n, device="cuda")
@@ -115,6 +116,8 @@ def measure_ceilings(quick: bool = False) -> dict[str, dict[str, Any]]:
             torch.backends.cuda.matmul.allow_tf32 = prev
         out[name] = {"value": 2 * m**3 / (t.median * 1e-3) / 1e12, "unit": "TFLOP/s",
                      "how": f"torch.matmul {m}x{m}x{m} {dtype_name(dtype)}" + (" (TF32)" if tf32 else "")}
+    for name in extra:
+        out[name] = CEILING_MEASURES[name](quick)
     return out
 # --8<-- [end:ceilings]
 
@@ -175,14 +178,15 @@ def run_job(op: Op, dtype: torch.dtype, size: dict, impl: Impl, l2_bytes: int, s
             "l2_flush": flush, "timer": impl.timer, "max_abs_err": err, "source_hash": impl.source_hash()}
 
 
-def derive(op: Op, records: list[dict], ceiling_value: float) -> None:
-    """Add the rate, the fraction of the ceiling and the speed-up over v0 to each record, in place."""
+def derive(op: Op, records: list[dict], ceiling_value: float | None) -> None:
+    """Add the rate, the fraction of the ceiling and the speed-up over v0 to each record, in place.
+    For a latency (ns/access) there is no ceiling: the fraction is None."""
     base = {(r["dtype"], r["size_key"]): r["ms"] for r in records if r["impl"] == "v0"}
     for r in records:
         dtype = getattr(torch, r["dtype"])
         r["value"] = op.rate(r["size"], dtype, r["ms"])
         r["unit"] = op.metric
-        r["fraction_of_ceiling"] = r["value"] / ceiling_value
+        r["fraction_of_ceiling"] = r["value"] / ceiling_value if ceiling_value else None
         b = base.get((r["dtype"], r["size_key"]))
         r["speedup_vs_v0"] = b / r["ms"] if b else None
 
@@ -219,8 +223,9 @@ def run(op_names: list[str], quick: bool = False, out: Path | None = None, conso
     l2 = prov["l2_bytes"] or 64 * 2**20
     console.print(f"[bold]{prov['gpu']}[/], {prov['sm_count']} SMs, torch {prov['torch']}, "
                   f"triton {prov['triton']}, commit {str(prov['commit'])[:10]}")
+    extra = sorted({op.ceiling for op in ops if op.ceiling in CEILING_MEASURES})
     with console.status("measuring ceilings"):
-        ceilings = measure_ceilings(quick)
+        ceilings = measure_ceilings(quick, extra)
     for k, c in ceilings.items():
         console.print(f"  ceiling {k}: {c['value']:.1f} {c['unit']} ({c['how']})")
 
@@ -237,11 +242,11 @@ def run(op_names: list[str], quick: bool = False, out: Path | None = None, conso
 
     entries = {}
     for op in ops:
-        ceiling = ceilings[op.ceiling]
-        derive(op, records[op.name], ceiling["value"])
+        ceiling = ceilings[op.ceiling] if op.ceiling else None
+        derive(op, records[op.name], ceiling["value"] if ceiling else None)
         entries[op.name] = {"part": op.part, "title": op.title, "metric": op.metric,
-                            "ceiling": {"name": op.ceiling, **ceiling}, "provenance": prov,
-                            "records": records[op.name]}
+                            "ceiling": {"name": op.ceiling, **ceiling} if ceiling else None,
+                            "provenance": prov, "records": records[op.name]}
     path = out or RESULTS_DIR / f"{slug(prov['gpu'])}.json"
     merge(path, prov["gpu"], entries, ceilings)
     _print_table(console, ops, entries)
@@ -260,8 +265,9 @@ def _print_table(console, ops: list[Op], entries: dict) -> None:
             if not r["headline"]:
                 continue
             sp = f"{r['speedup_vs_v0']:.3g}x" if r["speedup_vs_v0"] else "-"
+            frac = f"{100 * r['fraction_of_ceiling']:.1f}%" if r["fraction_of_ceiling"] is not None else "-"
             table.add_row(op.name, r["impl"], r["lang"], r["dtype"], r["size_key"], f"{r['ms']:.4f}",
-                          f"{r['value']:.1f} {r['unit']}", f"{100 * r['fraction_of_ceiling']:.1f}%", sp)
+                          f"{r['value']:.1f} {r['unit']}", frac, sp)
     console.print(table)
 
 

@@ -49,9 +49,9 @@ def summarise(op: Op, gpu: str | None, entry: dict | None) -> dict[str, Any]:
     if entry is None:
         return rec
     rows = headline_records(op, entry)
-    ours = [r for r in rows if r["impl"] != "v0"]
+    ours = [r for r in rows if r["impl"] != "v0"] or rows  # a micro-benchmark may have no v0
     if ours:
-        best = max(ours, key=lambda r: r["value"])
+        best = (min if op.lower_is_better else max)(ours, key=lambda r: r["value"])
         rec.update(best_impl=best["impl"], best_lang=best["lang"], value=best["value"],
                    fraction_of_ceiling=best["fraction_of_ceiling"], speedup_vs_baseline=best["speedup_vs_v0"])
     stale = stale_impls(op, entry)

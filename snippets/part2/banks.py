@@ -1,0 +1,1 @@
+"""Part 2 op module `banks` (being written)."""

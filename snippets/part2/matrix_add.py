@@ -1,0 +1,1 @@
+"""Part 2 op module `matrix_add` (being written)."""
