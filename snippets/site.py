@@ -161,7 +161,8 @@ def render_plot(op: Op, results: dict[str, dict], y: str = "value") -> str:
         if y == "ms":
             ax.set_yscale("log")
             ax.set_ylabel("time per call (ms)")
-        elif c is None:
+        elif c is None:  # a latency: steps of several x (L1, L2, DRAM) read best on a log axis
+            ax.set_yscale("log")
             ax.set_ylabel(op.metric)
         else:
             ax.set_ylabel(op.metric)

@@ -192,3 +192,28 @@ def test_bench_end_to_end_on_gpu(tmp_path):
     assert {r["impl"] for r in recs} == set(OPS["vector_add"].impls)
     assert all(r["value"] > 0 and 0 < r["fraction_of_ceiling"] < 2 for r in recs)
     assert data["ceilings"]["copy"]["value"] > 100
+
+
+def test_latency_metric_has_no_ceiling_and_lower_is_better(tmp_path):
+    """An ns/access micro-benchmark: value = time / accesses, no ceiling, the smallest value is the best."""
+    from snippets.registry import Op
+
+    chase = Op(name="fake_chase", part=9, chapter="x.md", title="Fake chase", reference=lambda x: x,
+               make_inputs=lambda s, d, dev, g: (torch.zeros(1),), bytes_moved=lambda s, d: 8 * s["iters"],
+               flops=lambda s, d: 0, metric="ns/access", ceiling=None, headline={"iters": 1000},
+               sweep=[{"iters": 1000}], dtypes=(torch.float32,), test_sizes=[{"iters": 1}],
+               accesses=lambda s, d: s["iters"], kind="micro")
+    records = [{"impl": name, "lang": "CUDA", "desc": name, "dtype": "float32", "size": {"iters": 1000},
+                "size_key": "iters=1000", "headline": True, "ms": ms, "source_hash": "h"}
+               for name, ms in (("v1", 0.5), ("v2", 0.25))]
+    harness.derive(chase, records, None)
+    assert records[0]["value"] == pytest.approx(500.0) and records[1]["value"] == pytest.approx(250.0)
+    assert records[0]["fraction_of_ceiling"] is None and records[0]["speedup_vs_v0"] is None
+    entry = {"part": 9, "title": "Fake chase", "metric": "ns/access", "ceiling": None, "records": records,
+             "provenance": {"date": "d", "commit": "c"}}
+    rec = report.summarise(chase, "Test GPU", entry)
+    assert rec["best_impl"] == "v2" and rec["fraction_of_ceiling"] is None
+    with pytest.raises(ValueError, match="latency"):
+        Op(**{**chase.__dict__, "metric": "GB/s", "impls": {}})
+    with pytest.raises(ValueError, match="accesses"):
+        Op(**{**chase.__dict__, "accesses": None, "impls": {}})
