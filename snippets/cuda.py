@@ -48,6 +48,18 @@ def _module(path: str, arch: str, options: tuple[str, ...]):
     return cupy.RawModule(code=source, options=opts)
 
 
+def _arch() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def module(path: str, options: tuple[str, ...] = ()):
+    """The compiled module of ``csrc/<path>`` for this GPU (a ``cupy.RawModule``), the one ``kernel`` takes its
+    functions from: for module-level state such as ``__constant__`` arrays (``module(path).get_global(name)``)."""
+    require_gpu()
+    return _module(path, _arch(), tuple(options))
+
+
 @functools.lru_cache(maxsize=None)
 def _function(path: str, arch: str, options: tuple[str, ...], name: str):
     return _module(path, arch, options).get_function(name)
@@ -57,8 +69,7 @@ def kernel(path: str, name: str, options: tuple[str, ...] = ()):
     """The ``__global__`` function ``name`` (declared ``extern "C"``) of ``csrc/<path>``, compiled for this GPU.
     The same object comes back on every call, so per-kernel facts (``resident_blocks``) are cached with it."""
     require_gpu()
-    major, minor = torch.cuda.get_device_capability()
-    return _function(path, f"sm_{major}{minor}", tuple(options), name)
+    return _function(path, _arch(), tuple(options), name)
 
 
 @functools.lru_cache(maxsize=None)

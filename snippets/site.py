@@ -92,7 +92,9 @@ def render_table(op: Op, results: dict[str, dict], sizes: str = "headline") -> s
             continue
         stale = set(stale_impls(op, entry))
         if sizes == "all":
-            order = {size_key(sz): i for i, sz in enumerate([*op.sweep, op.headline])}
+            order: dict[str, int] = {}
+            for i, sz in enumerate([*op.sweep, op.headline]):  # a headline inside the sweep keeps its place
+                order.setdefault(size_key(sz), i)
             rows = sorted((r for r in entry["records"] if r["dtype"] == headline_records(op, entry)[0]["dtype"]),
                           key=lambda r: (order.get(r["size_key"], len(order)), r["impl"]))
         else:
