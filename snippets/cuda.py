@@ -94,9 +94,21 @@ def launch(fn, grid: int | tuple, block: int | tuple, args: tuple, shared_mem: i
     grid = grid if isinstance(grid, tuple) else (grid,)
     block = block if isinstance(block, tuple) else (block,)
     ptr_args = tuple(cupy.uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in args)
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-    with stream:
+    with _cupy_stream(cupy):
         fn(grid, block, ptr_args, shared_mem=shared_mem)
+
+
+def _cupy_stream(cupy):
+    """torch's current stream as a CuPy stream (``Stream.from_external`` in CuPy 14+, else ``ExternalStream``)."""
+    current = torch.cuda.current_stream()
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        try:
+            return from_external(current)
+        except Exception:  # noqa: BLE001 (a torch stream without the CUDA stream protocol: use the raw handle)
+            pass
+    return cupy.cuda.ExternalStream(current.cuda_stream)
+
 # --8<-- [end:loader]
 
 
