@@ -13,7 +13,7 @@ from conftest import DEVICE, poison_allocator
 from snippets.part2 import matrix_add as ma
 from snippets.registry import get_op
 
-CUDA_FNS = {"v1": ma.matrix_add_cuda, "v2": ma.matrix_add_cuda_column_major}
+CUDA_FNS = {"v1": ma.matrix_add_cuda, "v2": ma.matrix_add_cuda_column_major, "v4": ma.matrix_add_cuda_vec4}
 SHAPES = [(1, 1), (1, 300), (300, 1), (31, 33), (33, 31), (129, 257), (1023, 517), (4097, 3)]
 
 
@@ -206,3 +206,16 @@ def test_triton_gpu_dtypes_and_slices(dtype):
     x = _strided(1000, 777, 49, 7, "cuda", dtype)
     y = _strided(1000, 777, 0, 0, "cuda", dtype)
     _check(ma.matrix_add_triton(x, y), x, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.op("matrix_add")
+@pytest.mark.parametrize("m, n, pad, off", [(5, 8, 0, 0), (5, 8, 4, 0), (5, 8, 0, 1), (7, 10, 0, 0),
+                                            (3, 4, 6, 2), (70000, 4, 0, 0)])
+def test_vec4_takes_or_leaves_the_vector_path(m, n, pad, off):
+    """v4 runs float4 only on 16-byte-aligned rows; odd widths, odd pitches and offset views must still be
+    right (through v1)."""
+    base = torch.randn(m, n + pad + off, device="cuda")
+    x = base[:, off:off + n]
+    y = torch.randn(m, n, device="cuda")
+    torch.testing.assert_close(ma.matrix_add_cuda_vec4(x, y), x + y, rtol=0, atol=0)

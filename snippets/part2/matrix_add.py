@@ -7,6 +7,8 @@ Versions of ``matrix_add`` (never renumbered):
 - v2  CUDA, the same kernel with the mapping swapped: threadIdx.x runs down a column, so a warp touches 32
       different rows (column-major access of a row-major matrix, uncoalesced).
 - v3  Triton, 2-D blocks of BLOCK_M x BLOCK_N elements with a mask on each dimension.
+- v4  CUDA, like v1 but 4 columns per thread with 16-byte loads and 64 x 4 blocks: a warp covers 512 contiguous
+      bytes of a row instead of 128 (falls back to v1 when rows are not 16-byte aligned).
 
 Inputs are row-major ``m x n`` matrices whose rows may be spaced wider than ``n`` (a column slice
 ``w[:, :n]`` of a wider matrix): the CUDA and Triton versions take each matrix's *leading dimension*
@@ -102,16 +104,17 @@ def matrix_add_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 BLOCK = (32, 8)  # 256 threads: one warp per 32 threads along x, 8 warps along y
 
 
-def _launch_matrix_add(name: str, threads_along_rows: bool, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The one launcher of both CUDA versions. blockIdx.x/threadIdx.x cover the columns and
-    blockIdx.y/threadIdx.y the rows (v1), or the other way round (v2, ``threads_along_rows``). The grid's
-    y dimension is capped at 65535 blocks; the kernels loop over the rest."""
+def _launch_matrix_add(name: str, threads_along_rows: bool, x: torch.Tensor, y: torch.Tensor,
+                       block: tuple[int, int] = BLOCK, vec: int = 1) -> torch.Tensor:
+    """The one launcher of every CUDA version. blockIdx.x/threadIdx.x cover the columns (``vec`` per thread)
+    and blockIdx.y/threadIdx.y the rows (v1, v4), or the other way round (v2, ``threads_along_rows``). The
+    grid's y dimension is capped at 65535 blocks; the kernels loop over the rest."""
     cuda.require_gpu()
     m, n = _check_matrices(x, y, (torch.float32,), "cuda")
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    along_x, along_y = (m, n) if threads_along_rows else (n, m)
-    grid = (triton.cdiv(along_x, BLOCK[0]), min(triton.cdiv(along_y, BLOCK[1]), MAX_GRID_Y))
-    cuda.launch(cuda.kernel(CU_FILE, name), grid, BLOCK,
+    along_x, along_y = (m, n) if threads_along_rows else (triton.cdiv(n, vec), m)
+    grid = (triton.cdiv(along_x, block[0]), min(triton.cdiv(along_y, block[1]), MAX_GRID_Y))
+    cuda.launch(cuda.kernel(CU_FILE, name), grid, block,
                 (x, y, out, np.int64(m), np.int64(n), np.int64(x.stride(0)), np.int64(y.stride(0)),
                  np.int64(out.stride(0))))
     return out
@@ -127,6 +130,18 @@ def matrix_add_cuda_column_major(x: torch.Tensor, y: torch.Tensor) -> torch.Tens
     """v2: like v1 with threadIdx.x and threadIdx.y swapped over the matrix: each warp touches one float in
     each of 32 rows. Same arithmetic and block shape; only the memory access pattern differs."""
     return _launch_matrix_add("matrix_add_v2", True, x, y)
+
+
+def matrix_add_cuda_vec4(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """v4: like v1, but 4 columns per thread with 16-byte accesses and 64 x 4 blocks, so each warp reads 512
+    contiguous bytes of a row. Rows that are not 16-byte aligned (n or a leading dimension not a multiple of
+    4, or an offset view) take v1 instead."""
+    cuda.require_gpu()
+    _, n = _check_matrices(x, y, (torch.float32,), "cuda")  # validate before looking at strides
+    aligned = n % 4 == 0 and all(t.stride(0) % 4 == 0 and t.data_ptr() % 16 == 0 for t in (x, y))
+    if not aligned:
+        return _launch_matrix_add("matrix_add_v1", False, x, y)
+    return _launch_matrix_add("matrix_add_v4", False, x, y, block=(64, 4), vec=4)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -168,3 +183,5 @@ matrix_add.add(Impl("v2", matrix_add_cuda_column_major, "CUDA", "2-D grid, threa
                     (cuda.source_path(CU_FILE), _launch_matrix_add, _check_matrices), dtypes=(torch.float32,)))
 matrix_add.add(Impl("v3", matrix_add_triton, "Triton", "2-D blocks of 32 x 128, masks on both edges",
                     (_matrix_add_kernel, _check_matrices), device="any"))
+matrix_add.add(Impl("v4", matrix_add_cuda_vec4, "CUDA", "like v1, 4 columns per thread, 16-byte accesses",
+                    (cuda.source_path(CU_FILE), _launch_matrix_add, _check_matrices), dtypes=(torch.float32,)))
