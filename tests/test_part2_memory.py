@@ -133,15 +133,21 @@ def test_footprint_sees_a_temporary_and_the_cache():
     s = ht.footprint(temporary)
     assert s["peak_allocated_delta"] >= nbytes
     assert s["retained"] == 0, "nothing outlives the call"
-    # The freed block stays in torch's cache: reserved by torch, used as far as the driver can tell.
-    assert s["reserved_delta"] >= nbytes and s["peak_reserved_delta"] >= nbytes
-    assert s["device_used_delta"] >= nbytes
-    assert s["device_total"] >= s["device_free_before"] > s["device_free_after"]
-
-    free_cached, _ = torch.cuda.mem_get_info()
-    torch.cuda.empty_cache()  # hand the cached block back to the driver
-    free_emptied, _ = torch.cuda.mem_get_info()
-    assert free_emptied - free_cached >= nbytes
+    assert s["device_total"] >= s["device_free_before"]
+    # Earlier work in this process can leave torch a segment with free room inside (a live tensor keeps the
+    # segment): the allocation may then be carved from it, and neither torch's pool nor the driver's count
+    # grows. Only when the pool had no such room must both grow by the whole block.
+    headroom = s["reserved_before"] - s["allocated_before"]
+    if headroom < nbytes:
+        # The freed block stays in torch's cache: reserved by torch, used as far as the driver can tell.
+        assert s["reserved_delta"] >= nbytes and s["peak_reserved_delta"] >= nbytes
+        assert s["device_used_delta"] >= nbytes
+        free_cached, _ = torch.cuda.mem_get_info()
+        torch.cuda.empty_cache()  # hand the cached block back to the driver
+        free_emptied, _ = torch.cuda.mem_get_info()
+        assert free_emptied - free_cached >= nbytes
+    else:
+        assert s["reserved_delta"] >= 0
 
 
 @pytest.mark.gpu
