@@ -19,9 +19,8 @@ status=0
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 $PY -c "import torch, triton, cupy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__)"
 
-echo "== compiler reports the chapters show"
-nvcc -std=c++17 -c -arch=sm_90a -Xptxas -v -I csrc/common csrc/part2/spill.cu -o /tmp/spill.o 2>&1 \
-  | grep -v "^$" > "$OUTDIR/outputs/ptxas_spill.txt" || status=1
+echo "== compiler and profiler outputs the chapters show"
+bash scripts/capture_outputs.sh "$OUTDIR/outputs" || status=1
 
 echo "== GPU test suite"
 $PY -m pytest tests -q -p no:cacheprovider 2>&1 | tee "$OUTDIR/pytest.log" || status=1
