@@ -22,7 +22,7 @@ l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wa
 fi
 
 # Unified memory: on-demand page migration against a prefetch, 256 MiB.
-$PY - > "$OUTDIR/unified_memory.txt" 2>&1 <<'PYEOF' || status=1
+$PY -W ignore::DeprecationWarning - > "$OUTDIR/unified_memory.txt" 2>&1 <<'PYEOF' || status=1
 import torch
 from snippets.part2.host_transfer import unified_memory_timings
 t = unified_memory_timings(256 * 2**20)
