@@ -75,3 +75,14 @@ def check_scalar(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a Python int or float, got {type(value).__name__}")
     return float(value)
+
+
+def check_int(name: str, value: object, lo: int) -> int:
+    """A Python (or NumPy) integer argument of at least ``lo``; bools are refused (True is not a size)."""
+    import numpy as np
+
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a Python int, got {type(value).__name__}")
+    if value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    return int(value)

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import check_int as _int, check_tensors, triton_device
 from snippets.registry import Impl, Op, register
 
 CU_FILE = "part2/coalescing.cu"
@@ -53,14 +53,6 @@ def sectors_touched(n: int, stride: int, offset: int = 0, itemsize: int = 4) -> 
     addr = (offset + stride * torch.arange(n, dtype=torch.int64)) * itemsize  # byte address of each read
     return int(torch.unique(addr // SECTOR).numel())
 # --8<-- [end:sectors]
-
-
-def _int(name: str, value: object, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be a Python int, got {type(value).__name__}")
-    if value < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {value}")
-    return int(value)
 
 
 def _check(x: torch.Tensor, n: int, stride: int, offset: int, device: str) -> tuple[int, int, int]:

@@ -24,7 +24,7 @@ import torch
 import triton
 
 from snippets import cuda
-from snippets._checks import check_tensors
+from snippets._checks import check_int as _int, check_tensors
 from snippets.registry import Impl, Op, register
 
 CU_FILE = "part2/pointer_chase.cu"
@@ -36,14 +36,6 @@ SLOT_WORDS = SLOT_BYTES // 4
 WARM_BYTES = 256 * 1024
 CHECK_THREADS = 256
 CHASE_THREADS = 256  # only thread 0 chases; the others help with the warm-up
-
-
-def _int(name: str, value: object, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be a Python int, got {type(value).__name__}")
-    if value < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {value}")
-    return int(value)
 
 
 # --8<-- [start:chain]
