@@ -197,7 +197,7 @@ def merge(path: Path, gpu: str, entries: dict[str, dict], ceilings: dict) -> dic
     if data.get("gpu") != gpu:
         raise ValueError(f"{path} holds results for {data.get('gpu')!r}, not {gpu!r}")
     data["schema"] = SCHEMA
-    data["ceilings"] = ceilings
+    data["ceilings"] = {**data.get("ceilings", {}), **ceilings}  # this run's, and any only older runs measured
     data["ops"].update(entries)
     data["ops"] = dict(sorted(data["ops"].items()))
     path.parent.mkdir(parents=True, exist_ok=True)
