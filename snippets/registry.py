@@ -211,6 +211,10 @@ OP_MODULES = (
     "snippets.part2.conv1d",
     "snippets.part2.spills",
     "snippets.part2.host_transfer",
+    "snippets.part3.reduce",
+    "snippets.part3.histogram",
+    "snippets.part3.scan",
+    "snippets.part3.sgemm",
 )
 
 

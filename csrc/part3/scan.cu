@@ -1,0 +1,307 @@
+// Inclusive prefix-sum (scan) kernels of Part 3, loaded from Python by snippets/part3/scan.py (CuPy/NVRTC).
+// Every kernel exists for float (suffix _f32) and int (suffix _i32).
+//
+// v1  scan_tiles_ks     Kogge-Stone scan of a 1024-element tile in shared memory (1024 threads, 10 steps),
+//                       then the 3-phase device-wide scheme: scan tiles, scan the tile sums (recursively, on the
+//                       host side), add_offsets                         (span log2(1024), work n log2(1024))
+// v2  scan_tiles_bk     like v1, but a Brent-Kung up-sweep/down-sweep: 512 threads, 2 elements each
+//                       (work 2n, span 2 log2(1024))
+// v3  reduce_tiles, scan_sums, scan_tiles_rts    reduce-then-scan: 16 elements per thread in registers,
+//                       4096-element tiles; pass 1 reduces each tile to its sum, pass 2 (one block) turns the
+//                       sums into tile offsets, pass 3 rescans each tile and adds its offset  (reads x twice)
+// v5  scan_lookback     single pass with decoupled look-back: each tile publishes its sum, then its inclusive
+//                       prefix; a tile adds up its predecessors' published values    (reads x once)
+//
+// x and out are contiguous; out may alias x for the tile kernels of v1/v2 (the host scans tile sums in place).
+
+#define LOG_TILE 10
+#define TILE (1 << LOG_TILE)  // 1024 elements per tile in v1 and v2
+
+// --8<-- [start:kogge_stone]
+// v1: Hillis-Steele / Kogge-Stone. Step d adds the value 2^d places to the left: after log2(TILE) steps every
+// element holds the sum of everything up to it. Two buffers, so a step never reads what it is overwriting.
+template <class T>
+__device__ void scan_tiles_ks(const T* x, T* out, T* tile_sums, long long n) {
+    __shared__ T buf[2][TILE];
+    int t = threadIdx.x;  // blockDim.x == TILE
+    long long i = (long long)blockIdx.x * TILE + t;
+    buf[0][t] = i < n ? x[i] : T(0);  // past the end: the identity of +
+    __syncthreads();
+    int src = 0;
+    for (int d = 1; d < TILE; d <<= 1) {
+        T v = buf[src][t];
+        if (t >= d) v += buf[src][t - d];
+        buf[src ^ 1][t] = v;
+        src ^= 1;
+        __syncthreads();
+    }
+    if (i < n) out[i] = buf[src][t];
+    if (t == TILE - 1) tile_sums[blockIdx.x] = buf[src][t];  // the tile's total
+}
+// --8<-- [end:kogge_stone]
+
+// --8<-- [start:brent_kung]
+// v2: Brent-Kung. The up-sweep builds a tree of partial sums in place (after it, the last element holds the
+// tile's total); the down-sweep pushes prefixes back down the tree. 2 * TILE additions instead of
+// TILE * log2(TILE), at the price of twice as many steps.
+template <class T>
+__device__ void scan_tiles_bk(const T* x, T* out, T* tile_sums, long long n) {
+    __shared__ T buf[TILE];
+    int t = threadIdx.x;  // blockDim.x == TILE / 2: two elements per thread
+    long long base = (long long)blockIdx.x * TILE;
+    for (int k = t; k < TILE; k += TILE / 2) buf[k] = base + k < n ? x[base + k] : T(0);
+    __syncthreads();
+    for (int stride = 1; stride < TILE; stride <<= 1) {  // up-sweep: log2(TILE) levels
+        int k = (t + 1) * 2 * stride - 1;                  // right child of the pair this thread combines
+        if (k < TILE) buf[k] += buf[k - stride];
+        __syncthreads();
+    }
+    for (int stride = TILE / 4; stride > 0; stride >>= 1) {  // down-sweep: complete the missing prefixes
+        int k = (t + 1) * 2 * stride - 1;
+        if (k + stride < TILE) buf[k + stride] += buf[k];
+        __syncthreads();
+    }
+    for (int k = t; k < TILE; k += TILE / 2)
+        if (base + k < n) out[base + k] = buf[k];
+    if (t == 0) tile_sums[blockIdx.x] = buf[TILE - 1];
+}
+// --8<-- [end:brent_kung]
+
+// --8<-- [start:add_offsets]
+// Phase 3 of v1/v2: tile b > 0 adds the inclusive scan of the tile sums up to tile b - 1.
+template <class T>
+__device__ void add_offsets(T* out, const T* scanned_sums, long long n) {
+    long long i = (long long)(blockIdx.x + 1) * TILE + threadIdx.x;  // block b serves tile b + 1
+    if (i < n) out[i] += scanned_sums[blockIdx.x];
+}
+// --8<-- [end:add_offsets]
+
+// ---------------------------------------------------------------------------------------------------------------
+// v3: reduce-then-scan and v5: decoupled look-back share the tile code below.
+// ---------------------------------------------------------------------------------------------------------------
+#define RTS_THREADS 256
+#define ITEMS 16                              // elements per thread, held in registers
+#define RTS_TILE (RTS_THREADS * ITEMS)        // 4096 elements per tile
+#define PAD(i) ((i) + ((i) >> 5))             // one padding word per 32: conflict-free blocked reads
+
+// --8<-- [start:block_tools]
+template <class T>
+__device__ __forceinline__ T warp_inclusive_scan(T v) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        T u = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += u;
+    }
+    return v;
+}
+
+// Exclusive scan of one value per thread across the block; *total receives the block's sum.
+// sWarp must hold 32 values. Ends with a __syncthreads, so sWarp can be reused afterwards.
+template <class T>
+__device__ __forceinline__ T block_exclusive_scan(T v, T* sWarp, T* total) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    T incl = warp_inclusive_scan(v);
+    if (lane == 31) sWarp[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        T w = lane < warps ? sWarp[lane] : T(0);
+        T wincl = warp_inclusive_scan(w);
+        sWarp[lane] = wincl - w;  // exclusive prefix of each warp
+        if (lane == 31) sWarp[32] = wincl;
+    }
+    __syncthreads();
+    T out = sWarp[warp] + incl - v;
+    *total = sWarp[32];
+    __syncthreads();
+    return out;
+}
+
+// Load a tile: coalesced global loads (consecutive threads, consecutive addresses) into padded shared memory,
+// then each thread takes its ITEMS consecutive elements into registers ("blocked" order for a sequential scan).
+template <class T>
+__device__ __forceinline__ void load_blocked(const T* x, long long base, long long n, T* sTile, T (&r)[ITEMS]) {
+    int t = threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {  // all ITEMS loads issued before any is used
+        int j = k * RTS_THREADS + t;
+        sTile[PAD(j)] = base + j < n ? x[base + j] : T(0);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) r[k] = sTile[PAD(t * ITEMS + k)];
+    __syncthreads();
+}
+
+// Scan the tile held in registers (sequential within a thread, then across threads) and store it, offset by
+// `carry`, back through shared memory with coalesced global stores.
+template <class T>
+__device__ __forceinline__ void scan_store_blocked(T (&r)[ITEMS], T carry, T* out, long long base, long long n,
+                                                   T* sTile, T* sWarp) {
+    int t = threadIdx.x;
+#pragma unroll
+    for (int k = 1; k < ITEMS; ++k) r[k] += r[k - 1];  // this thread's chunk, in registers
+    T total;
+    T prefix = block_exclusive_scan(r[ITEMS - 1], sWarp, &total) + carry;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) sTile[PAD(t * ITEMS + k)] = r[k] + prefix;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        int j = k * RTS_THREADS + t;
+        if (base + j < n) out[base + j] = sTile[PAD(j)];
+    }
+}
+// --8<-- [end:block_tools]
+
+// --8<-- [start:reduce_then_scan]
+// Pass 1: each block reduces its tile to one sum.
+template <class T>
+__device__ void reduce_tiles(const T* x, T* tile_sums, long long n) {
+    __shared__ T sWarp[33];
+    long long base = (long long)blockIdx.x * RTS_TILE;
+    T s = T(0);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        long long j = base + k * RTS_THREADS + threadIdx.x;
+        s += j < n ? x[j] : T(0);
+    }
+    T total;
+    block_exclusive_scan(s, sWarp, &total);
+    if (threadIdx.x == 0) tile_sums[blockIdx.x] = total;
+}
+
+// Pass 2: one block turns the tile sums into exclusive tile offsets, in place, 4 per thread per round; a
+// running carry links the rounds, so any number of tiles works.
+template <class T>
+__device__ void scan_sums(T* sums, long long tiles) {
+    __shared__ T sWarp[33];
+    T carry = T(0);
+    for (long long base = 0; base < tiles; base += 4LL * blockDim.x) {
+        long long j = base + 4LL * threadIdx.x;
+        T v[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[k] = j + k < tiles ? sums[j + k] : T(0);
+        T mine = v[0] + v[1] + v[2] + v[3];
+        T total;
+        T run = block_exclusive_scan(mine, sWarp, &total) + carry;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (j + k < tiles) sums[j + k] = run;  // exclusive: the sum of every tile before j + k
+            run += v[k];
+        }
+        carry += total;
+    }
+}
+
+// Pass 3: rescan each tile in registers and add its offset.
+template <class T>
+__device__ void scan_tiles_rts(const T* x, T* out, const T* offsets, long long n) {
+    __shared__ T sTile[PAD(RTS_TILE)];
+    __shared__ T sWarp[33];
+    long long base = (long long)blockIdx.x * RTS_TILE;
+    T r[ITEMS];
+    load_blocked(x, base, n, sTile, r);
+    scan_store_blocked(r, offsets[blockIdx.x], out, base, n, sTile, sWarp);
+}
+// --8<-- [end:reduce_then_scan]
+
+// --8<-- [start:lookback]
+// v5: one pass. Tiles are numbered in the order blocks start (an atomic counter), so every tile a block waits
+// for belongs to a block that is already running: waiting cannot deadlock. Each tile publishes a 64-bit word:
+// status in the high half (0 not ready, 1 its own sum ready, 2 its inclusive prefix ready), the value's bits in
+// the low half; one 64-bit store publishes both at once.
+#define ST_AGG 1ull
+#define ST_PREFIX 2ull
+
+__device__ __forceinline__ unsigned to_bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ unsigned to_bits(int v) { return (unsigned)v; }
+__device__ __forceinline__ void from_bits(unsigned b, float* v) { *v = __uint_as_float(b); }
+__device__ __forceinline__ void from_bits(unsigned b, int* v) { *v = (int)b; }
+
+template <class T>
+__device__ __forceinline__ unsigned long long pack(unsigned long long status, T v) {
+    return (status << 32) | (unsigned long long)to_bits(v);
+}
+template <class T>
+__device__ __forceinline__ T unpack(unsigned long long w) {
+    T v;
+    from_bits((unsigned)(w & 0xffffffffull), &v);
+    return v;
+}
+
+template <class T>
+__device__ void scan_lookback(const T* x, T* out, unsigned long long* state, long long n) {
+    // state[0]: the tile counter; state[1 + tile]: that tile's published word. Zeroed by the caller.
+    __shared__ T sTile[PAD(RTS_TILE)];
+    __shared__ T sWarp[33];
+    __shared__ long long sTileId;
+    __shared__ T sCarry;
+    if (threadIdx.x == 0) sTileId = (long long)atomicAdd(&state[0], 1ull);
+    __syncthreads();
+    long long tile = sTileId;
+    long long base = tile * RTS_TILE;
+    volatile unsigned long long* flags = state + 1;
+
+    T r[ITEMS];
+    load_blocked(x, base, n, sTile, r);
+    T mine = T(0);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) mine += r[k];
+    T total;
+    block_exclusive_scan(mine, sWarp, &total);  // total: this tile's sum
+    if (threadIdx.x == 0) {
+        if (tile == 0) {
+            flags[0] = pack(ST_PREFIX, total);
+            sCarry = T(0);
+        } else {
+            flags[tile] = pack(ST_AGG, total);  // let successors skip past this tile early
+            T carry = T(0);
+            for (long long j = tile - 1; j >= 0; --j) {  // look back until an inclusive prefix is found
+                unsigned long long w;
+                do { w = flags[j]; } while ((w >> 32) == 0);  // the predecessor is running: it will publish
+                carry += unpack<T>(w);
+                if ((w >> 32) == ST_PREFIX) break;
+            }
+            __threadfence();
+            flags[tile] = pack(ST_PREFIX, carry + total);
+            sCarry = carry;
+        }
+    }
+    __syncthreads();
+    scan_store_blocked(r, sCarry, out, base, n, sTile, sWarp);
+}
+// --8<-- [end:lookback]
+
+#define INSTANTIATE(T, S)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(TILE) scan_tiles_ks_##S(const T* x, T* out, T* sums,          \
+                                                                          long long n) {                         \
+        scan_tiles_ks<T>(x, out, sums, n);                                                                      \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(TILE / 2) scan_tiles_bk_##S(const T* x, T* out, T* sums,      \
+                                                                              long long n) {                     \
+        scan_tiles_bk<T>(x, out, sums, n);                                                                      \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(TILE) add_offsets_##S(T* out, const T* sums, long long n) {   \
+        add_offsets<T>(out, sums, n);                                                                           \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(RTS_THREADS) reduce_tiles_##S(const T* x, T* sums,            \
+                                                                                long long n) {                   \
+        reduce_tiles<T>(x, sums, n);                                                                            \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(1024) scan_sums_##S(T* sums, long long tiles) {               \
+        scan_sums<T>(sums, tiles);                                                                              \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(RTS_THREADS) scan_tiles_rts_##S(const T* x, T* out,           \
+                                                                                  const T* offsets,              \
+                                                                                  long long n) {                 \
+        scan_tiles_rts<T>(x, out, offsets, n);                                                                  \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(RTS_THREADS) scan_lookback_##S(const T* x, T* out,            \
+                                                                                 unsigned long long* state,      \
+                                                                                 long long n) {                  \
+        scan_lookback<T>(x, out, state, n);                                                                     \
+    }
+
+INSTANTIATE(float, f32)
+INSTANTIATE(int, i32)

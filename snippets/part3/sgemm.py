@@ -1,0 +1,243 @@
+"""SGEMM, step by step: C = A @ B in fp32, from one thread per element towards cuBLAS.
+
+Versions of ``sgemm`` (never renumbered); all CUDA kernels are in ``csrc/part3/sgemm.cu``:
+
+- v0  cuBLAS through ``torch.matmul`` with TF32 switched off for the call: IEEE fp32, the baseline.
+- v1  CUDA, naive: one thread per element of C, threadIdx.x down a column of C (A loads and C stores strided).
+- v2  CUDA, like v1 with threadIdx.x along a row of C: coalesced B loads and C stores.
+- v3  CUDA, 32 x 32 tiles of A and B in shared memory.
+- v4  CUDA, 1-D register tiling: 64 x 64 block tile, BK = 8, 8 results per thread down a column.
+- v5  CUDA, 2-D register tiling: 128 x 128 block tile, BK = 8, 8 x 8 results per thread.
+- v6  CUDA, like v5 with float4 global loads, the A tile transposed (rows padded to 132) in shared memory.
+- v7  CUDA, like v6 with warp tiling: 64 x 32 per warp, conflict-free float4 shared-memory reads.
+- v8  CUDA, like v7 with two shared-memory buffers: the next tile's loads overlap this tile's FMAs.
+
+A is M x K, B is K x N, both row-major (contiguous) fp32; C is M x N. The cost is 2 * M * N * K FLOPs; the
+fewest bytes are (M * K + K * N + M * N) * 4. The ceiling is cuBLAS itself in IEEE fp32 (``gemm_fp32``). The
+goal: the best version reaches at least 90% of cuBLAS fp32 at 4096^3 (and at 8192^3, measured separately).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+
+from snippets import cuda
+from snippets._checks import check_tensors
+from snippets.registry import Impl, Op, register
+
+CU_FILE = "part3/sgemm.cu"
+INT32_MAX = 2**31 - 1
+GRID_Y_MAX = 65535  # CUDA's limit on gridDim.y
+
+
+# --8<-- [start:reference]
+def sgemm_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """C[i, j] = sum_k A[i, k] * B[k, j]. Each of the M * N outputs is a dot product of length K: 2 * M * N * K
+    FLOPs. At the least, every element of A, B and C crosses DRAM once: (M*K + K*N + M*N) * 4 bytes in fp32,
+    so the arithmetic intensity can reach 2MNK / (4 (MK + KN + MN)) FLOPs per byte (N / 6 for a square N)."""
+    m, k = a.shape
+    _, n = b.shape
+    c = torch.zeros((m, n), dtype=a.dtype, device=a.device)
+    for kk in range(k):  # a sum of K outer products: column kk of A times row kk of B
+        c += a[:, kk : kk + 1] * b[kk : kk + 1, :]
+    return c
+# --8<-- [end:reference]
+
+
+def _reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The registered reference: the same sum, computed by one matmul (the tests call it in float64, where
+    torch's float64 GEMM does no TF32 or other reduced-precision arithmetic)."""
+    return a @ b
+
+
+def check_operands(a: torch.Tensor, b: torch.Tensor, device: str = "cuda") -> tuple[int, int, int]:
+    """A (M x K) and B (K x N): contiguous, non-empty, 2-D, float32, on ``device``; returns (M, N, K)."""
+    check_tensors(("a", "b"), (a, b), dtypes=(torch.float32,), device=device, same_shape=False,
+                  allow_empty=False)
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"a and b must be 2-D matrices, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2:
+        raise ValueError(f"inner dimensions differ: a is {m} x {k} but b is {k2} x {n} (a.shape[1] must equal "
+                         "b.shape[0])")
+    for name, v in (("M", m), ("N", n), ("K", k)):
+        if v > INT32_MAX:
+            raise ValueError(f"{name} = {v} does not fit the kernels' 32-bit sizes")
+    return m, n, k
+
+
+# --8<-- [start:cublas]
+def sgemm_cublas(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v0: cuBLAS through torch.matmul, in IEEE fp32. torch may let cuBLAS use TF32 tensor cores for fp32
+    matmuls (10-bit mantissas); the flag is switched off for this call and restored afterwards."""
+    check_operands(a, b)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return torch.matmul(a, b)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+# --8<-- [end:cublas]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CUDA C (csrc/part3/sgemm.cu), launched through CuPy
+# ----------------------------------------------------------------------------------------------------------
+
+# --8<-- [start:cuda_launch]
+@dataclass(frozen=True)
+class Config:
+    """How a CUDA version is launched. A block of ``threads`` computes a ``tile`` = (rows, columns) of C and
+    walks K in steps of ``bk``; ``rows_on_x`` puts the tile rows on gridDim.x (v1's mapping) instead of the tile
+    columns. The kernel hard-codes the same numbers (template arguments); the GPU tests at ragged sizes catch
+    a mismatch."""
+
+    kernel: str
+    tile: tuple[int, int]
+    bk: int
+    threads: tuple[int, ...]
+    rows_on_x: bool = False
+
+    @property
+    def results_per_thread(self) -> int:
+        return self.tile[0] * self.tile[1] // math.prod(self.threads)
+
+
+CONFIGS = {
+    "v1": Config("sgemm_v1", tile=(32, 32), bk=1, threads=(32, 32), rows_on_x=True),
+    "v2": Config("sgemm_v2", tile=(32, 32), bk=1, threads=(32, 32)),
+    "v3": Config("sgemm_v3", tile=(32, 32), bk=32, threads=(32, 32)),
+    "v4": Config("sgemm_v4", tile=(64, 64), bk=8, threads=(512,)),
+    "v5": Config("sgemm_v5", tile=(128, 128), bk=8, threads=(256,)),
+    "v6": Config("sgemm_v6", tile=(128, 128), bk=8, threads=(256,)),
+    "v7": Config("sgemm_v7", tile=(128, 128), bk=8, threads=(256,)),
+    "v8": Config("sgemm_v8", tile=(128, 128), bk=8, threads=(256,)),
+}
+
+
+def _launch_sgemm(a: torch.Tensor, b: torch.Tensor, cfg: Config) -> torch.Tensor:
+    """The one launcher of every CUDA version: a 2-D grid with one block per tile of C."""
+    m, n, k = check_operands(a, b)
+    cuda.require_gpu()
+    tiles_m, tiles_n = triton.cdiv(m, cfg.tile[0]), triton.cdiv(n, cfg.tile[1])
+    grid = (tiles_m, tiles_n) if cfg.rows_on_x else (tiles_n, tiles_m)
+    if grid[1] > GRID_Y_MAX:
+        raise ValueError(f"{cfg.kernel}: {grid[1]} tiles along gridDim.y exceed CUDA's limit of {GRID_Y_MAX} "
+                         f"(a is {m} x {k}, b is {k} x {n})")
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    cuda.launch(cuda.kernel(CU_FILE, cfg.kernel), grid, cfg.threads,
+                (a, b, c, np.int32(m), np.int32(n), np.int32(k)))
+    return c
+# --8<-- [end:cuda_launch]
+
+
+def sgemm_naive(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v1: one thread per element of C, threadIdx.x down a column of C: the warp's 32 loads of A are K floats
+    apart, its stores N floats apart, and its load of B is one address."""
+    return _launch_sgemm(a, b, CONFIGS["v1"])
+
+
+def sgemm_coalesced(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v2: like v1 with threadIdx.x along a row of C: the warp reads 32 consecutive floats of B and one of A
+    (a broadcast), and writes 32 consecutive floats of C."""
+    return _launch_sgemm(a, b, CONFIGS["v2"])
+
+
+def sgemm_smem(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v3: like v2, but the block stages 32 x 32 tiles of A and B in shared memory, so each element loaded
+    from global memory serves 32 threads instead of one."""
+    return _launch_sgemm(a, b, CONFIGS["v3"])
+
+
+def sgemm_1d_tiling(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v4: like v3, but each thread computes 8 results down a column of a 64 x 64 tile (BK = 8): one shared
+    load of B feeds 8 FMAs, and the accumulators live in registers."""
+    return _launch_sgemm(a, b, CONFIGS["v4"])
+
+
+def sgemm_2d_tiling(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v5: like v4 in two dimensions: an 8 x 8 sub-tile per thread of a 128 x 128 tile, 16 shared loads per
+    64 FMAs instead of 9 per 8."""
+    return _launch_sgemm(a, b, CONFIGS["v5"])
+
+
+def sgemm_vectorized(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v6: like v5 with 16-byte float4 global loads (guarded scalar loads where a row length is not a multiple
+    of 4), the A tile stored transposed with rows padded to 132 floats (no store conflicts), and float4
+    shared-memory reads: a quarter of the load instructions."""
+    return _launch_sgemm(a, b, CONFIGS["v6"])
+
+
+def sgemm_warptile(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v7: like v6 with warp tiling: each warp owns a 64 x 32 part of the block tile and each lane four 4 x 4
+    pieces of it, so a warp's shared-memory reads are 128 (A) and 64 (B) contiguous bytes: no conflicts."""
+    return _launch_sgemm(a, b, CONFIGS["v7"])
+
+
+def sgemm_double_buffer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v8: like v7 with two shared-memory buffers: the next tile's global loads are issued before this tile's
+    FMAs and stored into the other buffer after them, and one barrier per tile replaces two."""
+    return _launch_sgemm(a, b, CONFIGS["v8"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Registration
+# ----------------------------------------------------------------------------------------------------------
+
+def _make_inputs(size, dtype, device, gen):
+    """A (m x k) and B (k x n) of standard normal values, drawn on the target device from a seed taken from
+    ``gen``."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    dev_gen = torch.Generator(device=device).manual_seed(seed)
+    a = torch.randn((size["m"], size["k"]), generator=dev_gen, device=device, dtype=torch.float32)
+    b = torch.randn((size["k"], size["n"]), generator=dev_gen, device=device, dtype=torch.float32)
+    return a.to(dtype), b.to(dtype)
+
+
+def _flops(size, dtype) -> int:
+    return 2 * size["m"] * size["n"] * size["k"]  # one multiply and one add per (i, j, k)
+
+
+def _bytes(size, dtype) -> int:
+    m, n, k = size["m"], size["n"], size["k"]
+    return (m * k + k * n + m * n) * torch.tensor([], dtype=dtype).element_size()
+
+
+def tolerance_for_k(k: int) -> tuple[float, float]:
+    """(rtol, atol) for fp32 against float64 with standard normal inputs. An entry of C is a sum of K products
+    of magnitude ~1, so it is ~sqrt(K) in size; the rounding error of a length-K fp32 sum grows like
+    u * sqrt(K) * sqrt(K) (u = 2^-24, K roundings of partial sums of size ~sqrt(K)). atol = 1e-6 * K leaves a
+    margin of several times that; TF32 inputs (u = 2^-11) would miss it by far."""
+    return 1e-5, 1e-6 * k + 1e-6
+
+
+HEADLINE = {"m": 4096, "n": 4096, "k": 4096}  # 3 x 64 MiB: several times the L2 of an H100/H200
+# 8192^3 is part of the goal too; the naive versions take seconds there, so it is measured in a follow-up run
+# of v0 and the best versions only, not in this sweep (the harness times every version at every size).
+SWEEP = [{"m": s, "n": s, "k": s} for s in (1024, 2048, 4096)]
+TEST_SIZES = [{"m": m, "n": n, "k": k} for m, n, k in ((1, 1, 1), (17, 33, 9), (64, 64, 64), (127, 129, 65),
+                                                       (256, 192, 320))]
+SOURCES = (cuda.source_path(CU_FILE), _launch_sgemm, check_operands)
+
+sgemm = register(Op(
+    name="sgemm", part=3, chapter="part3/sgemm.md", title="SGEMM",
+    reference=_reference, make_inputs=_make_inputs, bytes_moved=_bytes, flops=_flops,
+    metric="TFLOP/s", ceiling="gemm_fp32", headline=HEADLINE, sweep=SWEEP, dtypes=(torch.float32,),
+    test_sizes=TEST_SIZES, sweep_axis="m",
+    # One tolerance for every size the harness and the generic tests check, so sized for the largest K
+    # (4096): tolerance_for_k(4096) = (1e-5, ~4.1e-3). tests/test_part3_sgemm.py uses tolerance_for_k per shape.
+    tolerances={torch.float32: tolerance_for_k(max(s["k"] for s in [HEADLINE, *SWEEP]))}))
+sgemm.add(Impl("v0", sgemm_cublas, "PyTorch", "cuBLAS via torch.matmul, TF32 off", (check_operands,)))
+sgemm.add(Impl("v1", sgemm_naive, "CUDA", "naive, threadIdx.x along rows of C", SOURCES))
+sgemm.add(Impl("v2", sgemm_coalesced, "CUDA", "naive, threadIdx.x along columns (coalesced)", SOURCES))
+sgemm.add(Impl("v3", sgemm_smem, "CUDA", "32x32 shared-memory tiles", SOURCES))
+sgemm.add(Impl("v4", sgemm_1d_tiling, "CUDA", "64x64 tile, 8 results per thread (1-D)", SOURCES))
+sgemm.add(Impl("v5", sgemm_2d_tiling, "CUDA", "128x128 tile, 8x8 results per thread (2-D)", SOURCES))
+sgemm.add(Impl("v6", sgemm_vectorized, "CUDA", "like v5, float4 loads, A transposed in smem", SOURCES))
+sgemm.add(Impl("v7", sgemm_warptile, "CUDA", "like v6, 64x32 warp tiles", SOURCES))
+sgemm.add(Impl("v8", sgemm_double_buffer, "CUDA", "like v7, double-buffered shared memory", SOURCES))
