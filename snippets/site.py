@@ -96,7 +96,7 @@ def render_table(op: Op, results: dict[str, dict], sizes: str = "headline") -> s
             for i, sz in enumerate([*op.sweep, op.headline]):  # a headline inside the sweep keeps its place
                 order.setdefault(size_key(sz), i)
             rows = sorted((r for r in entry["records"] if r["dtype"] == headline_records(op, entry)[0]["dtype"]),
-                          key=lambda r: (order.get(r["size_key"], len(order)), r["impl"]))
+                          key=lambda r: (order.get(r["size_key"], len(order)), int(r["impl"][1:])))
         else:
             rows = headline_records(op, entry)
         label, note = _footnote(op, gpu, entry)

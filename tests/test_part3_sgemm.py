@@ -93,7 +93,7 @@ def test_cpu_tensors_refused(version):
 @pytest.mark.op("sgemm")
 def test_configs_match_the_ladder():
     assert set(sg.CONFIGS) == set(VERSIONS) - {"v0"}
-    assert set(sg.sgemm.impls) == set(VERSIONS)
+    assert set(sg.sgemm.impls) == set(VERSIONS) | {"v9", "v10"}  # v9, v10: the CPU comparison
     per_thread = {name: cfg.results_per_thread for name, cfg in sg.CONFIGS.items()}
     assert per_thread == {"v1": 1, "v2": 1, "v3": 1, "v4": 8, "v5": 64, "v6": 64, "v7": 64, "v8": 64}
 

@@ -216,6 +216,24 @@ def reduce_sum_triton(x: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The same sum on the CPU, for the CPU-vs-GPU comparison
+# ----------------------------------------------------------------------------------------------------------
+
+# --8<-- [start:cpu]
+def reduce_sum_numpy(x: torch.Tensor) -> torch.Tensor:
+    """v9: NumPy on the CPU (one thread, pairwise summation), for comparison with the GPU versions."""
+    _check_vector(x, (torch.float32,), "cpu")
+    return torch.from_numpy(np.asarray(np.sum(x.numpy(), dtype=np.float32)))
+
+
+def reduce_sum_torch_cpu(x: torch.Tensor) -> torch.Tensor:
+    """v10: torch.sum on the CPU (all cores), for comparison with the GPU versions."""
+    _check_vector(x, (torch.float32,), "cpu")
+    return torch.sum(x, dtype=torch.float32)
+# --8<-- [end:cpu]
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Registration
 # ----------------------------------------------------------------------------------------------------------
 
@@ -256,3 +274,7 @@ reduce_sum.add(Impl("v7", reduce_vec4_atomic, "CUDA", "grid-stride float4, shuff
                     SOURCES))
 reduce_sum.add(Impl("v8", reduce_sum_triton, "Triton", "tl.sum per 4096 elements, relaunched on partials",
                     (_sum_kernel, reduce_sum_triton), device="any"))
+reduce_sum.add(Impl("v9", reduce_sum_numpy, "NumPy", "NumPy on the CPU (one thread)", (_check_vector,),
+                    device="cpu", timer="host"))
+reduce_sum.add(Impl("v10", reduce_sum_torch_cpu, "PyTorch", "torch.sum on the CPU (all cores)", (_check_vector,),
+                    device="cpu", timer="host"))

@@ -186,6 +186,24 @@ def sgemm_double_buffer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The same product on the CPU, for the CPU-vs-GPU comparison
+# ----------------------------------------------------------------------------------------------------------
+
+# --8<-- [start:cpu]
+def sgemm_numpy(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v9: NumPy on the CPU (the BLAS NumPy ships with, multi-threaded), for comparison with the GPU."""
+    check_operands(a, b, device="cpu")
+    return torch.from_numpy(a.numpy() @ b.numpy())
+
+
+def sgemm_torch_cpu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v10: torch.matmul on the CPU (all cores), for comparison with the GPU."""
+    check_operands(a, b, device="cpu")
+    return torch.matmul(a, b)
+# --8<-- [end:cpu]
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Registration
 # ----------------------------------------------------------------------------------------------------------
 
@@ -241,3 +259,6 @@ sgemm.add(Impl("v5", sgemm_2d_tiling, "CUDA", "128x128 tile, 8x8 results per thr
 sgemm.add(Impl("v6", sgemm_vectorized, "CUDA", "like v5, float4 loads, A transposed in smem", SOURCES))
 sgemm.add(Impl("v7", sgemm_warptile, "CUDA", "like v6, 64x32 warp tiles", SOURCES))
 sgemm.add(Impl("v8", sgemm_double_buffer, "CUDA", "like v7, double-buffered shared memory", SOURCES))
+sgemm.add(Impl("v9", sgemm_numpy, "NumPy", "NumPy's BLAS on the CPU", (check_operands,), device="cpu", timer="host"))
+sgemm.add(Impl("v10", sgemm_torch_cpu, "PyTorch", "torch.matmul on the CPU (all cores)", (check_operands,),
+               device="cpu", timer="host"))
