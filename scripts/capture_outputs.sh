@@ -30,4 +30,7 @@ print(f"GPU: {torch.cuda.get_device_name(0)}; 256 MiB of managed memory, CUDA ev
 for key, value in t.items():
     print(f"{key:>20}: {value:.4f}" if isinstance(value, float) else f"{key:>20}: {value}")
 PYEOF
+# Measuring GPU code: the same work timed the wrong ways and the right way.
+$PY -W ignore::DeprecationWarning -m snippets.part3.measuring > "$OUTDIR/timing_pitfalls.txt" 2>&1 || status=1
+
 exit $status

@@ -105,6 +105,7 @@ def time_host(fn: Callable[..., Any], arg_sets: Sequence[tuple], *, budget_ms: f
 # --8<-- [end:host_timer]
 
 
+# --8<-- [start:rotation]
 def rotation(working_set_bytes: int, l2_bytes: int, cap: int = 16) -> tuple[int, bool]:
     """How many input sets to rotate through, and whether to flush L2 as well.
 
@@ -115,3 +116,4 @@ def rotation(working_set_bytes: int, l2_bytes: int, cap: int = 16) -> tuple[int,
         raise ValueError(f"working set must be positive, got {working_set_bytes}")
     sets = min(cap, max(1, math.ceil(4 * l2_bytes / working_set_bytes)))
     return sets, sets * working_set_bytes < 4 * l2_bytes
+# --8<-- [end:rotation]
