@@ -22,7 +22,7 @@ def test_format_rows():
 
 @pytest.mark.gpu
 def test_pitfalls_show_what_they_claim():
-    rows = {r["method"]: r for r in measuring.timing_pitfalls(n_large=2**26, n_small=2**20, m=4096)}
+    rows = {r["method"]: r for r in measuring.timing_pitfalls(n_large=2**28, n_small=2**20, m=4096)}
     no_sync = rows["host clock, no synchronize"]["ms"]
     synced = rows["host clock, synchronized, one call"]["ms"]
     assert no_sync < synced / 3, "without a synchronize the host clock should see only the launch"

@@ -27,7 +27,7 @@ def _add_rate(n: int, ms: float) -> float:
 
 
 # --8<-- [start:pitfalls]
-def timing_pitfalls(n_large: int = 2**26, n_small: int = 2**20, m: int = 8192) -> list[dict]:
+def timing_pitfalls(n_large: int = 2**28, n_small: int = 2**20, m: int = 8192) -> list[dict]:
     """Time vector add and a bf16 matmul in five ways; rows of {method, what, ms, rate, unit}."""
     if not torch.cuda.is_available():
         raise RuntimeError("timing_pitfalls times GPU work, and torch sees no CUDA GPU")
