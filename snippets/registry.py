@@ -238,6 +238,13 @@ def get_op(name: str) -> Op:
     return ops[name]
 
 
+def device_generator(gen: torch.Generator, device: str) -> torch.Generator:
+    """A generator on ``device`` seeded from the host generator ``gen``: input generators draw large inputs
+    where they will live (a 1 GiB input does not first cross from the host), still reproducible from ``gen``."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def size_key(size: Size) -> str:
     """A stable text key for a size, used in results files: ``n=268435456`` or ``n=16777216,pattern=alt``."""
     return ",".join(f"{k}={size[k]}" for k in sorted(size))

@@ -244,7 +244,7 @@ def _inputs(count: int, with_alpha: str | None = None):
 
 
 def _bytes(tensors: int):
-    return lambda size, dtype: tensors * size["n"] * torch.tensor([], dtype=dtype).element_size()
+    return lambda size, dtype: tensors * size["n"] * dtype.itemsize
 
 
 HEADLINE = {"n": 2**28}  # 1 GiB per fp32 tensor: 20x the H200's L2, fills every SM many times over

@@ -307,7 +307,7 @@ def _pattern(n: int, gen: torch.Generator) -> torch.Tensor:
 
 def _make_inputs(size, dtype, device, gen):
     """(x, bufs): the pageable source and every other buffer; the same for every version."""
-    itemsize = torch.tensor([], dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     if size["bytes"] % itemsize:
         raise ValueError(f"bytes = {size['bytes']} is not a whole number of {dtype} elements")
     x = _pattern(size["bytes"] // itemsize, gen).to(dtype)

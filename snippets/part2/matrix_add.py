@@ -26,7 +26,7 @@ import triton.language as tl
 
 from snippets import cuda
 from snippets._checks import check_tensors, triton_device
-from snippets.registry import Impl, Op, register
+from snippets.registry import Impl, Op, device_generator, register
 
 CU_FILE = "part2/matrix_add.cu"
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -151,8 +151,7 @@ def matrix_add_cuda_vec4(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: str, gen: torch.Generator) -> torch.Tensor:
     """Normal values drawn where they will live: a generator on the target device, seeded from ``gen``, so
     a 1 GiB input does not first cross from the host."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
-    dev_gen = torch.Generator(device=device).manual_seed(seed)
+    dev_gen = device_generator(gen, device)
     return torch.randn(shape, generator=dev_gen, device=device, dtype=torch.float32).to(dtype)
 
 
@@ -162,7 +161,7 @@ def _make_inputs(size, dtype, device, gen):
 
 
 def _bytes(size, dtype) -> int:
-    return 3 * size["m"] * size["n"] * torch.tensor([], dtype=dtype).element_size()
+    return 3 * size["m"] * size["n"] * dtype.itemsize
 
 
 HEADLINE = {"m": 16384, "n": 16384}  # 1 GiB per fp32 matrix, 3 GiB moved per call: far beyond L2

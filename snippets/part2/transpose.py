@@ -30,7 +30,7 @@ import triton.language as tl
 
 from snippets import cuda
 from snippets._checks import check_tensors, triton_device
-from snippets.registry import Impl, Op, register
+from snippets.registry import Impl, Op, device_generator, register
 
 CU_FILE = "part2/transpose.cu"
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -190,14 +190,13 @@ def transpose_triton(x: torch.Tensor) -> torch.Tensor:
 def _make_inputs(size, dtype, device, gen):
     """One m x n matrix of normal values, drawn on the target device from a seed taken from ``gen`` (a
     1 GiB input is not first built on the host)."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
-    dev_gen = torch.Generator(device=device).manual_seed(seed)
+    dev_gen = device_generator(gen, device)
     x = torch.randn((size["m"], size["n"]), generator=dev_gen, device=device, dtype=torch.float32)
     return (x.to(dtype),)
 
 
 def _bytes(size, dtype) -> int:
-    return 2 * size["m"] * size["n"] * torch.tensor([], dtype=dtype).element_size()
+    return 2 * size["m"] * size["n"] * dtype.itemsize
 
 
 HEADLINE = {"m": 16384, "n": 16384}  # 1 GiB fp32 in, 1 GiB out: far beyond L2

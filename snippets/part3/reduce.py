@@ -35,7 +35,7 @@ import triton.language as tl
 
 from snippets import cuda
 from snippets._checks import check_tensors, triton_device
-from snippets.registry import Impl, Op, register
+from snippets.registry import Impl, Op, device_generator, register
 
 CU_FILE = "part3/reduce.cu"
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -241,14 +241,13 @@ def _make_inputs(size, dtype, device, gen):
     """n values drawn from N(1, 1) on the target device (from a seed taken from ``gen``: a 1 GiB input is not
     built on the host first). The mean of 1 makes the sum grow like n, so a relative tolerance means the same
     at every size; zero-mean data, where the sum cancels, is tested with sum_error_bound in the test module."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
-    dev_gen = torch.Generator(device=device).manual_seed(seed)
+    dev_gen = device_generator(gen, device)
     x = torch.randn(size["n"], generator=dev_gen, device=device, dtype=torch.float32) + 1.0
     return (x.to(dtype),)
 
 
 def _bytes(size, dtype) -> int:
-    return size["n"] * torch.tensor([], dtype=dtype).element_size()  # read once; the 4-byte result is noise
+    return size["n"] * dtype.itemsize  # read once; the 4-byte result is noise
 
 
 HEADLINE = {"n": 2**28}  # 1 GiB of fp32: about 17x the H200's L2

@@ -216,7 +216,7 @@ SINGLE = (cuda.source_path(CU_FILE), _check)
 scan = register(Op(
     name="scan", part=3, chapter="part3/scan.md", title="Inclusive scan (prefix sum)",
     reference=scan_ref, make_inputs=make_inputs,
-    bytes_moved=lambda s, d: 2 * s["n"] * torch.tensor([], dtype=d).element_size(),
+    bytes_moved=lambda s, d: 2 * s["n"] * d.itemsize,
     flops=lambda s, d: s["n"] - 1 if d.is_floating_point else 0,
     metric="GB/s", ceiling="copy", headline=HEADLINE, sweep=SWEEP, dtypes=DTYPES, test_sizes=TEST_SIZES,
     tolerances=TOLERANCES, bench_dtypes=(torch.float32,)))

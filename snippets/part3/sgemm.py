@@ -28,7 +28,7 @@ import triton
 
 from snippets import cuda
 from snippets._checks import check_tensors
-from snippets.registry import Impl, Op, register
+from snippets.registry import Impl, Op, device_generator, register
 
 CU_FILE = "part3/sgemm.cu"
 INT32_MAX = 2**31 - 1
@@ -210,8 +210,7 @@ def sgemm_torch_cpu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _make_inputs(size, dtype, device, gen):
     """A (m x k) and B (k x n) of standard normal values, drawn on the target device from a seed taken from
     ``gen``."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
-    dev_gen = torch.Generator(device=device).manual_seed(seed)
+    dev_gen = device_generator(gen, device)
     a = torch.randn((size["m"], size["k"]), generator=dev_gen, device=device, dtype=torch.float32)
     b = torch.randn((size["k"], size["n"]), generator=dev_gen, device=device, dtype=torch.float32)
     return a.to(dtype), b.to(dtype)
@@ -223,7 +222,7 @@ def _flops(size, dtype) -> int:
 
 def _bytes(size, dtype) -> int:
     m, n, k = size["m"], size["n"], size["k"]
-    return (m * k + k * n + m * n) * torch.tensor([], dtype=dtype).element_size()
+    return (m * k + k * n + m * n) * dtype.itemsize
 
 
 def tolerance_for_k(k: int) -> tuple[float, float]:
