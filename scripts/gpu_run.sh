@@ -21,6 +21,8 @@ $PY -c "import torch, triton, cupy; print('torch', torch.__version__, 'triton', 
 
 echo "== compiler and profiler outputs the chapters show"
 bash scripts/capture_outputs.sh "$OUTDIR/outputs" || status=1
+bash scripts/capture_profiles.sh "$OUTDIR/outputs" || status=1   # torch.profiler, Nsight Compute, sanitizers
+bash scripts/capture_streams.sh "$OUTDIR/outputs" || status=1    # stream timeline, launch latency
 
 echo "== GPU test suite"
 $PY -m pytest tests -q -p no:cacheprovider 2>&1 | tee "$OUTDIR/pytest.log" || status=1

@@ -95,7 +95,7 @@ def problems(op: Op, tests_dir: Path = REPO_ROOT / "tests", docs_dir: Path = REP
         for dtype in op.timed_dtypes():
             try:
                 b, f = op.bytes_moved(size, dtype), op.flops(size, dtype)
-                if op.metric == "ns/access" and not op.accesses(size, dtype) > 0:
+                if op.lower_is_better and not op.accesses(size, dtype) > 0:
                     p.append(f"{op.name}: accesses must be positive at {size_key(size)}")
             except Exception as exc:  # noqa: BLE001 (report any failure of the cost model)
                 p.append(f"{op.name}: cost model fails at {size_key(size)}: {exc!r}")

@@ -12,6 +12,9 @@ ImportError or a driver error from deep inside CuPy.
 from __future__ import annotations
 
 import functools
+import os
+import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -40,11 +43,28 @@ def require_gpu() -> None:
 
 
 @functools.lru_cache(maxsize=None)
+def toolkit_include() -> tuple[str, ...]:
+    """``-I<CUDA toolkit>/include`` when a full toolkit is installed, else nothing. NVRTC has the basic CUDA
+    headers built in and CuPy adds those of the pip CUDA packages, which lack some that a header includes in
+    turn (``mma.h`` needs ``crt/mma.h``); the toolkit next to ``nvcc`` has them all."""
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        roots.append(str(Path(nvcc).resolve().parent.parent))
+    roots.append("/usr/local/cuda")
+    for root in roots:
+        if root and (Path(root) / "include" / "crt" / "mma.h").is_file():
+            return (f"-I{Path(root) / 'include'}",)
+    return ()
+
+
+@functools.lru_cache(maxsize=None)
 def _module(path: str, arch: str, options: tuple[str, ...]):
     cupy = _cupy()
     source = (CSRC / path).read_text()
     # CuPy adds the target architecture of the current device itself; ``arch`` keys this cache per device type.
-    opts = ("-std=c++17", f"-I{CSRC / 'common'}", *options)
+    # Quoted includes resolve next to the file (a step's shared header) and in csrc/common.
+    opts = ("-std=c++17", f"-I{(CSRC / path).parent}", f"-I{CSRC / 'common'}", *toolkit_include(), *options)
     return cupy.RawModule(code=source, options=opts)
 
 
@@ -83,8 +103,10 @@ def resident_blocks(fn, threads: int, shared_mem: int = 0) -> int:
     except AttributeError:  # older CuPy: estimate from the register count (registers allocated per warp)
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         regs_per_warp = -(-fn.num_regs * 32 // 256) * 256  # rounded up to the 256-register allocation unit
-        by_regs = props.regs_per_multiprocessor // (regs_per_warp * (threads // 32))
-        return max(1, min(by_regs, props.max_threads_per_multi_processor // threads))
+        warps = -(-threads // 32)  # a block of 1 thread still takes a whole warp
+        by_regs = props.regs_per_multiprocessor // (regs_per_warp * warps)
+        by_threads = props.max_threads_per_multi_processor // (warps * 32)
+        return max(1, min(by_regs, by_threads, 32))  # 32: the most resident blocks per SM (Volta to Hopper)
 
 
 def launch(fn, grid: int | tuple, block: int | tuple, args: tuple, shared_mem: int = 0) -> None:
@@ -114,3 +136,29 @@ def _cupy_stream(cupy):
 
 def source_path(path: str) -> Path:
     return CSRC / path
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def source_files(path: str) -> tuple[Path, ...]:
+    """``csrc/<path>`` and every local header it includes (``#include "x.cuh"``, found next to the including
+    file or in csrc/common), recursively: what a kernel's source hash must cover, since a change to a shared
+    header changes the compiled kernel."""
+    seen: list[Path] = []
+
+    def visit(file: Path) -> None:
+        if file in seen:
+            return
+        seen.append(file)
+        for name in _INCLUDE.findall(file.read_text()):
+            for candidate in (file.parent / name, CSRC / "common" / name):
+                if candidate.is_file():
+                    visit(candidate.resolve())
+                    break
+            else:
+                raise FileNotFoundError(f"{file.relative_to(CSRC.parent)} includes {name!r}, which is neither next "
+                                        "to it nor in csrc/common")
+
+    visit((CSRC / path).resolve())
+    return tuple(seen)

@@ -32,9 +32,10 @@ CEILINGS = {
 }
 # Ceilings registered by op modules: name -> function(quick) returning {"value", "unit", "how"}.
 CEILING_MEASURES: dict[str, Callable[[bool], dict]] = {}
-# metric -> what it divides by the time; "ns/access" is a latency (lower is better): time / accesses.
-UNITS = {"GB/s": "bytes", "TFLOP/s": "flops", "ns/access": "accesses"}
-LOWER_IS_BETTER = {"ns/access"}
+# metric -> what it divides by the time. "ns/access" and "ns/launch" are latencies (lower is better): the time
+# divided by the count of dependent accesses or of kernel launches that ``Op.accesses`` returns.
+UNITS = {"GB/s": "bytes", "TFLOP/s": "flops", "ns/access": "accesses", "ns/launch": "launches"}
+LOWER_IS_BETTER = {"ns/access", "ns/launch"}
 
 
 def register_ceiling(name: str, description: str, measure: Callable[[bool], dict]) -> None:
@@ -67,6 +68,9 @@ class Impl:
     timer: str = "device"
     inputs_on: str | None = None  # where its inputs live, if not where it runs (host-to-device copies timed)
     dtypes: tuple[torch.dtype, ...] | None = None  # None: every dtype the op declares
+    # Sizes the harness times it at (None: all of the op's sizes); the headline size is always timed. For a
+    # step too slow to time at the largest sizes of a sweep (a naive GEMM at 8192^3 takes seconds a call).
+    bench_if: Callable[[Mapping[str, Any]], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.lang not in LANGUAGES:
@@ -84,6 +88,9 @@ class Impl:
 
     def supports(self, dtype: torch.dtype) -> bool:
         return self.dtypes is None or dtype in self.dtypes
+
+    def benched_at(self, size: Mapping[str, Any], headline: Mapping[str, Any]) -> bool:
+        return self.bench_if is None or size_key(size) == size_key(headline) or bool(self.bench_if(size))
 
     def source_hash(self) -> str:
         """sha256 (first 16 hex digits) over the source of ``fn`` and every entry of ``sources``."""
@@ -123,7 +130,7 @@ class Op:
     bytes_moved: Callable[[Size, torch.dtype], int]
     flops: Callable[[Size, torch.dtype], int]
     metric: str
-    ceiling: str | None  # None only for latency ("ns/access"): nothing to be a fraction of
+    ceiling: str | None  # None only for a latency ("ns/access", "ns/launch"): nothing to be a fraction of
     headline: Size
     sweep: Sequence[Size]
     dtypes: tuple[torch.dtype, ...]
@@ -132,18 +139,19 @@ class Op:
     sweep_axis: str = "n"
     tolerances: Mapping[torch.dtype, tuple[float, float]] = field(default_factory=dict)
     bench_dtypes: tuple[torch.dtype, ...] | None = None  # dtypes the harness times; None: the first of dtypes
-    accesses: Callable[[Size, torch.dtype], int] | None = None  # for "ns/access": dependent accesses timed
+    accesses: Callable[[Size, torch.dtype], int] | None = None  # for a latency: accesses or launches timed
     kind: str = "kernel"  # "kernel": a library baseline v0 is required; "micro": a micro-benchmark, v0 optional
 
     def __post_init__(self) -> None:
         if self.metric not in UNITS:
             raise ValueError(f"{self.name}: metric must be one of {tuple(UNITS)}, got {self.metric!r}")
-        if self.ceiling is None and self.metric != "ns/access":
-            raise ValueError(f"{self.name}: only a latency (ns/access) may have no ceiling")
+        if self.ceiling is None and self.metric not in LOWER_IS_BETTER:
+            raise ValueError(f"{self.name}: only a latency ({', '.join(sorted(LOWER_IS_BETTER))}) may have no "
+                             "ceiling")
         if self.ceiling is not None and self.ceiling not in CEILINGS:
             raise ValueError(f"{self.name}: ceiling must be one of {tuple(CEILINGS)}, got {self.ceiling!r}")
-        if self.metric == "ns/access" and self.accesses is None:
-            raise ValueError(f"{self.name}: a latency metric needs accesses(size, dtype)")
+        if self.metric in LOWER_IS_BETTER and self.accesses is None:
+            raise ValueError(f"{self.name}: a latency metric needs accesses(size, dtype) (the count it divides by)")
         if self.kind not in ("kernel", "micro"):
             raise ValueError(f"{self.name}: kind must be 'kernel' or 'micro', got {self.kind!r}")
 
@@ -161,7 +169,8 @@ class Op:
         return self.bench_dtypes or self.dtypes[:1]
 
     def work(self, size: Size, dtype: torch.dtype) -> int:
-        """The amount the metric is about: bytes for GB/s, FLOPs for TFLOP/s, accesses for ns/access."""
+        """The amount the metric is about: bytes for GB/s, FLOPs for TFLOP/s, accesses (or launches) for a
+        latency."""
         if self.metric == "GB/s":
             return self.bytes_moved(size, dtype)
         if self.metric == "TFLOP/s":
@@ -169,8 +178,9 @@ class Op:
         return self.accesses(size, dtype)
 
     def rate(self, size: Size, dtype: torch.dtype, ms: float) -> float:
-        """GB/s = bytes / time / 1e9; TFLOP/s = FLOPs / time / 1e12; ns/access = time in ns / accesses."""
-        if self.metric == "ns/access":
+        """GB/s = bytes / time / 1e9; TFLOP/s = FLOPs / time / 1e12; ns/access (ns/launch) = time in ns /
+        accesses (launches)."""
+        if self.metric in LOWER_IS_BETTER:
             return ms * 1e6 / self.work(size, dtype)
         scale = 1e9 if self.metric == "GB/s" else 1e12
         return self.work(size, dtype) / (ms * 1e-3) / scale
@@ -215,6 +225,8 @@ OP_MODULES = (
     "snippets.part3.histogram",
     "snippets.part3.scan",
     "snippets.part3.sgemm",
+    "snippets.part3.wmma",
+    "snippets.part3.streams",
 )
 
 

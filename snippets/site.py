@@ -9,6 +9,10 @@ A chapter asks for them with HTML comments on a line of their own, so the raw Ma
     <!-- bench:summary -->                       every op of the book, one row per op and GPU
     <!-- bench:ceilings -->                      the ceilings measured on each GPU
     <!-- bench:output device_query -->           a program's output captured on each GPU (outputs/<gpu>/NAME.txt)
+    <!-- bench:ladder sgemm -->                  each version's % of the ceiling, one bar per version and size
+    <!-- bench:roofline -->                      every op's best result on the roofline of each GPU
+    <!-- bench:timeline stream_overlap -->       a timeline drawn from a trace captured on each GPU
+                                                 (outputs/<gpu>/NAME.json)
 
 Every table carries its provenance in a footnote; a result whose source has changed since it was measured is
 marked stale, and an op with no results says so instead of showing numbers.
@@ -123,12 +127,78 @@ def render_table(op: Op, results: dict[str, dict], sizes: str = "headline") -> s
     return "\n\n".join(blocks) if blocks else _missing(op)
 
 
-def render_plot(op: Op, results: dict[str, dict], y: str = "value") -> str:
+def figure_svg(fig) -> str:
+    """A matplotlib figure as inline SVG for a Markdown page (reproducible ids, no date, no blank lines)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", transparent=True, metadata={"Date": None})
+    plt.close(fig)
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]
+    return "\n".join(line for line in svg.splitlines() if line.strip())  # no blank lines inside raw HTML
+
+
+def style_axes(ax) -> None:
+    """The book's plot style: grey frame and ticks, a light grid (readable on light and dark pages)."""
+    for spine in ax.spines.values():
+        spine.set_color("#888888")
+    ax.tick_params(colors="#888888")
+    ax.grid(alpha=0.25)
+
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "kernels-measured", "font.size": 10})
+    return plt
+
+
+def render_ladder(op: Op, results: dict[str, dict]) -> str:
+    """Every GPU version's rate as a percentage of the op's ceiling: one group of bars per version, one bar per
+    measured size (the sizes of the sweep, in order), so a ladder of optimisation steps reads left to right."""
+    if op.ceiling is None:
+        raise ValueError(f"bench:ladder {op.name}: a ladder needs a ceiling to be a percentage of")
+    figs = []
+    for gpu, data in results.items():
+        entry = data["ops"].get(op.name)
+        if entry is None:
+            continue
+        dtype = headline_records(op, entry)[0]["dtype"] if headline_records(op, entry) else None
+        rows = [r for r in entry["records"] if r["dtype"] == dtype and r.get("fraction_of_ceiling") is not None
+                and r["timer"] == "device"]
+        impls = list(dict.fromkeys(r["impl"] for r in rows))
+        by_axis = sorted(rows, key=lambda r: r["size"][op.sweep_axis])
+        sizes = list(dict.fromkeys(r["size_key"] for r in by_axis))
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(7.2, 4.2))
+        width = 0.8 / max(1, len(sizes))
+        for k, sk in enumerate(sizes):
+            pts = [(impls.index(r["impl"]), 100 * r["fraction_of_ceiling"]) for r in rows if r["size_key"] == sk]
+            label = _fmt_size(next(r["size"] for r in rows if r["size_key"] == sk)).replace("<sup>", "^").replace(
+                "</sup>", "")
+            ax.bar([i + (k - (len(sizes) - 1) / 2) * width for i, _ in pts], [v for _, v in pts], width,
+                   label=label)
+        ax.set_xticks(range(len(impls)), impls)
+        ax.axhline(100, ls="--", lw=1, color="#888888")
+        c = entry["ceiling"]
+        ax.set_ylabel(f"% of {_cname(c['name'])} ({c['value']:,.0f} {c['unit']})")
+        ax.set_xlabel("version")
+        style_axes(ax)
+        ax.legend(fontsize=7, frameon=False, loc="upper left")
+        ax.set_title(f"{op.title}: {gpu}, {dtype}", fontsize=10)
+        p = entry["provenance"]
+        cap = (f"Measured on {p['gpu']}, commit {str(p['commit'])[:10]}, {p['date'][:10]}; each bar is a median "
+               "of event-timed calls divided by the ceiling measured in the same run.")
+        figs.append(f'<figure class="bench-plot">\n{figure_svg(fig)}\n<figcaption>{cap}</figcaption>\n</figure>')
+    return "\n\n".join(figs) if figs else _missing(op)
+
+
+def render_plot(op: Op, results: dict[str, dict], y: str = "value") -> str:
     figs = []
     for gpu, data in results.items():
         entry = data["ops"].get(op.name)
@@ -139,7 +209,7 @@ def render_plot(op: Op, results: dict[str, dict], y: str = "value") -> str:
         axis = op.sweep_axis
         order = [s[axis] for s in op.sweep]
         categorical = not all(isinstance(v, (int, float)) for v in order)
-        plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "kernels-measured", "font.size": 10})
+        plt = _pyplot()
         fig, ax = plt.subplots(figsize=(7.2, 4.6))
         impls = list(dict.fromkeys(r["impl"] for r in rows))
         width = 0.8 / max(1, len(impls))
@@ -171,19 +241,10 @@ def render_plot(op: Op, results: dict[str, dict], y: str = "value") -> str:
             ax.axhline(c["value"], ls="--", lw=1, color="#888888")
             ax.annotate(f"ceiling: {_cname(c['name'])} {c['value']:,.0f} {c['unit']}", (0.01, 0.97),
                         xycoords="axes fraction", va="top", fontsize=8)
-        for spine in ax.spines.values():
-            spine.set_color("#888888")
-        ax.tick_params(colors="#888888")
-        ax.grid(alpha=0.25)
+        style_axes(ax)
         ax.legend(fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
         ax.set_title(f"{op.title}: {gpu}, {dtype}", fontsize=10)
-        fig.tight_layout()
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", transparent=True, metadata={"Date": None})
-        plt.close(fig)
-        svg = buf.getvalue()
-        svg = svg[svg.index("<svg"):]
-        svg = "\n".join(line for line in svg.splitlines() if line.strip())  # no blank lines inside raw HTML
+        svg = figure_svg(fig)
         p = entry["provenance"]
         cap = (f"Measured on {p['gpu']}, commit {str(p['commit'])[:10]}, {p['date'][:10]}; "
                f"medians of event-timed calls.")
@@ -250,6 +311,14 @@ def render_page(markdown: str, page_path: str = "", results_dir: Path = RESULTS_
             return render_ceilings(results)
         if kind == "output":
             return render_output(pos[0] if pos else "", results_dir)
+        if kind == "roofline":
+            from snippets.bench.roofline import render_roofline
+
+            return render_roofline(results)
+        if kind == "timeline":
+            from snippets.bench.timeline import render_timeline
+
+            return render_timeline(pos[0] if pos else "", results_dir)
         if not pos or pos[0] not in ops:
             raise ValueError(f"{page_path}: bench:{kind} names unknown op {pos[:1]}; known: {sorted(ops)}")
         op = ops[pos[0]]
@@ -257,6 +326,8 @@ def render_page(markdown: str, page_path: str = "", results_dir: Path = RESULTS_
             return render_table(op, results, kw.get("sizes", "headline"))
         if kind == "plot":
             return render_plot(op, results, kw.get("y", "value"))
+        if kind == "ladder":
+            return render_ladder(op, results)
         raise ValueError(f"{page_path}: unknown directive bench:{kind}")
 
     return DIRECTIVE.sub(sub, markdown)
@@ -267,4 +338,4 @@ def directives(markdown: str) -> list[tuple[str, list[str]]]:
     return [(m.group(1), _args(m.group(2))[0]) for m in DIRECTIVE.finditer(markdown)]
 
 
-__all__ = ["directives", "render_page", "render_plot", "render_summary", "render_table", "size_key"]
+__all__ = ["directives", "figure_svg", "render_ladder", "render_page", "render_plot", "style_axes", "render_summary", "render_table", "size_key"]

@@ -11,7 +11,7 @@ from conftest import poison_allocator
 from snippets.part3 import scan as sc
 
 CUDA_FNS = {"v1": sc.scan_kogge_stone, "v2": sc.scan_brent_kung, "v3": sc.scan_reduce_then_scan,
-            "v5": sc.scan_lookback}
+            "v5": sc.scan_lookback, "v6": sc.scan_lookback_warp}
 ALL_FNS = {"v0": sc.scan_torch, **CUDA_FNS, "v4": sc.scan_triton}
 SIZES = (1, 31, 32, 33, 1023, 1024, 1025, 4095, 4096, 4097, 100003)
 # 1024 * 1024 + 1: v1/v2 need three levels (1025 tile sums, then 2); 2**22 + 4097 crosses many 4096-tiles.
@@ -132,7 +132,7 @@ def test_gpu_relative_error_large_n(name):
 
 @pytest.mark.gpu
 @pytest.mark.op("scan")
-@pytest.mark.parametrize("name", ("v5",))
+@pytest.mark.parametrize("name", ("v5", "v6"))
 def test_gpu_lookback_repeatable(name):
     """The look-back orders tiles by an atomic counter; run it many times to shake out a race."""
     x = _small_ints(2**21, torch.int32, "cuda")

@@ -13,7 +13,7 @@ from snippets.part3 import sgemm as sg
 VERSIONS = {
     "v0": sg.sgemm_cublas, "v1": sg.sgemm_naive, "v2": sg.sgemm_coalesced, "v3": sg.sgemm_smem,
     "v4": sg.sgemm_1d_tiling, "v5": sg.sgemm_2d_tiling, "v6": sg.sgemm_vectorized, "v7": sg.sgemm_warptile,
-    "v8": sg.sgemm_double_buffer,
+    "v8": sg.sgemm_double_buffer, "v11": sg.sgemm_tuned, "v12": sg.sgemm_autotuned,
 }
 # (M, N, K): the brief's edge cases; then shapes that cut the 128 x 128 x 8 tiles in every direction, row
 # lengths that are multiples of 4 (float4 paths with partial tiles) and ones that are not (scalar fallback),
@@ -92,16 +92,44 @@ def test_cpu_tensors_refused(version):
 
 @pytest.mark.op("sgemm")
 def test_configs_match_the_ladder():
-    assert set(sg.CONFIGS) == set(VERSIONS) - {"v0"}
+    assert set(sg.CONFIGS) == set(VERSIONS) - {"v0", "v12"}  # v12 picks one of TUNED_CONFIGS per shape
     assert set(sg.sgemm.impls) == set(VERSIONS) | {"v9", "v10"}  # v9, v10: the CPU comparison
     per_thread = {name: cfg.results_per_thread for name, cfg in sg.CONFIGS.items()}
-    assert per_thread == {"v1": 1, "v2": 1, "v3": 1, "v4": 8, "v5": 64, "v6": 64, "v7": 64, "v8": 64}
+    assert per_thread == {"v1": 1, "v2": 1, "v3": 1, "v4": 8, "v5": 64, "v6": 64, "v7": 64, "v8": 64, "v11": 128}
+
+
+@pytest.mark.op("sgemm")
+def test_tuned_configs_are_the_instantiated_kernels():
+    """TUNED_CONFIGS sizes the grid of kernels instantiated by SGEMM_TUNED lines in v11_tuned.cu: the two
+    lists must name the same kernels, in the same order, and each name must spell out its launch numbers."""
+    import re
+
+    src = sg.cuda.source_path(sg.TUNED_CONFIGS[0].path).read_text()
+    lines = re.findall(r"^SGEMM_TUNED\(([^)]*)\)", src, re.MULTILINE)
+    params = [tuple(int(v) for v in line.split(",")) for line in lines]
+    assert len(params) == len(sg.TUNED_CONFIGS) >= 2
+    for (bm, bn, bk, wm, wn, mi, ni, nt, g, pad), cfg in zip(params, sg.TUNED_CONFIGS):
+        assert cfg.kernel == f"sgemm_t_{bm}x{bn}_k{bk}_w{wm}x{wn}_t{nt}_g{g}_p{pad}"
+        assert cfg.tile == (bm, bn) and cfg.bk == bk and cfg.threads == (nt,)
+        assert wm == mi * 32 and wn == ni * 16 and (bm // wm) * (bn // wn) * 32 == nt
+    assert sg.CONFIGS["v11"] == sg.TUNED_CONFIGS[0]
+    assert len({c.kernel for c in sg.TUNED_CONFIGS}) == len(sg.TUNED_CONFIGS)
+
+
+@pytest.mark.op("sgemm")
+def test_slow_steps_skip_only_the_largest_size():
+    """The naive steps and CPU versions are timed up to 4096^3 (always at the headline), the rest everywhere."""
+    big = {"m": 8192, "n": 8192, "k": 8192}
+    assert big in sg.SWEEP
+    skipped = {name for name, impl in sg.sgemm.impls.items() if not impl.benched_at(big, sg.HEADLINE)}
+    assert skipped == {"v1", "v2", "v3", "v9", "v10"}
+    assert all(impl.benched_at(sg.HEADLINE, sg.HEADLINE) for impl in sg.sgemm.impls.values())
 
 
 @pytest.mark.op("sgemm")
 def test_tolerance_scales_with_k():
     assert sg.tolerance_for_k(4096)[1] > sg.tolerance_for_k(64)[1] > sg.tolerance_for_k(1)[1] > 0
-    assert sg.sgemm.tolerance(torch.float32) == sg.tolerance_for_k(4096)
+    assert sg.sgemm.tolerance(torch.float32) == sg.tolerance_for_k(8192)
 
 
 # ---------------------------------------------------------------- GPU: every version
@@ -118,7 +146,7 @@ def test_versions_match_float64(version, m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.op("sgemm")
-@pytest.mark.parametrize("version", ["v6", "v7", "v8"])
+@pytest.mark.parametrize("version", ["v6", "v7", "v8", "v11", "v12"])
 def test_vector_paths_misaligned_views(version):
     """Operands whose base is not 16-byte aligned (a view one float into a buffer) take the scalar path of the
     float4 kernels even when the row lengths are multiples of 4."""
@@ -143,6 +171,29 @@ def test_special_values(version):
     a_inf[5, 3] = float("inf")
     c = VERSIONS[version](a_inf, b.abs().contiguous())
     assert torch.isinf(c[5]).all() and torch.isfinite(torch.cat([c[:5], c[6:]])).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.op("sgemm")
+@pytest.mark.parametrize("cfg", sg.TUNED_CONFIGS, ids=lambda c: c.kernel)
+@pytest.mark.parametrize("m, n, k", [(1, 1, 1), (127, 129, 65), (257, 255, 33), (300, 1, 5), (384, 130, 136)])
+def test_every_tuned_config(cfg, m, n, k):
+    """Each configuration v12 may pick is itself correct at ragged shapes (autotuning only picks the fastest)."""
+    a, b = _operands(m, n, k, "cuda", seed=m + n + k)
+    poison_allocator(m * n * 4, "cuda")
+    _check(sg._launch_sgemm(a, b, cfg), a, b, f"{cfg.kernel} {m}x{n}x{k}")
+
+
+@pytest.mark.gpu
+@pytest.mark.op("sgemm")
+def test_autotune_picks_once_per_shape():
+    a, b = _operands(256, 384, 64, "cuda")
+    sg._TUNED.clear()
+    first = sg.autotune(a, b)
+    assert first in sg.TUNED_CONFIGS and list(sg._TUNED.values()) == [first]
+    assert sg.autotune(a, b) is first  # remembered, not re-timed
+    sg.autotune(a[:, :32].contiguous(), b[:32].contiguous())
+    assert len(sg._TUNED) == 2  # a new shape is tuned on its own
 
 
 @pytest.mark.gpu

@@ -11,6 +11,9 @@
 //                       sums into tile offsets, pass 3 rescans each tile and adds its offset  (reads x twice)
 // v5  scan_lookback     single pass with decoupled look-back: each tile publishes its sum, then its inclusive
 //                       prefix; a tile adds up its predecessors' published values    (reads x once)
+// v6  scan_lookback_warp  like v5, but a whole warp looks back: 32 predecessors' words per round trip to L2,
+//                       a ballot finds the nearest inclusive prefix, a shuffle reduction adds the window up;
+//                       and one block-wide scan per tile instead of two
 //
 // x and out are contiguous; out may alias x for the tile kernels of v1/v2 (the host scans tile sums in place).
 
@@ -273,6 +276,102 @@ __device__ void scan_lookback(const T* x, T* out, unsigned long long* state, lon
 }
 // --8<-- [end:lookback]
 
+// --8<-- [start:lookback_warp]
+// v6: v5 with the look-back done by warp 0 as a whole, and one block-wide scan per tile instead of two (each
+// thread scans its 16 elements first, so the block scan of the thread totals gives both the tile's sum and
+// every thread's offset). Each lane reads the words of LB_PER_LANE consecutive predecessors - a window of
+// 32 * LB_PER_LANE tiles per round trip to L2 instead of one tile - and the warp waits until every word of
+// the window is published. The nearest tile with an inclusive prefix (found with a ballot over the lanes that
+// hold one) ends the look-back: the words up to it contribute, a shuffle reduction adds them up. Without a
+// prefix in the window, everything is added and the window moves back.
+// LB_PER_LANE = 1 reads one predecessor per lane (a window of 32). A wider window takes fewer round trips
+// when the nearest inclusive prefix is far back, but makes the warp wait until more predecessors have
+// published: the chapter's exercises measure the trade-off.
+#define LB_PER_LANE 1
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+    return v;
+}
+
+template <class T>
+__device__ void scan_lookback_warp(const T* x, T* out, unsigned long long* state, long long n) {
+    __shared__ T sTile[PAD(RTS_TILE)];
+    __shared__ T sWarp[33];
+    __shared__ long long sTileId;
+    __shared__ T sCarry;
+    if (threadIdx.x == 0) sTileId = (long long)atomicAdd(&state[0], 1ull);
+    __syncthreads();
+    const long long tile = sTileId, base = tile * RTS_TILE;
+    volatile unsigned long long* flags = state + 1;
+    const int lane = threadIdx.x & 31;
+
+    T r[ITEMS];
+    load_blocked(x, base, n, sTile, r);
+#pragma unroll
+    for (int k = 1; k < ITEMS; ++k) r[k] += r[k - 1];  // this thread's chunk, scanned in registers
+    T total;
+    const T prefix = block_exclusive_scan(r[ITEMS - 1], sWarp, &total);  // one block scan (v5 does two)
+    if (threadIdx.x < 32) {  // warp 0 looks back while the other warps wait at the barrier below
+        T carry = T(0);
+        if (tile == 0) {
+            if (lane == 0) flags[0] = pack(ST_PREFIX, total);
+        } else {
+            if (lane == 0) flags[tile] = pack(ST_AGG, total);
+            for (long long j0 = tile - 1;; j0 -= 32 * LB_PER_LANE) {
+                // lane i reads tiles j0 - LB_PER_LANE * i - q, q = 0 .. LB_PER_LANE - 1 (nearest first); before
+                // tile 0 there is nothing to add: read it as an inclusive prefix of zero
+                unsigned long long w[LB_PER_LANE];
+#pragma unroll
+                for (int q = 0; q < LB_PER_LANE; ++q) {
+                    const long long j = j0 - LB_PER_LANE * lane - q;
+                    w[q] = j >= 0 ? flags[j] : pack(ST_PREFIX, T(0));
+                }
+                bool waiting = true;
+                while (__any_sync(0xffffffffu, waiting)) {  // some predecessor in the window has not published
+                    waiting = false;
+#pragma unroll
+                    for (int q = 0; q < LB_PER_LANE; ++q)
+                        if ((w[q] >> 32) == 0) {
+                            w[q] = flags[j0 - LB_PER_LANE * lane - q];
+                            waiting |= (w[q] >> 32) == 0;
+                        }
+                }
+                int first = LB_PER_LANE;  // this lane's nearest inclusive prefix, if it has one
+#pragma unroll
+                for (int q = LB_PER_LANE - 1; q >= 0; --q)
+                    if ((w[q] >> 32) == ST_PREFIX) first = q;
+                const unsigned prefixes = __ballot_sync(0xffffffffu, first < LB_PER_LANE);
+                const int stop = prefixes ? __ffs(prefixes) - 1 : 31;  // the lane with the nearest prefix
+                T v = T(0);
+#pragma unroll
+                for (int q = 0; q < LB_PER_LANE; ++q)  // everything up to and including the nearest prefix
+                    if (lane < stop || (lane == stop && q <= first)) v += unpack<T>(w[q]);
+                carry += warp_sum(v);
+                if (prefixes) break;
+            }
+            if (lane == 0) {
+                __threadfence();
+                flags[tile] = pack(ST_PREFIX, carry + total);
+            }
+        }
+        if (lane == 0) sCarry = carry;
+    }
+    __syncthreads();
+    const T offset = prefix + sCarry;
+    const int t = threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) sTile[PAD(t * ITEMS + k)] = r[k] + offset;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {  // coalesced stores, as in scan_store_blocked
+        const int j = k * RTS_THREADS + t;
+        if (base + j < n) out[base + j] = sTile[PAD(j)];
+    }
+}
+// --8<-- [end:lookback_warp]
+
 #define INSTANTIATE(T, S)                                                                                        \
     extern "C" __global__ void __launch_bounds__(TILE) scan_tiles_ks_##S(const T* x, T* out, T* sums,          \
                                                                           long long n) {                         \
@@ -301,6 +400,11 @@ __device__ void scan_lookback(const T* x, T* out, unsigned long long* state, lon
                                                                                  unsigned long long* state,      \
                                                                                  long long n) {                  \
         scan_lookback<T>(x, out, state, n);                                                                     \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(RTS_THREADS) scan_lookback_warp_##S(const T* x, T* out,       \
+                                                                                      unsigned long long* state, \
+                                                                                      long long n) {             \
+        scan_lookback_warp<T>(x, out, state, n);                                                                \
     }
 
 INSTANTIATE(float, f32)

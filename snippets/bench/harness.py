@@ -154,7 +154,8 @@ def plan(ops: Iterable[Op], quick: bool) -> list[tuple[Op, torch.dtype, dict, Im
         for dtype in op.timed_dtypes():
             for size in _sizes(op, quick):
                 for impl in op.impls.values():
-                    if impl.supports(dtype) and (impl.runs_on("cuda") or impl.runs_on("cpu")):
+                    if (impl.supports(dtype) and (impl.runs_on("cuda") or impl.runs_on("cpu"))
+                            and impl.benched_at(size, op.headline)):
                         jobs.append((op, dtype, size, impl))
     return jobs
 

@@ -16,6 +16,7 @@ Versions of ``scan`` (never renumbered); the CUDA kernels are in ``csrc/part3/sc
 - v5  CUDA, single pass with decoupled look-back: the v3 tile code, but each tile publishes its sum and then
       its inclusive prefix, and a tile adds up its predecessors' published values instead of waiting for a
       separate pass. Reads x once and writes it once.
+- v6  CUDA, like v5 with the look-back done by a whole warp, 32 predecessors per step.
 
 Inputs: a non-empty contiguous 1-D float32 or int32 tensor; the result has its shape and dtype (int32 wraps on
 overflow like any int32 add). fp32 addition is not associative, so each version adds in its own order and none
@@ -122,17 +123,30 @@ def scan_reduce_then_scan(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def scan_lookback(x: torch.Tensor) -> torch.Tensor:
-    """v5: like v3, but one pass: each tile publishes its sum, then its inclusive prefix, in a zeroed status
-    array, and finds its offset by looking back at its predecessors. x is read once."""
+def _launch_lookback(x: torch.Tensor, kernel: str) -> torch.Tensor:
+    """The single-pass scans: one block per tile and a zeroed status array (a tile counter, then one word per
+    tile)."""
     cuda.require_gpu()
     _check(x, "cuda")
     n = x.numel()
     out = torch.empty_like(x)
     tiles = triton.cdiv(n, RTS_TILE)
     state = torch.zeros(tiles + 1, dtype=torch.int64, device=x.device)  # [0]: tile counter; then one word per tile
-    cuda.launch(_kernel("scan_lookback", x.dtype), tiles, RTS_THREADS, (x, out, state, np.int64(n)))
+    cuda.launch(_kernel(kernel, x.dtype), tiles, RTS_THREADS, (x, out, state, np.int64(n)))
     return out
+
+
+def scan_lookback(x: torch.Tensor) -> torch.Tensor:
+    """v5: like v3, but one pass: each tile publishes its sum, then its inclusive prefix, in a zeroed status
+    array, and finds its offset by looking back at its predecessors, one at a time. x is read once."""
+    return _launch_lookback(x, "scan_lookback")
+
+
+def scan_lookback_warp(x: torch.Tensor) -> torch.Tensor:
+    """v6: like v5, but a whole warp looks back, 32 predecessors per round trip to L2 instead of one: the
+    look-back of one thread was a chain of dependent loads that the whole block waited for. It also scans
+    each tile once instead of twice."""
+    return _launch_lookback(x, "scan_lookback_warp")
 # --8<-- [end:rts_launch]
 
 
@@ -229,3 +243,4 @@ scan.add(Impl("v4", scan_triton, "Triton", "tl.sum, carry pass, tl.cumsum per 40
                                                                                       _scan_block_kernel),
               device="any"))
 scan.add(Impl("v5", scan_lookback, "CUDA", "single pass, decoupled look-back", SINGLE))
+scan.add(Impl("v6", scan_lookback_warp, "CUDA", "like v5, warp-wide look-back, one block scan per tile", SINGLE))

@@ -11,10 +11,15 @@ Versions of ``sgemm`` (never renumbered); all CUDA kernels are in ``csrc/part3/s
 - v6  CUDA, like v5 with float4 global loads, the A tile transposed (rows padded to 132) in shared memory.
 - v7  CUDA, like v6 with warp tiling: 64 x 32 per warp, conflict-free float4 shared-memory reads.
 - v8  CUDA, like v7 with two shared-memory buffers: the next tile's loads overlap this tile's FMAs.
+- v11 CUDA, v8's loop as one template over tile sizes, with 64 x 64 warp tiles: 128 results per thread.
+- v12 CUDA, the template at several tile configurations (block tile, BK, warp tile, grouped block order),
+      the fastest for each shape picked by timing them once (autotuning).
+(v9 and v10 are the CPU versions.)
 
-A is M x K, B is K x N, both row-major (contiguous) fp32; C is M x N. The cost is 2 * M * N * K FLOPs; the
+Each CUDA step is a file of its own in ``csrc/part3/sgemm/``. A is M x K, B is K x N, both row-major
+(contiguous) fp32; C is M x N. The cost is 2 * M * N * K FLOPs; the
 fewest bytes are (M * K + K * N + M * N) * 4. The ceiling is cuBLAS itself in IEEE fp32 (``gemm_fp32``). The
-goal: the best version reaches at least 90% of cuBLAS fp32 at 4096^3 (and at 8192^3, measured separately).
+goal: the best version reaches at least 90% of cuBLAS fp32 at 4096^3 and at 8192^3.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from snippets import cuda
 from snippets._checks import check_tensors
 from snippets.registry import Impl, Op, device_generator, register
 
-CU_FILE = "part3/sgemm.cu"
+CU_DIR = "part3/sgemm"
 INT32_MAX = 2**31 - 1
 GRID_Y_MAX = 65535  # CUDA's limit on gridDim.y
 
@@ -97,6 +102,7 @@ class Config:
     columns. The kernel hard-codes the same numbers (template arguments); the GPU tests at ragged sizes catch
     a mismatch."""
 
+    file: str  # in csrc/part3/sgemm/
     kernel: str
     tile: tuple[int, int]
     bk: int
@@ -104,23 +110,49 @@ class Config:
     rows_on_x: bool = False
 
     @property
+    def path(self) -> str:
+        return f"{CU_DIR}/{self.file}"
+
+    @property
     def results_per_thread(self) -> int:
         return self.tile[0] * self.tile[1] // math.prod(self.threads)
 
 
 CONFIGS = {
-    "v1": Config("sgemm_v1", tile=(32, 32), bk=1, threads=(32, 32), rows_on_x=True),
-    "v2": Config("sgemm_v2", tile=(32, 32), bk=1, threads=(32, 32)),
-    "v3": Config("sgemm_v3", tile=(32, 32), bk=32, threads=(32, 32)),
-    "v4": Config("sgemm_v4", tile=(64, 64), bk=8, threads=(512,)),
-    "v5": Config("sgemm_v5", tile=(128, 128), bk=8, threads=(256,)),
-    "v6": Config("sgemm_v6", tile=(128, 128), bk=8, threads=(256,)),
-    "v7": Config("sgemm_v7", tile=(128, 128), bk=8, threads=(256,)),
-    "v8": Config("sgemm_v8", tile=(128, 128), bk=8, threads=(256,)),
+    "v1": Config("v1_naive.cu", "sgemm_v1", tile=(32, 32), bk=1, threads=(32, 32), rows_on_x=True),
+    "v2": Config("v2_coalesced.cu", "sgemm_v2", tile=(32, 32), bk=1, threads=(32, 32)),
+    "v3": Config("v3_smem.cu", "sgemm_v3", tile=(32, 32), bk=32, threads=(32, 32)),
+    "v4": Config("v4_blocktile_1d.cu", "sgemm_v4", tile=(64, 64), bk=8, threads=(512,)),
+    "v5": Config("v5_blocktile_2d.cu", "sgemm_v5", tile=(128, 128), bk=8, threads=(256,)),
+    "v6": Config("v6_vectorized.cu", "sgemm_v6", tile=(128, 128), bk=8, threads=(256,)),
+    "v7": Config("v7_warptile.cu", "sgemm_v7", tile=(128, 128), bk=8, threads=(256,)),
+    "v8": Config("v8_double_buffer.cu", "sgemm_v8", tile=(128, 128), bk=8, threads=(256,)),
 }
 
 
-def _launch_sgemm(a: torch.Tensor, b: torch.Tensor, cfg: Config) -> torch.Tensor:
+def tuned_config(bm: int, bn: int, bk: int, wm: int, wn: int, threads: int, group: int, pad: int) -> Config:
+    """A configuration of the template in v11_tuned.cu; the kernel name spells out its template arguments."""
+    return Config("v11_tuned.cu", f"sgemm_t_{bm}x{bn}_k{bk}_w{wm}x{wn}_t{threads}_g{group}_p{pad}", tile=(bm, bn),
+                  bk=bk, threads=(threads,))
+
+
+# The configurations instantiated in v11_tuned.cu (SGEMM_TUNED lines), in the same order; the first is v11.
+TUNED_CONFIGS = [tuned_config(*c) for c in (
+    (128, 128, 8, 64, 64, 128, 0, 4),
+    (128, 128, 8, 64, 64, 128, 8, 4),
+    (128, 128, 8, 64, 32, 256, 8, 4),
+    (128, 128, 16, 64, 32, 256, 8, 4),
+    (128, 256, 8, 64, 64, 256, 8, 4),
+    (256, 128, 8, 64, 64, 256, 8, 4),
+    (64, 128, 16, 32, 64, 128, 8, 4),
+    (128, 256, 16, 64, 64, 256, 8, 0),
+    (256, 128, 16, 64, 64, 256, 8, 0),
+    (128, 256, 8, 64, 64, 256, 16, 4),
+)]
+CONFIGS["v11"] = TUNED_CONFIGS[0]
+
+
+def _launch_sgemm(a: torch.Tensor, b: torch.Tensor, cfg: Config, out: torch.Tensor | None = None) -> torch.Tensor:
     """The one launcher of every CUDA version: a 2-D grid with one block per tile of C."""
     m, n, k = check_operands(a, b)
     cuda.require_gpu()
@@ -129,8 +161,8 @@ def _launch_sgemm(a: torch.Tensor, b: torch.Tensor, cfg: Config) -> torch.Tensor
     if grid[1] > GRID_Y_MAX:
         raise ValueError(f"{cfg.kernel}: {grid[1]} tiles along gridDim.y exceed CUDA's limit of {GRID_Y_MAX} "
                          f"(a is {m} x {k}, b is {k} x {n})")
-    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    cuda.launch(cuda.kernel(CU_FILE, cfg.kernel), grid, cfg.threads,
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device) if out is None else out
+    cuda.launch(cuda.kernel(cfg.path, cfg.kernel), grid, cfg.threads,
                 (a, b, c, np.int32(m), np.int32(n), np.int32(k)))
     return c
 # --8<-- [end:cuda_launch]
@@ -185,6 +217,48 @@ def sgemm_double_buffer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _launch_sgemm(a, b, CONFIGS["v8"])
 
 
+def sgemm_tuned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v11: v8's double-buffered loop as a template over tile sizes, here with 64 x 64 warp tiles in a 128 x 128
+    block of 4 warps: each thread accumulates 8 x 16 = 128 results, 128 FMAs per 6 shared-memory loads."""
+    return _launch_sgemm(a, b, CONFIGS["v11"])
+
+
+# --8<-- [start:autotune]
+_TUNED: dict[tuple, Config] = {}  # (device, M, N, K) -> the fastest configuration measured
+
+
+def autotune(a: torch.Tensor, b: torch.Tensor, configs=TUNED_CONFIGS, reps: int = 5) -> Config:
+    """The fastest of ``configs`` for this problem shape, timed with CUDA events on these operands the first
+    time the shape is seen and remembered after that (what ``triton.autotune`` does with its ``key``). Each
+    configuration runs once untimed (compilation, caches) and then ``reps`` times; the median decides."""
+    m, n, k = check_operands(a, b)
+    key = (a.device.index, m, n, k)
+    if key not in _TUNED:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        times = []
+        for cfg in configs:
+            _launch_sgemm(a, b, cfg, out)
+            samples = []
+            for _ in range(reps):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                _launch_sgemm(a, b, cfg, out)
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end))
+            times.append(sorted(samples)[reps // 2])
+        _TUNED[key] = configs[times.index(min(times))]
+    return _TUNED[key]
+
+
+def sgemm_autotuned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v12: the template of v11 at every configuration in TUNED_CONFIGS (block tiles 64 x 128 to 256 x 128,
+    BK 8 or 16, 4 or 8 warps, with and without grouped block order), the fastest for this shape picked by
+    :func:`autotune` on the first call."""
+    return _launch_sgemm(a, b, autotune(a, b))
+# --8<-- [end:autotune]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The same product on the CPU, for the CPU-vs-GPU comparison
 # ----------------------------------------------------------------------------------------------------------
@@ -234,12 +308,20 @@ def tolerance_for_k(k: int) -> tuple[float, float]:
 
 
 HEADLINE = {"m": 4096, "n": 4096, "k": 4096}  # 3 x 64 MiB: several times the L2 of an H100/H200
-# 8192^3 is part of the goal too; the naive versions take seconds there, so it is measured in a follow-up run
-# of v0 and the best versions only, not in this sweep (the harness times every version at every size).
-SWEEP = [{"m": s, "n": s, "k": s} for s in (1024, 2048, 4096)]
+SWEEP = [{"m": s, "n": s, "k": s} for s in (1024, 2048, 4096, 8192)]
+
+
+def _upto_4096(size) -> bool:
+    """The naive steps and the CPU versions take seconds a call at 8192^3: they are timed up to 4096^3."""
+    return size["m"] <= 4096
 TEST_SIZES = [{"m": m, "n": n, "k": k} for m, n, k in ((1, 1, 1), (17, 33, 9), (64, 64, 64), (127, 129, 65),
                                                        (256, 192, 320))]
-SOURCES = (cuda.source_path(CU_FILE), _launch_sgemm, check_operands)
+LAUNCHER = (_launch_sgemm, check_operands)
+
+
+def _sources(version: str) -> tuple:
+    """What a CUDA version's speed depends on: its file, the headers it includes, and the launcher."""
+    return (*cuda.source_files(CONFIGS[version].path), *LAUNCHER)
 
 sgemm = register(Op(
     name="sgemm", part=3, chapter="part3/sgemm.md", title="SGEMM",
@@ -247,17 +329,25 @@ sgemm = register(Op(
     metric="TFLOP/s", ceiling="gemm_fp32", headline=HEADLINE, sweep=SWEEP, dtypes=(torch.float32,),
     test_sizes=TEST_SIZES, sweep_axis="m",
     # One tolerance for every size the harness and the generic tests check, so sized for the largest K
-    # (4096): tolerance_for_k(4096) = (1e-5, ~4.1e-3). tests/test_part3_sgemm.py uses tolerance_for_k per shape.
+    # (8192): tolerance_for_k(8192) = (1e-5, ~8.2e-3). tests/test_part3_sgemm.py uses tolerance_for_k per shape.
     tolerances={torch.float32: tolerance_for_k(max(s["k"] for s in [HEADLINE, *SWEEP]))}))
 sgemm.add(Impl("v0", sgemm_cublas, "PyTorch", "cuBLAS via torch.matmul, TF32 off", (check_operands,)))
-sgemm.add(Impl("v1", sgemm_naive, "CUDA", "naive, threadIdx.x along rows of C", SOURCES))
-sgemm.add(Impl("v2", sgemm_coalesced, "CUDA", "naive, threadIdx.x along columns (coalesced)", SOURCES))
-sgemm.add(Impl("v3", sgemm_smem, "CUDA", "32x32 shared-memory tiles", SOURCES))
-sgemm.add(Impl("v4", sgemm_1d_tiling, "CUDA", "64x64 tile, 8 results per thread (1-D)", SOURCES))
-sgemm.add(Impl("v5", sgemm_2d_tiling, "CUDA", "128x128 tile, 8x8 results per thread (2-D)", SOURCES))
-sgemm.add(Impl("v6", sgemm_vectorized, "CUDA", "like v5, float4 loads, A transposed in smem", SOURCES))
-sgemm.add(Impl("v7", sgemm_warptile, "CUDA", "like v6, 64x32 warp tiles", SOURCES))
-sgemm.add(Impl("v8", sgemm_double_buffer, "CUDA", "like v7, double-buffered shared memory", SOURCES))
-sgemm.add(Impl("v9", sgemm_numpy, "NumPy", "NumPy's BLAS on the CPU", (check_operands,), device="cpu", timer="host"))
+sgemm.add(Impl("v1", sgemm_naive, "CUDA", "naive, threadIdx.x along rows of C",
+               _sources("v1"), bench_if=_upto_4096))
+sgemm.add(Impl("v2", sgemm_coalesced, "CUDA", "naive, threadIdx.x along columns (coalesced)",
+               _sources("v2"), bench_if=_upto_4096))
+sgemm.add(Impl("v3", sgemm_smem, "CUDA", "32x32 shared-memory tiles",
+               _sources("v3"), bench_if=_upto_4096))
+sgemm.add(Impl("v4", sgemm_1d_tiling, "CUDA", "64x64 tile, 8 results per thread (1-D)", _sources("v4")))
+sgemm.add(Impl("v5", sgemm_2d_tiling, "CUDA", "128x128 tile, 8x8 results per thread (2-D)", _sources("v5")))
+sgemm.add(Impl("v6", sgemm_vectorized, "CUDA", "like v5, float4 loads, A transposed in smem", _sources("v6")))
+sgemm.add(Impl("v7", sgemm_warptile, "CUDA", "like v6, 64x32 warp tiles", _sources("v7")))
+sgemm.add(Impl("v8", sgemm_double_buffer, "CUDA", "like v7, double-buffered shared memory", _sources("v8")))
+sgemm.add(Impl("v9", sgemm_numpy, "NumPy", "NumPy's BLAS on the CPU", (check_operands,), device="cpu", timer="host",
+               bench_if=_upto_4096))
 sgemm.add(Impl("v10", sgemm_torch_cpu, "PyTorch", "torch.matmul on the CPU (all cores)", (check_operands,),
-               device="cpu", timer="host"))
+               device="cpu", timer="host", bench_if=_upto_4096))
+sgemm.add(Impl("v11", sgemm_tuned, "CUDA", "v8's loop as a template, 64x64 warp tiles, 128 results/thread",
+               _sources("v11")))
+sgemm.add(Impl("v12", sgemm_autotuned, "CUDA", "autotuned over 10 tile configs, grouped block order",
+               (*_sources("v11"), autotune, TUNED_CONFIGS)))
