@@ -144,7 +144,7 @@ def test_render_synthetic_results():
     assert text.count("<svg") == 1
     assert "[`vector_add`](../part1/elementwise.md)" in text
     assert "[`transpose`](../part2/transpose.md)" in text  # in the bandwidth-only list
-    assert "bandwidth only" in text
+    assert "off the device-memory roofline" in text
     row = next(line for line in text.splitlines() if line.startswith("| 1 | [`vector_add`]"))
     assert "| memory |" in row and "50.0%" in row
 

@@ -87,7 +87,8 @@ def roofline_points(results: dict[str, dict]) -> dict[str, dict[str, Any]]:
     "bandwidth_only": [...]}}``. A point is the best own version's headline record with ``ai`` (FLOP/byte),
     ``flops_per_s`` (cost-model FLOPs / time), ``bytes_per_s``, the applicable ``roof`` and its ``ridge``,
     ``bound`` ("memory" or "compute", by the ridge point; None without both roofs) and ``fraction_of_roof``
-    (achieved FLOP/s over the roof at that intensity). Ops with zero FLOPs go to ``bandwidth_only``.
+    (achieved FLOP/s over the roof at that intensity). Ops with zero FLOPs, and ops whose bytes cross another link
+than device memory (a ceiling such as ``host_link``), go to ``bandwidth_only``.
     """
     ops = load_all()
     out: dict[str, dict[str, Any]] = {}
@@ -114,7 +115,9 @@ def roofline_points(results: dict[str, dict]) -> dict[str, dict[str, Any]]:
                  "fraction_of_ceiling": best.get("fraction_of_ceiling"),
                  "ceiling": (entry.get("ceiling") or {}).get("name"),
                  "stale": best["impl"] in stale_impls(op, entry)}
-            if flops == 0:
+            if flops == 0 or p["ceiling"] not in (None, "copy", *GEMM_CEILINGS):
+                # no arithmetic, or bytes that cross another link than device memory (the host link): the
+                # device-memory roofline does not apply, so the op is listed with its own ceiling instead
                 bw_only.append(p)
                 continue
             roof = compute_roof(op, best["dtype"])
@@ -246,7 +249,8 @@ def _gpu_block(gpu: str, g: dict, data: dict, link_prefix: str) -> str:
                          f"{_fmt_rate(p['flops_per_s'], p['bytes_per_s'])} | {frac} |")
         parts.append("\n".join(lines))
     if g["bandwidth_only"]:
-        lines = [f"**{gpu}**: bandwidth only (no FLOPs in the cost model, so no place on the intensity axis)", "",
+        lines = [f"**{gpu}**: off the device-memory roofline (no FLOPs in the cost model, or bytes that cross the "
+                 "host link), each against its own ceiling", "",
                  "| op | best version | dtype | achieved | % of its ceiling |", "|:--|:--|:--|--:|--:|"]
         for p in g["bandwidth_only"]:
             stale = ' <span class="bench-stale">stale</span>' if p["stale"] else ""
