@@ -127,6 +127,12 @@ def render_table(op: Op, results: dict[str, dict], sizes: str = "headline") -> s
     return "\n\n".join(blocks) if blocks else _missing(op)
 
 
+def _headline_dtype(op: Op, entry: dict) -> str | None:
+    """The dtype of an op's headline records (the one its plots show), or None without any."""
+    records = headline_records(op, entry)
+    return records[0]["dtype"] if records else None
+
+
 def figure_svg(fig) -> str:
     """A matplotlib figure as inline SVG for a Markdown page (reproducible ids, no date, no blank lines)."""
     import matplotlib.pyplot as plt
@@ -168,7 +174,7 @@ def render_ladder(op: Op, results: dict[str, dict]) -> str:
         entry = data["ops"].get(op.name)
         if entry is None:
             continue
-        dtype = headline_records(op, entry)[0]["dtype"] if headline_records(op, entry) else None
+        dtype = _headline_dtype(op, entry)
         rows = [r for r in entry["records"] if r["dtype"] == dtype and r.get("fraction_of_ceiling") is not None
                 and r["timer"] == "device"]
         impls = list(dict.fromkeys(r["impl"] for r in rows))
@@ -204,7 +210,7 @@ def render_plot(op: Op, results: dict[str, dict], y: str = "value") -> str:
         entry = data["ops"].get(op.name)
         if entry is None:
             continue
-        dtype = headline_records(op, entry)[0]["dtype"] if headline_records(op, entry) else None
+        dtype = _headline_dtype(op, entry)
         rows = [r for r in entry["records"] if r["dtype"] == dtype]
         axis = op.sweep_axis
         order = [s[axis] for s in op.sweep]

@@ -1,6 +1,6 @@
 """SGEMM, step by step: C = A @ B in fp32, from one thread per element towards cuBLAS.
 
-Versions of ``sgemm`` (never renumbered); all CUDA kernels are in ``csrc/part3/sgemm.cu``:
+Versions of ``sgemm`` (never renumbered); the CUDA kernels are in ``csrc/part3/sgemm/``, a file per step:
 
 - v0  cuBLAS through ``torch.matmul`` with TF32 switched off for the call: IEEE fp32, the baseline.
 - v1  CUDA, naive: one thread per element of C, threadIdx.x down a column of C (A loads and C stores strided).
@@ -91,7 +91,7 @@ def sgemm_cublas(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# CUDA C (csrc/part3/sgemm.cu), launched through CuPy
+# CUDA C (csrc/part3/sgemm/), launched through CuPy
 # ----------------------------------------------------------------------------------------------------------
 
 # --8<-- [start:cuda_launch]
