@@ -71,6 +71,9 @@ class Impl:
     # Sizes the harness times it at (None: all of the op's sizes); the headline size is always timed. For a
     # step too slow to time at the largest sizes of a sweep (a naive GEMM at 8192^3 takes seconds a call).
     bench_if: Callable[[Mapping[str, Any]], bool] | None = None
+    # Why it cannot run in this environment (None when it can): for a version that needs an optional package
+    # (Liger-Kernel) or a GPU feature (fp8 tensor cores). Tests skip it with that reason; the harness leaves it out.
+    requires: Callable[[], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.lang not in LANGUAGES:
@@ -85,6 +88,10 @@ class Impl:
 
     def input_device(self, device: str) -> str:
         return self.inputs_on or device
+
+    def unavailable(self) -> str | None:
+        """The reason this version cannot run here, or None."""
+        return self.requires() if self.requires is not None else None
 
     def supports(self, dtype: torch.dtype) -> bool:
         return self.dtypes is None or dtype in self.dtypes
@@ -141,6 +148,12 @@ class Op:
     bench_dtypes: tuple[torch.dtype, ...] | None = None  # dtypes the harness times; None: the first of dtypes
     accesses: Callable[[Size, torch.dtype], int] | None = None  # for a latency: accesses or launches timed
     kind: str = "kernel"  # "kernel": a library baseline v0 is required; "micro": a micro-benchmark, v0 optional
+    # For an op whose output is random (dropout): check(out, args, dtype) raises AssertionError if ``out`` is
+    # not a valid output for ``args`` (every element either dropped or scaled, the kept fraction plausible).
+    # When set it replaces the comparison with the reference; the reference still states what is computed.
+    check: Callable[[Any, tuple, torch.dtype], None] | None = None
+    # The dtype of the output per input dtype where they differ (fp8 inputs -> bf16 C, int8 -> int32 C).
+    output_dtypes: Mapping[torch.dtype, torch.dtype] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.metric not in UNITS:
@@ -164,6 +177,9 @@ class Op:
     @property
     def baseline(self) -> Impl | None:
         return self.impls.get("v0")
+
+    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return self.output_dtypes.get(dtype, dtype)
 
     def timed_dtypes(self) -> tuple[torch.dtype, ...]:
         return self.bench_dtypes or self.dtypes[:1]
@@ -227,6 +243,10 @@ OP_MODULES = (
     "snippets.part3.sgemm",
     "snippets.part3.wmma",
     "snippets.part3.streams",
+    "snippets.part4.softmax",
+    "snippets.part4.matmul",
+    "snippets.part4.dropout",
+    "snippets.part4.layernorm",
 )
 
 

@@ -62,6 +62,51 @@ def test_check_impl_catches_a_wrong_kernel(device):
         harness.check_impl(op, wrong, (x, y), torch.float32)
 
 
+def _toy_op(**kw):
+    """A throwaway op (not registered) for the harness's tuple, check and availability paths."""
+    from snippets.registry import Op
+
+    base = dict(name="toy", part=0, chapter="index.md", title="toy", reference=lambda x: (2 * x, x + 1),
+                make_inputs=lambda size, dtype, device, gen: (torch.randn(size["n"], dtype=dtype, device=device),),
+                bytes_moved=lambda size, dtype: 1, flops=lambda size, dtype: 1, metric="GB/s", ceiling="copy",
+                headline={"n": 8}, sweep=[], dtypes=(torch.float32,), test_sizes=[{"n": 8}])
+    return Op(**{**base, **kw})
+
+
+def test_check_impl_compares_tuples_part_by_part():
+    op = _toy_op()
+    impl = type(OPS["vector_add"].impls["v0"])
+    x = torch.randn(16)
+    assert harness.check_impl(op, impl("v1", lambda t: (2 * t, t + 1), "PyTorch", "right"), (x,), torch.float32) < 1e-6
+    with pytest.raises(AssertionError, match="output 1"):
+        harness.check_impl(op, impl("v2", lambda t: (2 * t, t), "PyTorch", "second part wrong"), (x,),
+                           torch.float32)
+    with pytest.raises(AssertionError, match="1 outputs, reference has 2"):
+        harness.check_impl(op, impl("v3", lambda t: 2 * t, "PyTorch", "one part missing"), (x,), torch.float32)
+
+
+def test_check_impl_uses_the_ops_own_check():
+    def nonnegative(out, args, dtype):
+        if (out < 0).any():
+            raise AssertionError("negative output")
+
+    op = _toy_op(check=nonnegative)
+    impl = type(OPS["vector_add"].impls["v0"])
+    x = torch.randn(64)
+    assert harness.check_impl(op, impl("v1", lambda t: t.abs(), "PyTorch", "valid"), (x,), torch.float32) == 0.0
+    with pytest.raises(AssertionError, match="negative output"):
+        harness.check_impl(op, impl("v2", lambda t: -t.abs(), "PyTorch", "invalid"), (x,), torch.float32)
+
+
+def test_plan_leaves_out_unavailable_versions():
+    op = _toy_op(reference=lambda x: x)
+    impl = type(OPS["vector_add"].impls["v0"])
+    op.add(impl("v0", lambda t: t, "PyTorch", "runs", device="any"))
+    op.add(impl("v1", lambda t: t, "PyTorch", "cannot run", device="any", requires=lambda: "needs a thing"))
+    assert op.impls["v1"].unavailable() == "needs a thing" and op.impls["v0"].unavailable() is None
+    assert [i.name for _, _, _, i in harness.plan([op], quick=True)] == ["v0"]
+
+
 def test_plan_covers_headline_and_sweep():
     op = OPS["vector_add"]
     full = harness.plan([op], quick=False)

@@ -125,18 +125,36 @@ def measure_ceilings(quick: bool = False, extra: Iterable[str] = ()) -> dict[str
 # --8<-- [start:check]
 def check_impl(op: Op, impl: Impl, args: tuple, dtype: torch.dtype) -> float:
     """Run ``impl`` once and compare it with the reference computed in float64; raise if they differ.
+    An op whose reference returns a tuple (a backward pass: dx, dw, db) is compared part by part.
+    An op with its own ``check`` (random outputs) is checked by it instead, and reports an error of 0.
     Returns the largest absolute error."""
-    out = impl.fn(*args)
-    ref = op.reference_fp64(args).to(torch.float64)  # integer results (indices, checksums) compare exactly
+    if op.check is not None:
+        op.check(impl.fn(*args), args, dtype)
+        return 0.0
+    outs, refs = as_tuple(impl.fn(*args)), as_tuple(op.reference_fp64(args))
+    if len(outs) != len(refs):
+        raise AssertionError(f"{op.name} {impl.name}: {len(outs)} outputs, reference has {len(refs)}")
     rtol, atol = op.tolerance(dtype)
-    out64 = out.to(device=ref.device, dtype=torch.float64)
-    if out64.shape != ref.shape:
-        raise AssertionError(f"{op.name} {impl.name}: shape {tuple(out64.shape)}, reference {tuple(ref.shape)}")
-    if not torch.allclose(out64, ref, rtol=rtol, atol=atol, equal_nan=True):
-        err = (out64 - ref).abs().nan_to_num(float("inf")).max().item()
-        raise AssertionError(f"{op.name} {impl.name} {dtype_name(dtype)}: max abs error {err:.3g} "
-                             f"exceeds rtol={rtol}, atol={atol}")
-    return (out64 - ref).abs().max().item() if ref.numel() else 0.0
+    worst = 0.0
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        ref = ref.to(torch.float64)  # integer results (indices, checksums) compare exactly
+        out64 = out.to(device=ref.device, dtype=torch.float64)
+        part = f" output {i}" if len(refs) > 1 else ""
+        if out64.shape != ref.shape:
+            raise AssertionError(f"{op.name} {impl.name}{part}: shape {tuple(out64.shape)}, reference "
+                                 f"{tuple(ref.shape)}")
+        if not torch.allclose(out64, ref, rtol=rtol, atol=atol, equal_nan=True):
+            err = (out64 - ref).abs().nan_to_num(float("inf")).max().item()
+            raise AssertionError(f"{op.name} {impl.name} {dtype_name(dtype)}{part}: max abs error {err:.3g} "
+                                 f"exceeds rtol={rtol}, atol={atol}")
+        if ref.numel():
+            worst = max(worst, (out64 - ref).abs().max().item())
+    return worst
+
+
+def as_tuple(x) -> tuple:
+    """An op's output as a tuple of tensors (most ops return one tensor)."""
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 # --8<-- [end:check]
 
 
@@ -155,7 +173,7 @@ def plan(ops: Iterable[Op], quick: bool) -> list[tuple[Op, torch.dtype, dict, Im
             for size in _sizes(op, quick):
                 for impl in op.impls.values():
                     if (impl.supports(dtype) and (impl.runs_on("cuda") or impl.runs_on("cpu"))
-                            and impl.benched_at(size, op.headline)):
+                            and impl.benched_at(size, op.headline) and impl.unavailable() is None):
                         jobs.append((op, dtype, size, impl))
     return jobs
 
@@ -231,6 +249,10 @@ def run(op_names: list[str], quick: bool = False, out: Path | None = None, conso
         console.print(f"  ceiling {k}: {c['value']:.1f} {c['unit']} ({c['how']})")
 
     jobs = plan(ops, quick)
+    for op in ops:
+        for impl in op.impls.values():
+            if impl.unavailable():
+                console.print(f"  [yellow]left out[/] {op.name} {impl.name}: {impl.unavailable()}")
     records: dict[str, list[dict]] = {op.name: [] for op in ops}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:

@@ -1,0 +1,1 @@
+"""Part 4: Triton, from the programming model to cuBLAS-class matmul."""
