@@ -13,6 +13,16 @@ A chapter asks for them with HTML comments on a line of their own, so the raw Ma
     <!-- bench:roofline -->                      every op's best result on the roofline of each GPU
     <!-- bench:timeline stream_overlap -->       a timeline drawn from a trace captured on each GPU
                                                  (outputs/<gpu>/NAME.json)
+    <!-- bench:sweep autotune_matmul -->         a sweep of launch configurations captured on each GPU
+                                                 (outputs/<gpu>/NAME.json, written by scripts/capture_autotune.py):
+                                                 a heatmap over BLOCK_M x BLOCK_N and a table of every config
+    <!-- bench:versus vector_add:v5,vector_add:v4 reduce_sum:v7,reduce_sum:v8 -->
+                                                 versions of different languages side by side: lines of code
+                                                 (snippets.bench.loc) and the headline rate, one row per
+                                                 OP:VERSION (commas or spaces between them), each from the
+                                                 latest GPU that measured the op. OP:VERSION@k1+k2 names the
+                                                 __global__ kernels a CUDA version launches when its name and
+                                                 its launcher do not tell them (see loc.launched_kernels)
 
 Every table carries its provenance in a footnote; a result whose source has changed since it was measured is
 marked stale, and an op with no results says so instead of showing numbers.
@@ -302,6 +312,209 @@ def render_output(name: str, results_dir: Path = RESULTS_DIR) -> str:
     return "\n".join(blocks)
 
 
+def _machine(p: dict) -> str:
+    """The GPU and software of a provenance record, for a footnote."""
+    return (f"{p['gpu']} ({p['sm_count']} SMs, compute capability {p['compute_capability']}), driver {p['driver']}, "
+            f"CUDA {p['cuda_runtime']}, torch {p['torch']}, triton {p['triton']}; commit `{str(p['commit'])[:10]}`"
+            f"{' (uncommitted changes)' if p.get('dirty') else ''}, {p['date']}")
+
+
+def _resolve_hash(ref: str) -> str | None:
+    """The current source hash (as ``Impl.source_hash``) of ``module:qualname``, or None if it is gone."""
+    import importlib
+
+    from snippets.registry import Impl
+
+    module, _, name = ref.partition(":")
+    try:
+        obj = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    return Impl("x", obj, "Triton", "").source_hash()
+
+
+SWEEP_KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+
+
+def _heatmap(ax, rows: list[dict], y: str, x: str, fig, plt) -> None:
+    """The best rate over every other knob for each (y, x) cell; cells with no working config are hatched."""
+    import numpy as np
+
+    ys = sorted({r[y] for r in rows})
+    xs = sorted({r[x] for r in rows})
+    grid = np.full((len(ys), len(xs)), np.nan)
+    for r in rows:
+        if r["status"] == "ok":
+            i, j = ys.index(r[y]), xs.index(r[x])
+            grid[i, j] = r["tflops"] if np.isnan(grid[i, j]) else max(grid[i, j], r["tflops"])
+    ax.add_patch(plt.Rectangle((-0.5, -0.5), len(xs), len(ys), hatch="xx", fill=False, ec="#888888", lw=0,
+                               zorder=0))  # seen only where the image is masked
+    im = ax.imshow(np.ma.masked_invalid(grid), origin="lower", cmap="viridis", aspect="auto", zorder=1)
+    ax.set_xticks(range(len(xs)), [str(v) for v in xs])
+    ax.set_yticks(range(len(ys)), [str(v) for v in ys])
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    for spine in ax.spines.values():
+        spine.set_color("#888888")
+    ax.tick_params(colors="#888888")
+    cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    cb.set_label("TFLOP/s (best config of the cell)", fontsize=8)
+    cb.ax.tick_params(colors="#888888", labelsize=7)
+
+
+def render_sweep(name: str, results_dir: Path = RESULTS_DIR) -> str:
+    """A sweep of launch configurations captured on each GPU (``outputs/<gpu>/<name>.json``, written by
+    scripts/capture_autotune.py): a heatmap of the best rate per BLOCK_M x BLOCK_N (and per num_stages x
+    num_warps for the best tile), the autotuner's own cost, and a table of every configuration."""
+    import json
+
+    if not re.fullmatch(r"[\w-]+", name):
+        raise ValueError(f"bench:sweep name must be a plain file stem, got {name!r}")
+    blocks = []
+    for path in sorted((results_dir / "outputs").glob(f"*/{name}.json")):
+        gpu = path.parent.name
+        data = json.loads(path.read_text())
+        if "configs" not in data or "problem" not in data:
+            raise ValueError(f"{path}: not a sweep (no 'configs' or 'problem')")
+        rows = data["configs"]
+        ok = [r for r in rows if r["status"] == "ok"]
+        prob, p = data["problem"], data["provenance"]
+        label = f"sweep-{_slug(name)}-{_slug(gpu)}"
+        size = f"M = {prob['m']:,}, N = {prob['n']:,}, K = {prob['k']:,}, {prob['dtype']}"
+        cublas = data.get("cublas")
+        best = max(ok, key=lambda r: r["tflops"]) if ok else None
+        parts = [f"**{p['gpu']}**, `{data.get('kernel', '?')}`, {size}[^{label}]", ""]
+        if data.get("source_hash") and _resolve_hash(data.get("kernel", "")) != data["source_hash"]:
+            parts += ['!!! warning "Stale"\n    The kernel changed since this sweep was captured (or is gone); the '
+                      "numbers below are from the old code.", ""]
+        if best:
+            plt = _pyplot()
+            fig, axes = plt.subplots(1, 2, figsize=(8.6, 3.6))
+            _heatmap(axes[0], rows, "BLOCK_M", "BLOCK_N", fig, plt)
+            axes[0].set_title("best over BLOCK_K, warps, stages", fontsize=9)
+            # The second panel: stages x warps for the tile the sweep explored most (ties: the faster tile).
+            tiles: dict[tuple, list[dict]] = {}
+            for r in rows:
+                tiles.setdefault(tuple(r[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")), []).append(r)
+            tile, same_tile = max(tiles.items(), key=lambda t: (len(t[1]), max(
+                (r["tflops"] for r in t[1] if r["status"] == "ok"), default=0.0)))
+            _heatmap(axes[1], same_tile, "num_stages", "num_warps", fig, plt)
+            axes[1].set_title(f"{tile[0]} x {tile[1]} x {tile[2]} tile, GROUP_M = {tile[3]}", fontsize=9)
+            cap = (f"Measured on {p['gpu']}, commit {str(p['commit'])[:10]}, {p['date'][:10]}: the best rate of the "
+                   "configurations in each cell (medians of event-timed calls); hatched cells: no configuration "
+                   "of the cell compiled and passed the check.")
+            parts += [f'<figure class="bench-plot">\n{figure_svg(fig)}\n<figcaption>{cap}</figcaption>\n</figure>', ""]
+            knobs = ", ".join(f"{k} = {best[k]}" for k in SWEEP_KNOBS)
+            parts.append(f"Best: {knobs}: {best['tflops']:,.1f} TFLOP/s"
+                         + (f", {100 * best['tflops'] / cublas['tflops']:.1f}% of cuBLAS (`torch.matmul`, "
+                            f"{cublas['tflops']:,.1f} TFLOP/s in the same run)." if cublas else "."))
+        else:
+            parts.append("No configuration of this sweep compiled and passed the check.")
+        cost = data.get("tuning_cost")
+        if cost:
+            parts += ["", f"The autotuner's own cost over {cost['space']} configurations ({cost['pruned']} left "
+                      "after pruning), host clock:", "",
+                      "| call | seconds |", "|:--|--:|",
+                      f"| first call (compile and time every config) | {cost['first_call_s']:.2f} |",
+                      f"| same key again (in-memory cache) | {cost['second_call_s']:.4f} |",
+                      f"| new key, configs already compiled (time every config) | {cost['new_key_s']:.2f} |",
+                      f"| new autotuner, first key (on-disk cache: {'on' if cost.get('cache_results') else 'off'}) "
+                      f"| {cost['fresh_autotuner_s']:.4f} |"]
+        order = sorted(rows, key=lambda r: (r["status"] != "ok", -r.get("tflops", 0.0)))
+        table = ["| BLOCK_M | BLOCK_N | BLOCK_K | GROUP_M | warps | stages | smem est. | time | TFLOP/s | "
+                 "% of best | status |", "|" + "--:|" * 10 + ":--|"]
+        for r in order:
+            cells = [str(r[k]) for k in SWEEP_KNOBS] + [f"{r['smem_bytes'] / 1024:.0f} KiB"]
+            if r["status"] == "ok":
+                cells += [_fmt_ms(r["ms"]), f"{r['tflops']:,.1f}", f"{100 * r['tflops'] / best['tflops']:.1f}%", "ok"]
+            else:
+                err = str(r.get("error", "")).replace("|", "/")
+                cells += ["-", "-", "-", f'<span class="bench-stale">{r["status"]}</span>: {err}']
+            table.append("| " + " | ".join(cells) + " |")
+        parts += ["", f'??? note "All {len(rows)} configurations, {len(ok)} ran ({gpu})"', ""]
+        parts += ["    " + line for line in table]
+        note = (f"[^{label}]: Captured by `python scripts/capture_autotune.py` on {_machine(p)}. Each configuration "
+                "is checked against an fp32 torch.matmul, then timed with the book's time_device: median of "
+                "event-timed calls, inputs rotated through enough copies to span 4x L2. Configurations that "
+                "failed to compile or to match are listed with their error.")
+        blocks.append('<div class="bench-table" markdown>\n\n' + "\n".join(parts) + "\n\n</div>\n\n" + note)
+    if not blocks:
+        return (f'!!! warning "Not measured yet"\n    No sweep `{name}` is committed; '
+                f"`python scripts/capture_autotune.py OUT.json` on a CUDA GPU writes it, to be committed as "
+                f"`benchmarks/results/outputs/<gpu>/{name}.json`.\n")
+    return "\n\n".join(blocks)
+
+
+VERSUS_ITEM = re.compile(r"^(\w+):(v\d+)(?:@([\w+]+))?$")
+
+
+def parse_versus(text: str) -> list[tuple[str, str, list[str] | None]]:
+    """``OP:VER[@kernel+kernel]`` items separated by commas or spaces -> [(op, version, kernels or None)]."""
+    items = []
+    for tok in re.split(r"[,\s]+", text.strip()):
+        if not tok:
+            continue
+        m = VERSUS_ITEM.match(tok)
+        if not m:
+            raise ValueError(f"bench:versus item {tok!r} is not OP:VERSION or OP:VERSION@kernel+kernel")
+        items.append((m.group(1), m.group(2), m.group(3).split("+") if m.group(3) else None))
+    if not items:
+        raise ValueError("bench:versus needs at least one OP:VERSION")
+    return items
+
+
+def render_versus(items: list[tuple[str, str, list[str] | None]], results: dict[str, dict],
+                  ops: dict[str, Op] | None = None) -> str:
+    """One row per (op, version): its language, its lines of code (kernel and host, snippets.bench.loc) and its
+    headline rate and % of ceiling from the latest GPU that measured the op, marked stale like the tables."""
+    import hashlib
+
+    from snippets.bench.loc import impl_lines
+
+    ops = ops if ops is not None else load_all()
+    tag = hashlib.sha256(repr(items).encode()).hexdigest()[:6]
+    lines = ["| op | version | language | what it does | kernel lines | host lines | GPU | rate | % of ceiling |",
+             "|:--|:--|:--|:--|--:|--:|:--|--:|--:|"]
+    notes: dict[str, str] = {}
+    counted = []
+    for op_name, ver, kernels in items:
+        if op_name not in ops:
+            raise ValueError(f"bench:versus names unknown op {op_name!r}; known: {sorted(ops)}")
+        op = ops[op_name]
+        if ver not in op.impls:
+            raise ValueError(f"bench:versus: {op_name} has no version {ver}; it has {sorted(op.impls)}")
+        impl = op.impls[ver]
+        count = impl_lines(impl, kernels)
+        counted.append(f"`{op_name}` {ver}: {count.what or 'no code of its own (a library call)'}")
+        found = [(gpu, data["ops"][op_name]) for gpu, data in results.items() if op_name in data["ops"]]
+        gpu_cell, rate, frac = "not measured", "-", "-"
+        mark = ""
+        if found:
+            gpu, entry = max(found, key=lambda t: t[1]["provenance"]["date"])
+            label = f"versus-{tag}-{_slug(op_name)}-{_slug(gpu)}"
+            old_label, note = _footnote(op, gpu, entry)
+            notes[label] = note.replace(f"[^{old_label}]", f"[^{label}]", 1)
+            rec = next((r for r in headline_records(op, entry) if r["impl"] == ver), None)
+            gpu_cell = f"{gpu}[^{label}]"
+            if ver in stale_impls(op, entry):
+                mark = ' <span class="bench-stale">stale</span>'
+            if rec is not None:
+                rate = f"{rec['value']:,.1f} {op.metric}"
+                c = entry["ceiling"]
+                frac = (f"{100 * rec['fraction_of_ceiling']:.1f}% of {_cname(c['name'])}"
+                        if rec["fraction_of_ceiling"] is not None and c else "-")
+        lines.append(f"| `{op_name}` | {ver}{mark} | {impl.lang} | {impl.desc} | {count.kernel} | {count.host} | "
+                     f"{gpu_cell} | {rate} | {frac} |")
+    details = ['??? info "What the line counts include"', "",
+               "    Lines that hold code (no blank lines, comments or docstrings), counted by "
+               "`snippets.bench.loc`. Kernel lines:", ""]
+    details += [f"    - {c}" for c in counted]
+    return ('<div class="bench-table" markdown>\n\n' + "\n".join(lines) + "\n\n" + "\n".join(details)
+            + "\n\n</div>\n\n" + "\n\n".join(notes.values()) + "\n")
+
+
 def render_page(markdown: str, page_path: str = "", results_dir: Path = RESULTS_DIR) -> str:
     """Replace every bench directive in ``markdown``; an unknown op or directive raises ``ValueError``."""
     if "<!-- bench:" not in markdown:
@@ -321,6 +534,10 @@ def render_page(markdown: str, page_path: str = "", results_dir: Path = RESULTS_
             from snippets.bench.roofline import render_roofline
 
             return render_roofline(results)
+        if kind == "sweep":
+            return render_sweep(pos[0] if pos else "", results_dir)
+        if kind == "versus":
+            return render_versus(parse_versus(m.group(2)), results, ops)
         if kind == "timeline":
             from snippets.bench.timeline import render_timeline
 
@@ -344,4 +561,5 @@ def directives(markdown: str) -> list[tuple[str, list[str]]]:
     return [(m.group(1), _args(m.group(2))[0]) for m in DIRECTIVE.finditer(markdown)]
 
 
-__all__ = ["directives", "figure_svg", "render_ladder", "render_page", "render_plot", "style_axes", "render_summary", "render_table", "size_key"]
+__all__ = ["directives", "figure_svg", "parse_versus", "render_ladder", "render_page", "render_plot", "render_summary",
+           "render_sweep", "render_table", "render_versus", "size_key", "style_axes"]
