@@ -15,6 +15,12 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 REQUIRE_GPU
 PY=${PYTHON:-python3}
 # Without .git here, pass the commit being measured: KM_COMMIT=$(git rev-parse HEAD) KM_DIRTY=0|1
 status=0
+# Liger-Kernel, a baseline of Part 4, is a pure-Python wheel: the runner has no network, so a wheel downloaded
+# beforehand into .whl/ (pip download liger-kernel --no-deps -d .whl) is installed from there if present.
+if ls .whl/liger_kernel-*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-deps --no-index --target /tmp/km-wheels .whl/liger_kernel-*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/km-wheels
+fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 $PY -c "import torch, triton, cupy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__)"
@@ -23,6 +29,7 @@ echo "== compiler and profiler outputs the chapters show"
 bash scripts/capture_outputs.sh "$OUTDIR/outputs" || status=1
 bash scripts/capture_profiles.sh "$OUTDIR/outputs" || status=1   # torch.profiler, Nsight Compute, sanitizers
 bash scripts/capture_streams.sh "$OUTDIR/outputs" || status=1    # stream timeline, launch latency
+bash scripts/capture_part4.sh "$OUTDIR/outputs" || status=1      # Triton metadata, dropout memory, autotuning
 
 echo "== GPU test suite"
 $PY -m pytest tests -q -p no:cacheprovider 2>&1 | tee "$OUTDIR/pytest.log" || status=1
