@@ -152,6 +152,8 @@ class Op:
     # not a valid output for ``args`` (every element either dropped or scaled, the kept fraction plausible).
     # When set it replaces the comparison with the reference; the reference still states what is computed.
     check: Callable[[Any, tuple, torch.dtype], None] | None = None
+    # Fusion about memory: the harness also records the peak memory one call allocates beyond its inputs.
+    measure_memory: bool = False
     # The dtype of the output per input dtype where they differ (fp8 inputs -> bf16 C, int8 -> int32 C).
     output_dtypes: Mapping[torch.dtype, torch.dtype] = field(default_factory=dict)
 
@@ -247,6 +249,14 @@ OP_MODULES = (
     "snippets.part4.matmul",
     "snippets.part4.dropout",
     "snippets.part4.layernorm",
+    "snippets.part5.fusion",
+    "snippets.part5.epilogue",
+    "snippets.part5.rmsnorm",
+    "snippets.part5.swiglu",
+    "snippets.part5.rope",
+    "snippets.part5.cross_entropy",
+    "snippets.part5.flash_attention",
+    "snippets.part5.lora",
 )
 
 

@@ -4,6 +4,7 @@ A chapter asks for them with HTML comments on a line of their own, so the raw Ma
 
     <!-- bench:table vector_add -->              headline size, one table per GPU with results
     <!-- bench:table warp_divergence sizes=all -->  every measured size
+    <!-- bench:table softmax dtype=bfloat16 -->  another timed dtype than the first (any table or plot)
     <!-- bench:plot vector_add -->               the sweep: rate against size, one line per implementation
     <!-- bench:plot cpu_vs_gpu y=ms -->          time instead of rate (log scale)
     <!-- bench:summary -->                       every op of the book, one row per op and GPU
@@ -98,7 +99,11 @@ def _missing(op: Op) -> str:
             f"Run `python -m snippets bench {op.name}` on a CUDA GPU and commit `benchmarks/results/`.\n")
 
 
-def render_table(op: Op, results: dict[str, dict], sizes: str = "headline") -> str:
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**28 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def render_table(op: Op, results: dict[str, dict], sizes: str = "headline", dtype: str | None = None) -> str:
     blocks = []
     for gpu, data in results.items():
         entry = data["ops"].get(op.name)
@@ -109,10 +114,13 @@ def render_table(op: Op, results: dict[str, dict], sizes: str = "headline") -> s
             order: dict[str, int] = {}
             for i, sz in enumerate([*op.sweep, op.headline]):  # a headline inside the sweep keeps its place
                 order.setdefault(size_key(sz), i)
-            rows = sorted((r for r in entry["records"] if r["dtype"] == headline_records(op, entry)[0]["dtype"]),
+            want = dtype or _headline_dtype(op, entry)
+            rows = sorted((r for r in entry["records"] if r["dtype"] == want),
                           key=lambda r: (order.get(r["size_key"], len(order)), int(r["impl"][1:])))
         else:
-            rows = headline_records(op, entry)
+            rows = headline_records(op, entry, dtype)
+        if not rows:
+            continue
         label, note = _footnote(op, gpu, entry)
         c = entry["ceiling"]
         head = (f"**{gpu}**, {rows[0]['dtype'] if rows else ''}"
@@ -121,6 +129,9 @@ def render_table(op: Op, results: dict[str, dict], sizes: str = "headline") -> s
         size_col = sizes == "all"
         cols = (["size"] if size_col else []) + ["version", "language", "what it does", "time", op.metric,
                                                  f"% of {_cname(c['name'])}" if c else "-", "vs v0"]
+        memory = any("peak_extra_bytes" in r for r in rows)
+        if memory:
+            cols.append("peak memory beyond inputs")
         lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "|".join(
             ":--" if i < (4 if size_col else 3) else "--:" for i in range(len(cols))) + "|"]
         for r in rows:
@@ -129,6 +140,8 @@ def render_table(op: Op, results: dict[str, dict], sizes: str = "headline") -> s
             cells = ([_fmt_size(r["size"])] if size_col else []) + [
                 f"{r['impl']}{mark}", r["lang"], r["desc"], _fmt_ms(r["ms"]), f"{r['value']:,.1f}",
                 f"{100 * r['fraction_of_ceiling']:.1f}%" if r["fraction_of_ceiling"] is not None else "-", sp]
+            if memory:
+                cells.append(_gib(r["peak_extra_bytes"]) if "peak_extra_bytes" in r else "-")
             lines.append("| " + " | ".join(cells) + " |")
         if stale:
             lines += ["", f'!!! warning "Stale"\n    The source of {", ".join(sorted(stale))} changed since '
@@ -214,14 +227,16 @@ def render_ladder(op: Op, results: dict[str, dict]) -> str:
     return "\n\n".join(figs) if figs else _missing(op)
 
 
-def render_plot(op: Op, results: dict[str, dict], y: str = "value") -> str:
+def render_plot(op: Op, results: dict[str, dict], y: str = "value", dtype: str | None = None) -> str:
     figs = []
     for gpu, data in results.items():
         entry = data["ops"].get(op.name)
         if entry is None:
             continue
-        dtype = _headline_dtype(op, entry)
+        dtype = dtype or _headline_dtype(op, entry)
         rows = [r for r in entry["records"] if r["dtype"] == dtype]
+        if not rows:
+            continue
         axis = op.sweep_axis
         order = [s[axis] for s in op.sweep]
         categorical = not all(isinstance(v, (int, float)) for v in order)
@@ -546,9 +561,9 @@ def render_page(markdown: str, page_path: str = "", results_dir: Path = RESULTS_
             raise ValueError(f"{page_path}: bench:{kind} names unknown op {pos[:1]}; known: {sorted(ops)}")
         op = ops[pos[0]]
         if kind == "table":
-            return render_table(op, results, kw.get("sizes", "headline"))
+            return render_table(op, results, kw.get("sizes", "headline"), kw.get("dtype"))
         if kind == "plot":
-            return render_plot(op, results, kw.get("y", "value"))
+            return render_plot(op, results, kw.get("y", "value"), kw.get("dtype"))
         if kind == "ladder":
             return render_ladder(op, results)
         raise ValueError(f"{page_path}: unknown directive bench:{kind}")

@@ -206,6 +206,30 @@ def test_render_table_and_stale_mark(tmp_path):
     assert "Not measured yet" in missing
 
 
+def test_render_table_other_dtype_and_peak_memory(tmp_path):
+    path = fake_results(tmp_path, "scale")
+    data = json.loads(path.read_text())
+    recs = data["ops"]["scale"]["records"]
+    extra = [{**r, "dtype": "bfloat16", "ms": r["ms"] * 2, "peak_extra_bytes": 3 * 2**20} for r in recs]
+    data["ops"]["scale"]["records"] = recs + extra
+    path.write_text(json.dumps(data))
+    default = site.render_page("<!-- bench:table scale -->\n", "p.md", tmp_path)
+    assert "float32" in default and "bfloat16" not in default and "peak memory" not in default
+    bf16 = site.render_page("<!-- bench:table scale dtype=bfloat16 -->\n", "p.md", tmp_path)
+    assert "bfloat16" in bf16 and "peak memory beyond inputs" in bf16 and "| 3.0 MiB |" in bf16
+    none = site.render_page("<!-- bench:table scale dtype=float16 -->\n", "p.md", tmp_path)
+    assert "Not measured yet" in none
+    plot = site.render_page("<!-- bench:plot scale dtype=bfloat16 -->\n", "p.md", tmp_path)
+    assert "<svg" in plot and "bfloat16" in plot
+
+
+@pytest.mark.gpu
+def test_peak_extra_bytes_counts_temporaries():
+    x = torch.randn(2**20, device="cuda")  # 4 MiB input
+    assert harness.peak_extra_bytes(lambda t: t * 2, (x,)) >= x.nbytes  # the output
+    assert harness.peak_extra_bytes(lambda t: (t * 2 + 1).sum(), (x,)) >= x.nbytes  # a temporary
+
+
 def test_render_plot_is_inline_svg(tmp_path):
     fake_results(tmp_path, "vector_add")
     md = site.render_page("<!-- bench:plot vector_add -->\n", "p.md", tmp_path)

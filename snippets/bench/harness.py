@@ -191,10 +191,29 @@ def run_job(op: Op, dtype: torch.dtype, size: dict, impl: Impl, l2_bytes: int, s
         t = time_device(impl.fn, arg_sets, flush=flush_buf)
     else:
         t = time_host(impl.fn, arg_sets)
-    return {"impl": impl.name, "lang": impl.lang, "desc": impl.desc, "dtype": dtype_name(dtype),
+    rec = {"impl": impl.name, "lang": impl.lang, "desc": impl.desc, "dtype": dtype_name(dtype),
             "size": size, "size_key": size_key(size), "headline": size_key(size) == size_key(op.headline),
             "ms": t.median, "ms_p10": t.p10, "ms_p90": t.p90, "reps": t.reps, "input_sets": sets,
             "l2_flush": flush, "timer": impl.timer, "max_abs_err": err, "source_hash": impl.source_hash()}
+    if op.measure_memory and run_on == "cuda":
+        rec["peak_extra_bytes"] = peak_extra_bytes(impl.fn, arg_sets[0])
+    return rec
+
+
+# --8<-- [start:peak_memory]
+def peak_extra_bytes(fn, args: tuple) -> int:
+    """The most device memory one call of ``fn(*args)`` holds at once beyond what was allocated before it
+    (its inputs): temporaries, saved activations and the outputs. From the caching allocator's statistics, so
+    it counts tensors torch allocates, not the allocator's reserved slack."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(*args)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return int(peak)
+# --8<-- [end:peak_memory]
 
 
 def derive(op: Op, records: list[dict], ceiling_value: float | None) -> None:

@@ -33,8 +33,9 @@ def stale_impls(op: Op, entry: dict) -> list[str]:
     return [name for name, impl in op.impls.items() if measured.get(name) != impl.source_hash()]
 
 
-def headline_records(op: Op, entry: dict) -> list[dict]:
-    dtype = dtype_name(op.timed_dtypes()[0])
+def headline_records(op: Op, entry: dict, dtype: str | None = None) -> list[dict]:
+    """The records at the headline size, in ``dtype`` (default: the first timed dtype)."""
+    dtype = dtype or dtype_name(op.timed_dtypes()[0])
     key = size_key(op.headline)
     return [r for r in entry["records"] if r["size_key"] == key and r["dtype"] == dtype]
 
