@@ -4,6 +4,11 @@
 #
 #   bash scripts/gpu_run.sh [OUTDIR] [bench args...]     e.g. bash scripts/gpu_run.sh out --quick vector_add
 #
+# To measure one part only (the whole run takes longer than one device call allows):
+#   KM_CAPTURES="part4" KM_TESTS="tests/test_part4_*.py" bash scripts/gpu_run.sh out softmax matmul ...
+# KM_CAPTURES: which capture scripts run (outputs profiles streams part4; default all, "none" for none);
+# KM_TESTS: the pytest arguments (default: the whole suite); KM_SANITIZE=0 skips the compute-sanitizer pass.
+#
 # Logs and results land in OUTDIR (default ./gpu-out); copy OUTDIR/results.json over
 # benchmarks/results/<gpu>.json (or run with --out) and commit it.
 set -uo pipefail
@@ -26,16 +31,20 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 $PY -c "import torch, triton, cupy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__)"
 
 echo "== compiler and profiler outputs the chapters show"
-bash scripts/capture_outputs.sh "$OUTDIR/outputs" || status=1
-bash scripts/capture_profiles.sh "$OUTDIR/outputs" || status=1   # torch.profiler, Nsight Compute, sanitizers
-bash scripts/capture_streams.sh "$OUTDIR/outputs" || status=1    # stream timeline, launch latency
-bash scripts/capture_part4.sh "$OUTDIR/outputs" || status=1      # Triton metadata, dropout memory, autotuning
+CAPTURES=${KM_CAPTURES:-outputs profiles streams part4}
+# outputs: compiler reports, device query; profiles: torch.profiler, Nsight Compute, sanitizers;
+# streams: stream timeline, launch latency; part4: Triton metadata, dropout memory, autotuning, odd matmul shapes
+for c in $CAPTURES; do
+  [ "$c" = none ] || bash "scripts/capture_$c.sh" "$OUTDIR/outputs" || status=1
+done
 
 echo "== GPU test suite"
-$PY -m pytest tests -q -p no:cacheprovider 2>&1 | tee "$OUTDIR/pytest.log" || status=1
+$PY -m pytest ${KM_TESTS:-tests} -q -p no:cacheprovider 2>&1 | tee "$OUTDIR/pytest.log" || status=1
 
 echo "== compute-sanitizer"
-if command -v compute-sanitizer >/dev/null; then
+if [ "${KM_SANITIZE:-1}" = 0 ]; then
+  echo "skipped (KM_SANITIZE=0)" | tee "$OUTDIR/sanitizer.log"
+elif command -v compute-sanitizer >/dev/null; then
   $PY scripts/sanitize.py 2>&1 | tee "$OUTDIR/sanitizer.log" || status=1
 else
   echo "compute-sanitizer not found: skipped" | tee "$OUTDIR/sanitizer.log"
