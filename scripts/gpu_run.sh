@@ -31,9 +31,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 $PY -c "import torch, triton, cupy; print('torch', torch.__version__, 'triton', triton.__version__, 'cupy', cupy.__version__)"
 
 echo "== compiler and profiler outputs the chapters show"
-CAPTURES=${KM_CAPTURES:-outputs profiles streams part4}
+CAPTURES=${KM_CAPTURES:-outputs profiles streams part4 part5}
 # outputs: compiler reports, device query; profiles: torch.profiler, Nsight Compute, sanitizers;
-# streams: stream timeline, launch latency; part4: Triton metadata, dropout memory, autotuning, odd matmul shapes
+# streams: stream timeline, launch latency; part4: Triton metadata, dropout memory, autotuning, odd matmul shapes;
+# part5: the Triton code torch.compile generates
 for c in $CAPTURES; do
   [ "$c" = none ] || bash "scripts/capture_$c.sh" "$OUTDIR/outputs" || status=1
 done

@@ -249,6 +249,14 @@ OP_MODULES = (
     "snippets.part4.matmul",
     "snippets.part4.dropout",
     "snippets.part4.layernorm",
+    "snippets.part5.fusion",
+    "snippets.part5.epilogue",
+    "snippets.part5.rmsnorm",
+    "snippets.part5.swiglu",
+    "snippets.part5.rope",
+    "snippets.part5.cross_entropy",
+    "snippets.part5.flash_attention",
+    "snippets.part5.lora",
 )
 
 

@@ -62,7 +62,9 @@ def _fmt_size(size: dict) -> str:
     parts = []
     for k in sorted(size):
         v = size[k]
-        if isinstance(v, int) and v >= 1024 and (v & (v - 1)) == 0:
+        if isinstance(v, bool):  # before int: a flag such as causal=False is not the number 0
+            parts.append(f"{k} = {v}")
+        elif isinstance(v, int) and v >= 1024 and (v & (v - 1)) == 0:
             parts.append(f"{k} = 2<sup>{v.bit_length() - 1}</sup>")
         elif isinstance(v, int):
             parts.append(f"{k} = {v:,}")
@@ -227,6 +229,17 @@ def render_ladder(op: Op, results: dict[str, dict]) -> str:
     return "\n\n".join(figs) if figs else _missing(op)
 
 
+def _series_keys(op: Op) -> list[str]:
+    """Size keys other than the sweep axis that differ between sweep points (FlashAttention's causal and d):
+    each combination of their values is a line of its own, so points of one line share everything but the axis."""
+    axis = op.sweep_axis
+    keys = sorted({k for sz in op.sweep for k in sz if k != axis})
+    by_axis: dict = {}
+    for sz in op.sweep:
+        by_axis.setdefault(sz[axis], []).append(sz)
+    return [k for k in keys if any(len({str(sz.get(k)) for sz in group}) > 1 for group in by_axis.values())]
+
+
 def render_plot(op: Op, results: dict[str, dict], y: str = "value", dtype: str | None = None) -> str:
     figs = []
     for gpu, data in results.items():
@@ -238,21 +251,28 @@ def render_plot(op: Op, results: dict[str, dict], y: str = "value", dtype: str |
         if not rows:
             continue
         axis = op.sweep_axis
-        order = [s[axis] for s in op.sweep]
+        order = list(dict.fromkeys(s[axis] for s in op.sweep))
         categorical = not all(isinstance(v, (int, float)) for v in order)
+        series = _series_keys(op)
         plt = _pyplot()
         fig, ax = plt.subplots(figsize=(7.2, 4.6))
-        impls = list(dict.fromkeys(r["impl"] for r in rows))
-        width = 0.8 / max(1, len(impls))
-        for k, name in enumerate(impls):
+        lines = []  # (version, values of the series keys): one line each
+        for r in rows:
+            key = (r["impl"], tuple(r["size"].get(c) for c in series))
+            if key not in lines:
+                lines.append(key)
+        width = 0.8 / max(1, len(lines))
+        for k, (name, combo) in enumerate(lines):
             pts = sorted(((order.index(r["size"][axis]), r) for r in rows
-                          if r["impl"] == name and r["size"][axis] in order), key=lambda t: t[0])
+                          if r["impl"] == name and tuple(r["size"].get(c) for c in series) == combo
+                          and r["size"][axis] in order), key=lambda t: t[0])
             if not pts:
                 continue
-            label = f"{name} {pts[0][1]['lang']}: {pts[0][1]['desc']}"
+            label = (f"{name} {pts[0][1]['lang']}: {pts[0][1]['desc']}"
+                     + "".join(f", {c}={v}" for c, v in zip(series, combo)))
             vals = [r["ms"] if y == "ms" else r["value"] for _, r in pts]
             if categorical:
-                ax.bar([i + (k - (len(impls) - 1) / 2) * width for i, _ in pts], vals, width, label=label)
+                ax.bar([i + (k - (len(lines) - 1) / 2) * width for i, _ in pts], vals, width, label=label)
             else:
                 ax.plot([order[i] for i, _ in pts], vals, marker="o", ms=3, label=label)
         if categorical:

@@ -223,6 +223,18 @@ def test_render_table_other_dtype_and_peak_memory(tmp_path):
     assert "<svg" in plot and "bfloat16" in plot
 
 
+def test_plot_draws_one_line_per_series_of_the_sweep(tmp_path):
+    op = OPS["flash_attention_fwd"]
+    assert site._series_keys(op) == ["causal", "d"]
+    assert site._series_keys(OPS["softmax"]) == [] and site._series_keys(OPS["vector_add"]) == []
+    assert "causal = False" in site._fmt_size({"causal": False, "s": 4096})
+    fake_results(tmp_path, "flash_attention_fwd")
+    plot = site.render_page("<!-- bench:plot flash_attention_fwd dtype=float32 -->\n", "p.md", tmp_path)
+    assert "<svg" in plot
+    table = site.render_page("<!-- bench:table flash_attention_fwd sizes=all dtype=float32 -->\n", "p.md", tmp_path)
+    assert "causal = True" in table and "causal = 1" not in table
+
+
 @pytest.mark.gpu
 def test_peak_extra_bytes_counts_temporaries():
     x = torch.randn(2**20, device="cuda")  # 4 MiB input

@@ -192,9 +192,8 @@ def _apply_mask_kernel(dy_ptr, mask_ptr, dx_ptr, n, scale, BLOCK: tl.constexpr):
 
 
 # --8<-- [start:check_args]
-def _check_args(x: torch.Tensor, p: float, seed: int) -> tuple[float, float, int]:
-    """Validate the arguments of every Triton version; returns (p, scale, seed)."""
-    check_tensors(("x",), (x,), dtypes=FLOAT_TYPES, device=triton_device())
+def check_p_seed(p: float, seed: int) -> tuple[float, float, int]:
+    """Validate a dropout probability and a Philox seed; returns (p, scale, seed) with scale = 1 / (1 - p)."""
     p = check_scalar("p", p)
     if not 0.0 <= p <= 1.0:  # also refuses nan
         raise ValueError(f"p must be in [0, 1], got {p}")
@@ -203,6 +202,12 @@ def _check_args(x: torch.Tensor, p: float, seed: int) -> tuple[float, float, int
         raise ValueError(f"seed must be below 2**63, got {seed}")
     scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)  # p = 1: every element is dropped, nothing to scale
     return p, scale, seed
+
+
+def _check_args(x: torch.Tensor, p: float, seed: int) -> tuple[float, float, int]:
+    """Validate the arguments of every Triton version; returns (p, scale, seed)."""
+    check_tensors(("x",), (x,), dtypes=FLOAT_TYPES, device=triton_device())
+    return check_p_seed(p, seed)
 # --8<-- [end:check_args]
 
 

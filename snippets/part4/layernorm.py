@@ -177,14 +177,16 @@ CONFIGS = {  # BLOCK_N -> Config; shorter rows use the 1024 entry with more rows
 }
 
 
-def config_for(n: int) -> tuple[int, Config]:
-    """(BLOCK_N, Config) for rows of length ``n``."""
+def config_for(n: int, configs: dict[int, Config] | None = None) -> tuple[int, Config]:
+    """(BLOCK_N, Config) for rows of length ``n``, from ``configs`` (this module's CONFIGS by default; the
+    RMSNorm of Part 5 passes its own table)."""
+    configs = CONFIGS if configs is None else configs
     block_n = triton.next_power_of_2(n)
     if block_n < 1024:  # keep about 4096 elements per program: 4 rows of 1024, 64 rows of 64, ...
-        base = CONFIGS[1024]
+        base = configs[1024]
         return block_n, Config(rows=base.rows * 1024 // block_n, fwd_warps=base.fwd_warps,
                                bwd_warps=max(1, block_n // 256), groups_per_sm=base.groups_per_sm)
-    return block_n, CONFIGS[block_n]
+    return block_n, configs[block_n]
 # --8<-- [end:configs]
 
 

@@ -1,0 +1,1 @@
+"""Part 5: kernel fusion and FlashAttention."""
