@@ -51,13 +51,14 @@ def time_device(fn: Callable[..., Any], arg_sets: Sequence[tuple], *, budget_ms:
 
     Calls rotate through ``arg_sets`` so consecutive calls touch different memory; if ``flush`` is given (a
     buffer larger than L2) it is overwritten between calls, outside the timed region, to evict the last
-    call's data. Warm-up calls first take compilation, autotuning and allocator growth out of the numbers.
+    call's data. Warm-up calls, at least one per input set, first take compilation, autotuning, allocator growth
+    and any per-input one-off work (a backward benchmark's saved forward) out of the numbers.
 
     Before each call the GPU is kept busy (the flush, or a short spin) while the host enqueues the start event
     and the launch: otherwise an idle GPU records the start event at once and the interval would include the
     host's launch overhead, not just the kernel.
     """
-    for i in range(warmup):
+    for i in range(max(warmup, len(arg_sets))):  # every input set once: a first call may do one-off work
         fn(*arg_sets[i % len(arg_sets)])
     torch.cuda.synchronize()
     probe_start, probe_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
