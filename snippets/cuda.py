@@ -120,16 +120,31 @@ def launch(fn, grid: int | tuple, block: int | tuple, args: tuple, shared_mem: i
         fn(grid, block, ptr_args, shared_mem=shared_mem)
 
 
+_STREAMS: dict[tuple[int, int], object] = {}  # (device, torch stream handle) -> its CuPy stream
+
+
 def _cupy_stream(cupy):
-    """torch's current stream as a CuPy stream (``Stream.from_external`` in CuPy 14+, else ``ExternalStream``)."""
+    """torch's current stream as a CuPy stream (``Stream.from_external`` in CuPy 14+, else ``ExternalStream``).
+    Wrapping a stream costs tens of microseconds of host time, more than a launch, so each torch stream is
+    wrapped once and the wrapper kept."""
     current = torch.cuda.current_stream()
+    key = (current.device_index, current.cuda_stream)
+    cached = _STREAMS.get(key)
+    if cached is not None:
+        return cached
+    wrapped = None
     from_external = getattr(cupy.cuda.Stream, "from_external", None)
     if from_external is not None:
         try:
-            return from_external(current)
+            wrapped = from_external(current)
         except Exception:  # noqa: BLE001 (a torch stream without the CUDA stream protocol: use the raw handle)
-            pass
-    return cupy.cuda.ExternalStream(current.cuda_stream)
+            wrapped = None
+    if wrapped is None:
+        wrapped = cupy.cuda.ExternalStream(current.cuda_stream)
+    if len(_STREAMS) > 64:  # streams come and go (one per torch.cuda.Stream()): keep the cache small
+        _STREAMS.clear()
+    _STREAMS[key] = wrapped
+    return wrapped
 
 # --8<-- [end:loader]
 

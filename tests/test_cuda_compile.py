@@ -165,3 +165,27 @@ def test_compiles_without_spills(src: Path, arch: str, tmp_path: Path):
                             f"{functions[n]['spill_load_bytes']} bytes spill loads" for n in spills)
         pytest.fail(f"{src.relative_to(REPO_ROOT)} spills registers for {arch}:\n{details}\n"
                     f"(if that is the point of the file, add the comment '{ALLOW_SPILLS_MARKER}')")
+
+
+def test_cupy_stream_wraps_each_torch_stream_once(monkeypatch):
+    """snippets.cuda wraps torch's current stream for CuPy once per stream (wrapping costs more than a launch)."""
+    from types import SimpleNamespace
+
+    from snippets import cuda
+
+    made = []
+
+    class FakeStream:
+        @staticmethod
+        def from_external(stream):
+            made.append(stream.cuda_stream)
+            return ("wrapped", stream.cuda_stream)
+
+    fake_cupy = SimpleNamespace(cuda=SimpleNamespace(Stream=FakeStream, ExternalStream=None))
+    current = {"s": SimpleNamespace(device_index=0, cuda_stream=1234)}
+    monkeypatch.setattr(cuda.torch.cuda, "current_stream", lambda: current["s"])
+    monkeypatch.setattr(cuda, "_STREAMS", {})
+    assert cuda._cupy_stream(fake_cupy) == ("wrapped", 1234)
+    assert cuda._cupy_stream(fake_cupy) == ("wrapped", 1234) and made == [1234]  # cached
+    current["s"] = SimpleNamespace(device_index=0, cuda_stream=5678)  # another stream: wrapped anew
+    assert cuda._cupy_stream(fake_cupy) == ("wrapped", 5678) and made == [1234, 5678]
