@@ -50,3 +50,13 @@ def liger_missing() -> str | None:
     except ImportError:
         return "Liger-Kernel is not installed (pip install liger-kernel)"
     return None
+
+
+# --8<-- [start:grads_through]
+def grads_through(forward: Callable, leaves: tuple[torch.Tensor, ...], grad_out: torch.Tensor) -> tuple:
+    """A training step's two passes through ``forward``, as every forward+backward version times them: fresh
+    leaves that require gradients (``detach`` makes views, not copies), ``forward(*leaves)``, then
+    ``torch.autograd.grad`` with ``grad_out`` as the incoming gradient. Returns the leaves' gradients."""
+    leaves = tuple(t.detach().requires_grad_() for t in leaves)
+    return torch.autograd.grad(forward(*leaves), leaves, grad_out)
+# --8<-- [end:grads_through]

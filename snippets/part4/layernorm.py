@@ -45,7 +45,7 @@ import triton.language as tl
 
 from snippets import cuda
 from snippets._checks import check_tensors, triton_device
-from snippets.part4.baselines import compiled, liger_missing, needs_gpu
+from snippets.part4.baselines import compiled, grads_through, liger_missing, needs_gpu
 from snippets.registry import Impl, Op, device_generator, register
 
 EPS = 1e-5
@@ -97,25 +97,17 @@ def layernorm_compiled(x, w, b):
     return _layernorm_compiled(x, w, b)
 
 
-def _grads_through(forward, x, w, b, dy):
-    """A training step's two passes through ``forward``: fresh leaves that require gradients (``detach`` makes
-    views, no copies), the forward, then ``torch.autograd.grad`` with ``dy`` as the incoming gradient."""
-    x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
-    y = forward(x, w, b)
-    return torch.autograd.grad(y, (x, w, b), dy)
-
-
 def layernorm_fwd_bwd_torch(x, w, b, dy):
     """v0: eager autograd. Timed: making x, w, b leaves that require grad, ``F.layer_norm`` (which also keeps
     mean and rstd for the backward), and ``torch.autograd.grad`` (PyTorch's backward kernels for dx and for
     dw/db), autograd's own bookkeeping included, as in a training step."""
-    return _grads_through(layernorm_torch, x, w, b, dy)
+    return grads_through(layernorm_torch, (x, w, b), dy)
 
 
 def layernorm_fwd_bwd_compiled(x, w, b, dy):
     """v1: like v0, with the forward compiled: AOTAutograd traces the forward and the backward and Inductor
     writes a kernel (or a few) for each; ``torch.autograd.grad`` runs the compiled backward."""
-    return _grads_through(_layernorm_compiled, x, w, b, dy)
+    return grads_through(_layernorm_compiled, (x, w, b), dy)
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,7 +125,7 @@ def layernorm_liger(x, w, b):
 
 def layernorm_fwd_bwd_liger(x, w, b, dy):
     """v2: Liger-Kernel's autograd function, forward and backward, as ``LigerLayerNorm`` runs it."""
-    return _grads_through(lambda x, w, b: _liger().LigerLayerNormFunction.apply(x, w, b, EPS), x, w, b, dy)
+    return grads_through(lambda x, w, b: _liger().LigerLayerNormFunction.apply(x, w, b, EPS), (x, w, b), dy)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -394,7 +386,7 @@ class LayerNormFunction(torch.autograd.Function):
 def layernorm_fwd_bwd_triton(x, w, b, dy):
     """v3: LayerNormFunction through autograd, like v0: forward (1 launch), backward (2 launches)."""
     check_tensors(("x", "dy"), (x, dy), dtypes=FLOAT_TYPES, device=triton_device())
-    return _grads_through(lambda x, w, b: LayerNormFunction.apply(x, w, b, EPS), x, w, b, dy)
+    return grads_through(lambda x, w, b: LayerNormFunction.apply(x, w, b, EPS), (x, w, b), dy)
 # --8<-- [end:function]
 
 
@@ -487,7 +479,7 @@ TEST_SIZES = [{"m": 1, "n": 1}, {"m": 3, "n": 17}, {"m": 17, "n": 123}, {"m": 33
 TOLERANCES = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 TRITON_SOURCES = (_layernorm_fwd_kernel, _layernorm_fwd, _check_inputs, config_for)
 BWD_SOURCES = (*TRITON_SOURCES, _layernorm_bwd_kernel, _layernorm_dwdb_kernel, _layernorm_bwd, backward_groups,
-               LayerNormFunction.forward, LayerNormFunction.backward, _grads_through)
+               LayerNormFunction.forward, LayerNormFunction.backward, grads_through)
 
 layernorm = register(Op(
     name="layernorm", part=4, chapter="part4/layernorm.md", title="LayerNorm forward",
@@ -513,10 +505,10 @@ layernorm_fwd_bwd = register(Op(
 # v0 runs on the GPU only: PyTorch's CPU backward sums dw and db in fp16/bf16 for those inputs (relative errors
 # of 4e-2 and 2e-1 at 123 rows), while its CUDA backward, the one benchmarked, sums in fp32.
 layernorm_fwd_bwd.add(Impl("v0", layernorm_fwd_bwd_torch, "PyTorch", "F.layer_norm + torch.autograd.grad",
-                           (F.layer_norm, _grads_through), device="cuda"))
+                           (F.layer_norm, grads_through), device="cuda"))
 layernorm_fwd_bwd.add(Impl("v1", layernorm_fwd_bwd_compiled, "Triton", "torch.compile forward and backward",
-                           (layernorm_torch, _grads_through), device="cuda", requires=needs_gpu))
+                           (layernorm_torch, grads_through), device="cuda", requires=needs_gpu))
 layernorm_fwd_bwd.add(Impl("v2", layernorm_fwd_bwd_liger, "Triton", "Liger-Kernel 0.8.5 LigerLayerNormFunction",
-                           (_liger, _grads_through), device="cuda", requires=liger_missing))
+                           (_liger, grads_through), device="cuda", requires=liger_missing))
 layernorm_fwd_bwd.add(Impl("v3", layernorm_fwd_bwd_triton, "Triton",
                            "LayerNormFunction: saved stats, (GROUPS, N) partial dW/dB", BWD_SOURCES, device="any"))

@@ -42,7 +42,8 @@ import triton
 import triton.language as tl
 
 from snippets._checks import check_tensors, triton_device
-from snippets.part4.baselines import compiled, liger_missing, needs_gpu
+from snippets.part4.baselines import compiled, grads_through, liger_missing, needs_gpu
+from snippets.part4 import layernorm
 from snippets.part4.layernorm import Config
 from snippets.part4.layernorm import config_for as layernorm_config_for
 from snippets.registry import Impl, Op, device_generator, register
@@ -89,23 +90,15 @@ def rmsnorm_compiled(x, w):
     return _rmsnorm_compiled(x, w)
 
 
-def _grads_through(forward, x, w, dy):
-    """A training step's two passes through ``forward``: fresh leaves that require gradients (``detach`` makes
-    views, no copies), the forward, then ``torch.autograd.grad`` with ``dy`` as the incoming gradient."""
-    x, w = (t.detach().requires_grad_() for t in (x, w))
-    y = forward(x, w)
-    return torch.autograd.grad(y, (x, w), dy)
-
-
 def rmsnorm_fwd_bwd_torch(x, w, dy):
     """v0: eager autograd through ``F.rms_norm``: its forward (which keeps what its backward needs) and its
     backward kernels, autograd's bookkeeping included, as in a training step."""
-    return _grads_through(rmsnorm_torch, x, w, dy)
+    return grads_through(rmsnorm_torch, (x, w), dy)
 
 
 def rmsnorm_fwd_bwd_compiled(x, w, dy):
     """v1: like v0 with the forward compiled: AOTAutograd traces forward and backward, Inductor writes both."""
-    return _grads_through(_rmsnorm_compiled, x, w, dy)
+    return grads_through(_rmsnorm_compiled, (x, w), dy)
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,7 +126,7 @@ def rmsnorm_fwd_bwd_liger(x, w, dy):
     backward writes dx over dy (the incoming gradient has no other use in a model), so the caller's dy is
     overwritten."""
     fn = _liger().LigerRMSNormFunction
-    return _grads_through(lambda x, w: fn.apply(x, w, EPS, 0.0, LIGER_MODE, True), x, w, dy)
+    return grads_through(lambda x, w: fn.apply(x, w, EPS, 0.0, LIGER_MODE, True), (x, w), dy)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -340,7 +333,7 @@ class RMSNormFunction(torch.autograd.Function):
 def rmsnorm_fwd_bwd_triton(x, w, dy):
     """v3: RMSNormFunction through autograd, like v0: forward (1 launch), backward (2 launches)."""
     check_tensors(("x", "dy"), (x, dy), dtypes=FLOAT_TYPES, device=triton_device())
-    return _grads_through(lambda x, w: RMSNormFunction.apply(x, w, EPS), x, w, dy)
+    return grads_through(lambda x, w: RMSNormFunction.apply(x, w, EPS), (x, w), dy)
 # --8<-- [end:function]
 
 
@@ -377,12 +370,10 @@ def _bytes_fwd_bwd(size, dtype) -> int:
     return (5 * m * n + 3 * n) * dtype.itemsize
 
 
-HEADLINE = {"m": 16384, "n": 4096}  # bf16: 128 MiB of x and as much of y, 5x the H200's L2
-# M * N fixed at 2^26, as for Part 4's LayerNorm: every point moves the same bytes, so the curve shows only what
-# the row length changes (elements a program holds, programs in flight, reduction depth).
-SWEEP = [{"m": 2**26 // n, "n": n} for n in (1024, 2048, 4096, 8192, 16384)]
-TEST_SIZES = [{"m": 1, "n": 1}, {"m": 3, "n": 17}, {"m": 17, "n": 123}, {"m": 33, "n": 1000},
-              {"m": 5, "n": 4097}, {"m": 123, "n": 781}]
+# Part 4's LayerNorm sizes: the headline (bf16: 128 MiB of x and as much of y, 5x the H200's L2), the sweep with
+# M * N fixed at 2^26 (every point moves the same bytes, so the curve shows only what the row length changes)
+# and the odd test shapes.
+HEADLINE, SWEEP, TEST_SIZES = layernorm.HEADLINE, layernorm.SWEEP, layernorm.TEST_SIZES
 # Against a float64 reference with every sum in fp32: outputs rounded once to their type (half an ulp: 2^-11
 # for fp16, 2^-8 relative for bf16) plus a few fp32 ulps from sums over N <= 4097 columns or M <= 123 rows;
 # fp16 allows 4 of its ulps, bf16 2. bf16 runs on the GPU only; the library versions round twice there (x * rstd
@@ -390,7 +381,7 @@ TEST_SIZES = [{"m": 1, "n": 1}, {"m": 3, "n": 17}, {"m": 17, "n": 123}, {"m": 33
 TOLERANCES = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 TRITON_SOURCES = (_rmsnorm_fwd_kernel, _rmsnorm_fwd, _check_inputs, config_for)
 BWD_SOURCES = (*TRITON_SOURCES, _rmsnorm_bwd_kernel, _column_sum_kernel, _rmsnorm_bwd, backward_groups,
-               RMSNormFunction.forward, RMSNormFunction.backward, _grads_through)
+               RMSNormFunction.forward, RMSNormFunction.backward, grads_through)
 
 rmsnorm = register(Op(
     name="rmsnorm", part=5, chapter="part5/norms-activations.md", title="RMSNorm forward",
@@ -414,10 +405,10 @@ rmsnorm_fwd_bwd = register(Op(
     dtypes=FLOAT_TYPES, bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES, tolerances=TOLERANCES,
     measure_memory=True))
 rmsnorm_fwd_bwd.add(Impl("v0", rmsnorm_fwd_bwd_torch, "PyTorch", "F.rms_norm + torch.autograd.grad",
-                         (F.rms_norm, _grads_through), device="cuda"))
+                         (F.rms_norm, grads_through), device="cuda"))
 rmsnorm_fwd_bwd.add(Impl("v1", rmsnorm_fwd_bwd_compiled, "Triton", "torch.compile forward and backward",
-                         (rmsnorm_torch, _grads_through), device="cuda", requires=needs_gpu))
+                         (rmsnorm_torch, grads_through), device="cuda", requires=needs_gpu))
 rmsnorm_fwd_bwd.add(Impl("v2", rmsnorm_fwd_bwd_liger, "Triton", "Liger-Kernel 0.8.5 LigerRMSNormFunction",
-                         (_liger, _grads_through), device="cuda", requires=liger_missing))
+                         (_liger, grads_through), device="cuda", requires=liger_missing))
 rmsnorm_fwd_bwd.add(Impl("v3", rmsnorm_fwd_bwd_triton, "Triton",
                          "RMSNormFunction: saved fp32 rstd, (GROUPS, N) partial dW", BWD_SOURCES, device="any"))

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from snippets._checks import check_tensors, triton_device
-from snippets.part4.baselines import compiled, liger_missing, needs_gpu
+from snippets.part4.baselines import compiled, grads_through, liger_missing, needs_gpu
 from snippets.registry import Impl, Op, device_generator, register
 
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -93,20 +93,14 @@ def swiglu_compiled(a, b):
     return _swiglu_compiled(a, b)
 
 
-def _grads_through(forward, a, b, dc):
-    """A training step's two passes: fresh leaves (views, no copies), the forward, ``torch.autograd.grad``."""
-    a, b = (t.detach().requires_grad_() for t in (a, b))
-    return torch.autograd.grad(forward(a, b), (a, b), dc)
-
-
 def swiglu_fwd_bwd_torch(a, b, dc):
     """v0: eager autograd. The forward keeps a (for silu's backward), silu(a) and b (for the product's)."""
-    return _grads_through(swiglu_torch, a, b, dc)
+    return grads_through(swiglu_torch, (a, b), dc)
 
 
 def swiglu_fwd_bwd_compiled(a, b, dc):
     """v1: like v0 with the forward compiled: AOTAutograd decides what to save and Inductor fuses each pass."""
-    return _grads_through(_swiglu_compiled, a, b, dc)
+    return grads_through(_swiglu_compiled, (a, b), dc)
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,7 +118,7 @@ def swiglu_liger(a, b):
 def swiglu_fwd_bwd_liger(a, b, dc):
     """v2: ``LigerSiLUMulFunction`` as ``LigerSwiGLUMLP`` runs it. Its backward writes da and db over the saved
     a and b (in a model they are activations nobody else reads), so the caller's a and b are overwritten."""
-    return _grads_through(_liger().LigerSiLUMulFunction.apply, a, b, dc)
+    return grads_through(_liger().LigerSiLUMulFunction.apply, (a, b), dc)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -255,7 +249,7 @@ class GLUFunction(torch.autograd.Function):
 def swiglu_fwd_bwd_triton(a, b, dc):
     """v3: GLUFunction (silu) through autograd, like v0: one launch forward, one backward."""
     check_tensors(("a", "dc"), (a, dc), dtypes=FLOAT_TYPES, device=triton_device())
-    return _grads_through(GLUFunction.apply, a, b, dc)
+    return grads_through(GLUFunction.apply, (a, b), dc)
 # --8<-- [end:function]
 
 
@@ -298,7 +292,7 @@ TEST_SIZES = [{"m": 1, "n": 1}, {"m": 3, "n": 17}, {"m": 17, "n": 123}, {"m": 12
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 TRITON_SOURCES = (_gate, _glu_fwd_kernel, _glu_fwd, _check_inputs, _grid)
 BWD_SOURCES = (*TRITON_SOURCES, _glu_bwd_kernel, _glu_bwd, GLUFunction.forward, GLUFunction.backward,
-               _grads_through)
+               grads_through)
 
 swiglu = register(Op(
     name="swiglu", part=5, chapter="part5/norms-activations.md", title="SwiGLU forward",
@@ -321,10 +315,10 @@ swiglu_fwd_bwd = register(Op(
 # v0 on the GPU only: on the CPU, autograd's fp16 backward rounds between its steps more than the fp16
 # tolerance allows; the CUDA path, the one benchmarked, is compared at bf16 there.
 swiglu_fwd_bwd.add(Impl("v0", swiglu_fwd_bwd_torch, "PyTorch", "F.silu(a) * b + torch.autograd.grad",
-                        (F.silu, _grads_through), device="cuda"))
+                        (F.silu, grads_through), device="cuda"))
 swiglu_fwd_bwd.add(Impl("v1", swiglu_fwd_bwd_compiled, "Triton", "torch.compile forward and backward",
-                        (swiglu_torch, _grads_through), device="cuda", requires=needs_gpu))
+                        (swiglu_torch, grads_through), device="cuda", requires=needs_gpu))
 swiglu_fwd_bwd.add(Impl("v2", swiglu_fwd_bwd_liger, "Triton", "Liger-Kernel 0.8.5 LigerSiLUMulFunction",
-                        (_liger, _grads_through), device="cuda", requires=liger_missing))
+                        (_liger, grads_through), device="cuda", requires=liger_missing))
 swiglu_fwd_bwd.add(Impl("v3", swiglu_fwd_bwd_triton, "Triton", "GLUFunction: one kernel writes da and db",
                         BWD_SOURCES, device="any"))
