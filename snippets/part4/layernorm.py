@@ -153,7 +153,7 @@ class Config:
     groups_per_sm: int
 
 
-# Measured on an H200 (Triton 3.6) at 16384 x 4096 bf16: the forward with 1 row and 8 warps a program is ahead
+# Chosen in tuning runs on an H200 (Triton 3.6) at 16384 x 4096 bf16: the forward with 1 row and 8 warps a program is ahead
 # of Liger-Kernel's; the backward with 8 warps and 2 groups per SM beat 1 and 4 groups per SM and 4 or 16 warps.
 # The other rows are not tuned: warps keep 16 to 32 elements per thread (the backward, with five row-long values
 # per thread, gets twice the forward's warps past 4096), and groups_per_sm falls as N grows to keep the

@@ -10,7 +10,7 @@ dimension of a contiguous (M, N) tensor, in fp32 inside the kernel, and returns 
 - v3  Triton, like v2, but persistent: a grid of (SMs x programs per SM) programs, each looping over rows
       with the next row's load issued while the current one is reduced (``tl.range(num_stages=...)``), plus
       an eviction hint on the load. Launch and scheduling cost is paid once per program instead of per row.
-      Measured on an H200 (Triton 3.6), it is a few percent *slower* than v2 at every N it takes: the block
+      In tuning runs on an H200 (Triton 3.6) it was a few percent *slower* than v2 at every N it takes: the block
       scheduler already keeps every SM full of v2's short-lived programs, and the static round-robin of rows
       over programs leaves a tail. Kept as the experiment the chapter discusses; softmax() uses v2.
 - v4  Triton, online (streaming) softmax, for rows that do not fit on chip: one pass over the row in
@@ -131,8 +131,8 @@ def _softmax_row_kernel(x_ptr, y_ptr, n_cols, stride, BLOCK_N: tl.constexpr):
 # The one-pass cut-off of softmax(): v2 gives a warp 1024 columns, i.e. each thread 32 fp32 values of the row
 # (32 of its at most 255 registers, with room for the exponentials). A block has at most 32 warps, so past
 # 32768 columns each thread must hold more, the row spills to local memory, and the online kernel (v4), which
-# holds only a chunk, is as fast. Measured on an H200: v2 stays near the copy rate up to 32768 fp32 columns and
-# drops to v4's rate at 65536 (the sweep in the chapter shows it).
+# holds only a chunk, is as fast. In tuning runs on an H200 (Triton 3.6) v2 stayed near the copy rate up to 32768 fp32 columns and
+# dropped to v4's rate at 65536 (the sweep in the chapter shows it).
 ONE_PASS_MAX_N = 32768
 
 
@@ -323,7 +323,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     Rows of up to ONE_PASS_MAX_N columns take the one-pass kernel (v2): the row stays in registers, 2 element
     transfers per element. Longer rows would need more than 32 registers per thread for the row alone, so they
     take the online kernel (v4) instead: 3 transfers per element, but any length. (The persistent v3 was
-    slower than v2 on the H200 at every N it takes, so it is not used here.)"""
+    slower than v2 in tuning runs on an H200 at every N it takes, so it is not used here.)"""
     _, n = check_rows(x, triton_device())
     return softmax_one_pass(x) if n <= ONE_PASS_MAX_N else softmax_online(x)
 # --8<-- [end:dispatch]

@@ -25,7 +25,7 @@ state; outputs dq, dk, dv):
       no two programs write the same element, so there are no atomics and the result has the same bits on
       every run.
 
-What the backward op times. The issue's anchors are backward-only rates, so each backward version's timed call
+What the backward op times. The goal's anchors are backward-only rates, so each backward version's timed call
 is its backward alone. The forward it needs runs once per input set, on the first call, and what it saves is
 kept in the ``saved`` slot that ``make_inputs`` hands to every version (one slot per version): v0 and v1 keep the
 autograd graph of SDPA's output (``retain_graph=True`` lets the backward run again and again), v2 keeps o and
