@@ -271,25 +271,31 @@ def _layernorm_dwdb_kernel(dw_part_ptr, db_part_ptr, dw_ptr, db_ptr, GROUPS, N,
 
 
 # --8<-- [start:checks]
-def _check_inputs(x, w, b, dtypes, device: str) -> tuple[int, int]:
-    """x (..., N), w and b (N,), one dtype and device, contiguous, 1 <= N <= MAX_N; returns (M, N), with the
-    leading dimensions of x flattened into M rows (M may be 0: an empty batch gives an empty output)."""
-    check_tensors(("x", "w", "b"), (x, w, b), dtypes=dtypes, device=device, same_shape=False)
+def check_rows(x, params: dict[str, torch.Tensor], dtypes, device: str) -> tuple[int, int]:
+    """x (..., N) and per-column parameters of shape (N,) (``{"w": w, "b": b}``), one dtype and device,
+    contiguous, 1 <= N <= MAX_N; returns (M, N), with the leading dimensions of x flattened into M rows (M may be
+    0: an empty batch gives an empty output). Shared with Part 5's RMSNorm."""
+    check_tensors(("x", *params), (x, *params.values()), dtypes=dtypes, device=device, same_shape=False)
     if x.dim() == 0:
         raise ValueError(f"x must have at least one dimension (the normalised one), got shape {tuple(x.shape)}")
     n = x.shape[-1]
-    for name, t in (("w", w), ("b", b)):
+    for name, t in params.items():
         if t.shape != (n,):
             raise ValueError(f"{name} must have shape ({n},), the last dimension of x {tuple(x.shape)}; "
                              f"got {tuple(t.shape)}")
     if n == 0:
-        raise ValueError(f"x has rows of length 0 (shape {tuple(x.shape)}): they have no mean to subtract")
+        raise ValueError(f"x has rows of length 0 (shape {tuple(x.shape)}): there is nothing to normalise")
     if n > MAX_N:
         raise ValueError(f"rows of length {n} do not fit in registers: at most {MAX_N} elements")
     return x.numel() // n, n
 
 
-def _compute_dtype(dtype: torch.dtype):
+def _check_inputs(x, w, b, dtypes, device: str) -> tuple[int, int]:
+    """LayerNorm's inputs: x (..., N), w and b (N,); see check_rows."""
+    return check_rows(x, {"w": w, "b": b}, dtypes, device)
+
+
+def compute_dtype(dtype: torch.dtype):
     """fp32 for every storage type; fp64 stays fp64 (for torch.autograd.gradcheck)."""
     return tl.float64 if dtype == torch.float64 else tl.float32
 # --8<-- [end:checks]
@@ -308,7 +314,7 @@ def _layernorm_fwd(x, w, b, eps: float, stats: bool):
         rows = min(cfg.rows, triton.next_power_of_2(m))  # a 3-row input does not need a 64-row program
         _layernorm_fwd_kernel[(triton.cdiv(m, rows),)](
             x, w, b, y, mean, rstd, m, n, eps, BLOCK_N=block_n, ROWS=rows, STATS=stats,
-            COMPUTE=_compute_dtype(x.dtype), num_warps=cfg.fwd_warps)
+            COMPUTE=compute_dtype(x.dtype), num_warps=cfg.fwd_warps)
     return y, mean, rstd
 
 
@@ -320,18 +326,19 @@ def layernorm_triton(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: flo
 
 
 # --8<-- [start:bwd_host]
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of the GPU (4 under the interpreter, so that tests see several groups)."""
     if device.type != "cuda":
         return 4
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def backward_groups(m: int, n: int, device: torch.device) -> int:
+def backward_groups(m: int, n: int, device: torch.device, configs: dict[int, Config] | None = None) -> int:
     """How many groups of rows the backward splits M rows into: enough programs to keep every SM busy
-    (groups_per_sm of them per SM), never more than there are rows."""
-    _, cfg = config_for(n)
-    return max(1, min(m, _sm_count(device) * cfg.groups_per_sm))
+    (groups_per_sm of them per SM, from ``configs``: this module's CONFIGS by default), never more than there
+    are rows."""
+    _, cfg = config_for(n, configs)
+    return max(1, min(m, sm_count(device) * cfg.groups_per_sm))
 
 
 def _layernorm_bwd(dy, x, w, mean, rstd):
@@ -344,7 +351,7 @@ def _layernorm_bwd(dy, x, w, mean, rstd):
     if m == 0:  # no rows: nothing flows back to x, and dw, db are empty sums
         return dx, dw.zero_(), db.zero_()
     block_n, cfg = config_for(n)
-    compute = _compute_dtype(x.dtype)
+    compute = compute_dtype(x.dtype)
     groups = backward_groups(m, n, x.device)
     rows_per_group = triton.cdiv(m, groups)
     groups = triton.cdiv(m, rows_per_group)  # the last group may be short; none is empty

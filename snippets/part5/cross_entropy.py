@@ -54,6 +54,7 @@ import triton.language as tl
 from snippets._checks import check_int, check_scalar, check_tensors, describe, triton_device
 from snippets.part4.baselines import compiled, liger_missing, needs_gpu
 from snippets.part4.softmax import ONLINE_BLOCK_N, ONLINE_NUM_WARPS
+from snippets.part4.layernorm import compute_dtype
 from snippets.registry import Impl, Op, device_generator, register
 
 IGNORE_INDEX = -100  # PyTorch's default: padding and prompt tokens carry this target and add nothing
@@ -215,11 +216,6 @@ def count_targets(targets: torch.Tensor, v: int, ignore_index: int) -> int:
         raise ValueError(f"targets holds the class index {bad}, outside [0, {v}) for logits of {v} classes "
                          f"(ignore_index={ignore_index} marks rows to skip)")
     return n
-
-
-def _compute_dtype(dtype: torch.dtype):
-    """fp32 for every storage type; fp64 stays fp64 (for torch.autograd.gradcheck)."""
-    return tl.float64 if dtype == torch.float64 else tl.float32
 # --8<-- [end:checks]
 
 
@@ -238,7 +234,7 @@ def _launch(x, dx, targets, row_loss, n_valid: int, ignore_index: int, label_smo
     block = block_v or min(BLOCK_V, triton.next_power_of_2(v))
     _cross_entropy_kernel[(rows,)](
         x, dx, targets, row_loss, x.stride(0), dx.stride(0), v, max(n_valid, 1), label_smoothing,
-        ignore_index, BLOCK_V=block, SMOOTH=label_smoothing > 0, COMPUTE=_compute_dtype(x.dtype),
+        ignore_index, BLOCK_V=block, SMOOTH=label_smoothing > 0, COMPUTE=compute_dtype(x.dtype),
         num_warps=NUM_WARPS)
 
 

@@ -401,11 +401,10 @@ def standardize_torch(x: torch.Tensor) -> torch.Tensor:
 
 # --8<-- [start:two_kernels]
 @triton.jit
-def _row_stats_kernel(x_ptr, mean_ptr, rstd_ptr, N, eps, CHUNK: tl.constexpr):
-    """One program per row: the mean and 1/std of the row, chunk by chunk. Each chunk's mean and sum of
-    squared deviations are exact in the chunk and merged into the running ones (Chan et al., 1979), which
-    avoids the cancellation of sum(x^2) - N mean^2."""
-    row = tl.program_id(0).to(tl.int64)
+def _chunked_mean_m2(x_ptr, row, N, CHUNK: tl.constexpr):
+    """The mean and the sum of squared deviations (M2) of row ``row``, chunk by chunk. Each chunk's mean and M2
+    are exact in the chunk and merged into the running ones (Chan et al., 1979), which avoids the cancellation
+    of sum(x^2) - N mean^2."""
     mean = 0.0
     m2 = 0.0
     count = 0.0
@@ -420,6 +419,14 @@ def _row_stats_kernel(x_ptr, mean_ptr, rstd_ptr, N, eps, CHUNK: tl.constexpr):
         mean += delta * c / total
         m2 += c_m2 + delta * delta * count * c / total
         count = total
+    return mean, m2
+
+
+@triton.jit
+def _row_stats_kernel(x_ptr, mean_ptr, rstd_ptr, N, eps, CHUNK: tl.constexpr):
+    """One program per row: the mean and 1/std of the row, chunk by chunk (_chunked_mean_m2)."""
+    row = tl.program_id(0).to(tl.int64)
+    mean, m2 = _chunked_mean_m2(x_ptr, row, N, CHUNK)
     tl.store(mean_ptr + row, mean)
     tl.store(rstd_ptr + row, 1.0 / tl.sqrt(m2 / N + eps))
 
@@ -487,20 +494,7 @@ def standardize_whole_row(x: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _standardize_looped_kernel(x_ptr, y_ptr, N, eps, CHUNK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    mean = 0.0
-    m2 = 0.0
-    count = 0.0
-    for n0 in range(0, N, CHUNK):                      # loop 1: statistics, as _row_stats_kernel
-        cols = n0 + tl.arange(0, CHUNK)
-        x = tl.load(x_ptr + row * N + cols, mask=cols < N, other=0.0).to(tl.float32)
-        c = tl.minimum(N - n0, CHUNK).to(tl.float32)
-        c_mean = tl.sum(x, axis=0) / c
-        c_m2 = tl.sum(tl.where(cols < N, (x - c_mean) * (x - c_mean), 0.0), axis=0)
-        total = count + c
-        delta = c_mean - mean
-        mean += delta * c / total
-        m2 += c_m2 + delta * delta * count * c / total
-        count = total
+    mean, m2 = _chunked_mean_m2(x_ptr, row, N, CHUNK)   # loop 1: statistics, as _row_stats_kernel
     rstd = 1.0 / tl.sqrt(m2 / N + eps)
     for n0 in range(0, N, CHUNK):                      # loop 2: read the row again (L2 holds it), write y
         cols = n0 + tl.arange(0, CHUNK)
@@ -625,8 +619,8 @@ counter_op = register(Op(
     tolerances={torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}))
 counter_op.add(Impl("v0", standardize_torch, "PyTorch", "F.layer_norm without weights", ROW_SOURCES))
 counter_op.add(Impl("v1", standardize_two_kernels, "Triton", "two kernels: chunked statistics, then apply",
-                    (_row_stats_kernel, _apply_stats_kernel, *ROW_SOURCES), device="any"))
+                    (_chunked_mean_m2, _row_stats_kernel, _apply_stats_kernel, *ROW_SOURCES), device="any"))
 counter_op.add(Impl("v2", standardize_whole_row, "Triton", "fused: whole row in registers, one read",
                     (_standardize_row_kernel, whole_row_warps, *ROW_SOURCES), device="any"))
 counter_op.add(Impl("v3", standardize_two_loops, "Triton", "fused launch: one kernel, two chunked loops",
-                    (_standardize_looped_kernel, *ROW_SOURCES), device="any"))
+                    (_chunked_mean_m2, _standardize_looped_kernel, *ROW_SOURCES), device="any"))

@@ -44,14 +44,15 @@ import triton.language as tl
 from snippets._checks import check_tensors, triton_device
 from snippets.part4.baselines import compiled, grads_through, liger_missing, needs_gpu
 from snippets.part4 import layernorm
-from snippets.part4.layernorm import Config
+from snippets.part4.layernorm import Config, compute_dtype
 from snippets.part4.layernorm import config_for as layernorm_config_for
 from snippets.registry import Impl, Op, device_generator, register
 
 EPS = 1e-6
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
-# The whole row lives in registers: 65536 fp32 over 16 warps is 128 registers a thread (as in Part 4's LayerNorm).
-MAX_N = 65536
+# The whole row lives in registers: 65536 fp32 over 16 warps is 128 registers a thread (Part 4's LayerNorm limit,
+# which check_rows enforces).
+MAX_N = layernorm.MAX_N
 
 
 # --8<-- [start:reference]
@@ -228,25 +229,8 @@ def _column_sum_kernel(part_ptr, out_ptr, GROUPS, N,
 
 # --8<-- [start:checks]
 def _check_inputs(x, w, dtypes, device: str) -> tuple[int, int]:
-    """x (..., N) and w (N,), one dtype and device, contiguous, 1 <= N <= MAX_N; returns (M, N), with the
-    leading dimensions of x flattened into M rows (M may be 0: an empty batch gives an empty output)."""
-    check_tensors(("x", "w"), (x, w), dtypes=dtypes, device=device, same_shape=False)
-    if x.dim() == 0:
-        raise ValueError(f"x must have at least one dimension (the normalised one), got shape {tuple(x.shape)}")
-    n = x.shape[-1]
-    if w.shape != (n,):
-        raise ValueError(f"w must have shape ({n},), the last dimension of x {tuple(x.shape)}; "
-                         f"got {tuple(w.shape)}")
-    if n == 0:
-        raise ValueError(f"x has rows of length 0 (shape {tuple(x.shape)}): there is nothing to normalise")
-    if n > MAX_N:
-        raise ValueError(f"rows of length {n} do not fit in registers: at most {MAX_N} elements")
-    return x.numel() // n, n
-
-
-def _compute_dtype(dtype: torch.dtype):
-    """fp32 for every storage type; fp64 stays fp64 (for torch.autograd.gradcheck)."""
-    return tl.float64 if dtype == torch.float64 else tl.float32
+    """RMSNorm's inputs: x (..., N) and w (N,), with Part 4 LayerNorm's rules (layernorm.check_rows)."""
+    return layernorm.check_rows(x, {"w": w}, dtypes, device)
 # --8<-- [end:checks]
 
 
@@ -262,7 +246,7 @@ def _rmsnorm_fwd(x, w, eps: float, stats: bool):
         rows = min(cfg.rows, triton.next_power_of_2(m))  # a 3-row input does not need a 64-row program
         _rmsnorm_fwd_kernel[(triton.cdiv(m, rows),)](
             x, w, y, rstd, m, n, eps, BLOCK_N=block_n, ROWS=rows, STATS=stats,
-            COMPUTE=_compute_dtype(x.dtype), num_warps=cfg.fwd_warps)
+            COMPUTE=compute_dtype(x.dtype), num_warps=cfg.fwd_warps)
     return y, rstd
 
 
@@ -274,16 +258,10 @@ def rmsnorm_triton(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.
 
 
 # --8<-- [start:bwd_host]
-def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of the GPU (4 under the interpreter, so that tests see several groups)."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def backward_groups(m: int, n: int, device: torch.device) -> int:
-    """How many groups of rows the backward splits M rows into: groups_per_sm programs per SM, at most M."""
-    return max(1, min(m, _sm_count(device) * config_for(n)[1].groups_per_sm))
+    """How many groups of rows the backward splits M rows into: groups_per_sm programs per SM (from this
+    module's table), at most M."""
+    return layernorm.backward_groups(m, n, device, CONFIGS)
 
 
 def _rmsnorm_bwd(dy, x, w, rstd):
@@ -295,7 +273,7 @@ def _rmsnorm_bwd(dy, x, w, rstd):
     if m == 0:  # no rows: nothing flows back to x, and dw is an empty sum
         return dx, dw.zero_()
     block_n, cfg = config_for(n)
-    compute = _compute_dtype(x.dtype)
+    compute = compute_dtype(x.dtype)
     groups = backward_groups(m, n, x.device)
     rows_per_group = triton.cdiv(m, groups)
     groups = triton.cdiv(m, rows_per_group)  # the last group may be short; none is empty

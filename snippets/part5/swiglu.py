@@ -42,6 +42,7 @@ import triton.language as tl
 
 from snippets._checks import check_tensors, triton_device
 from snippets.part4.baselines import compiled, grads_through, liger_missing, needs_gpu
+from snippets.part4.layernorm import compute_dtype
 from snippets.registry import Impl, Op, device_generator, register
 
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -186,10 +187,6 @@ def _check_inputs(a, b, dtypes, act: str) -> None:
         raise ValueError(f"act must be one of {sorted(ACTS)}, got {act!r}")
 
 
-def _compute_dtype(dtype: torch.dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
-
-
 def _grid(n: int):
     return (triton.cdiv(n, CONFIG["BLOCK"]),)
 
@@ -198,7 +195,7 @@ def _glu_fwd(a, b, act: str):
     c = torch.empty_like(a)
     if a.numel():
         _glu_fwd_kernel[_grid(a.numel())](a, b, c, a.numel(), BLOCK=CONFIG["BLOCK"], ACT=ACTS[act],
-                                          COMPUTE=_compute_dtype(a.dtype), num_warps=CONFIG["num_warps"])
+                                          COMPUTE=compute_dtype(a.dtype), num_warps=CONFIG["num_warps"])
     return c
 
 
@@ -206,7 +203,7 @@ def _glu_bwd(a, b, dc, act: str):
     da, db = torch.empty_like(a), torch.empty_like(b)
     if a.numel():
         _glu_bwd_kernel[_grid(a.numel())](a, b, dc, da, db, a.numel(), BLOCK=CONFIG["BLOCK"], ACT=ACTS[act],
-                                          COMPUTE=_compute_dtype(a.dtype), num_warps=CONFIG["num_warps"])
+                                          COMPUTE=compute_dtype(a.dtype), num_warps=CONFIG["num_warps"])
     return da, db
 
 
