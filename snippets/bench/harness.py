@@ -273,27 +273,39 @@ def run(op_names: list[str], quick: bool = False, out: Path | None = None, conso
         for impl in op.impls.values():
             if impl.unavailable():
                 console.print(f"  [yellow]left out[/] {op.name} {impl.name}: {impl.unavailable()}")
+    path = out or RESULTS_DIR / f"{slug(prov['gpu'])}.json"
     records: dict[str, list[dict]] = {op.name: [] for op in ops}
+    entries: dict[str, dict] = {}
+    failures: list[str] = []
+    remaining = {op.name: sum(1 for j in jobs if j[0] is op) for op in ops}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("benchmarking", total=len(jobs))
         for op, dtype, size, impl in jobs:
             progress.update(task, description=f"{op.name} {impl.name} {size_key(size)}")
-            records[op.name].append(run_job(op, dtype, size, impl, l2))
+            try:
+                records[op.name].append(run_job(op, dtype, size, impl, l2))
+            except Exception as e:  # one failing version must not lose the rest of the run
+                msg = f"{op.name} {impl.name} {dtype_name(dtype)} {size_key(size)}: {type(e).__name__}: {e}"
+                failures.append(msg)
+                console.print(f"  [red]failed[/] {msg}")
             torch.cuda.empty_cache()
             progress.advance(task)
-
-    entries = {}
-    for op in ops:
-        ceiling = ceilings[op.ceiling] if op.ceiling else None
-        derive(op, records[op.name], ceiling["value"] if ceiling else None)
-        entries[op.name] = {"part": op.part, "title": op.title, "metric": op.metric,
-                            "ceiling": {"name": op.ceiling, **ceiling} if ceiling else None,
-                            "provenance": prov, "records": records[op.name]}
-    path = out or RESULTS_DIR / f"{slug(prov['gpu'])}.json"
-    merge(path, prov["gpu"], entries, ceilings)
+            remaining[op.name] -= 1
+            if remaining[op.name] == 0:
+                # An op is written as soon as its jobs are done, so a run cut short keeps what it finished.
+                ceiling = ceilings[op.ceiling] if op.ceiling else None
+                derive(op, records[op.name], ceiling["value"] if ceiling else None)
+                entries[op.name] = {"part": op.part, "title": op.title, "metric": op.metric,
+                                    "ceiling": {"name": op.ceiling, **ceiling} if ceiling else None,
+                                    "provenance": prov, "records": records[op.name]}
+                merge(path, prov["gpu"], {op.name: entries[op.name]}, ceilings)
+    ops = [op for op in ops if op.name in entries]
     _print_table(console, ops, entries)
     console.print(f"wrote {path}")
+    if failures:
+        raise SystemExit("bench: %d job(s) failed (the rest were written):\n  " % len(failures)
+                         + "\n  ".join(failures))
     return path
 
 
