@@ -146,7 +146,11 @@ def test_triton_forward_eps_and_constant_rows(device):
     """A constant row has variance 0: y = b, and rstd = 1/sqrt(eps) must not be inf or NaN."""
     x = torch.full((3, 40), 2.5, device=device)
     w, b = torch.full((40,), 3.0, device=device), torch.linspace(-1, 1, 40, device=device)
-    torch.testing.assert_close(ln.layernorm_triton(x, w, b), b.expand(3, 40))
+    # On a GPU the row sum's division rounds the mean by up to an ulp of 2.5 (2.4e-7); 1/sqrt(eps) = 316 and
+    # w = 3 magnify that to ~2e-4 at most. What must not happen is inf or NaN.
+    y = ln.layernorm_triton(x, w, b)
+    assert y.isfinite().all()
+    torch.testing.assert_close(y, b.expand(3, 40), rtol=0, atol=3e-4)
     y = ln.layernorm_triton(x + torch.arange(40.0, device=device), w, b, eps=1e3)
     ref = ln.layernorm_ref((x + torch.arange(40.0, device=device)).double(), w.double(), b.double(), eps=1e3)
     torch.testing.assert_close(y.double().cpu(), ref.cpu(), rtol=1e-5, atol=1e-5)

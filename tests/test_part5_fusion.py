@@ -82,8 +82,8 @@ def test_torch_eager_passes_the_check(dtype):
     f.check_bias_gelu_dropout_residual(f.bias_gelu_dropout_residual_torch(*args), args, dtype)
 
 
-def test_check_refuses_a_wrong_keep_rate():
-    args = _inputs(20, 500, torch.float32, "cpu")
+def test_check_refuses_a_wrong_keep_rate(device):
+    args = _inputs(20, 500, torch.float32, device)
     everything_kept = f.bias_gelu_dropout_residual(*args[:3], 0.0, args[4])  # valid values, p = 0 instead of 0.1
     with pytest.raises(AssertionError, match="neither"):  # kept values are not scaled by 1/(1 - 0.1)
         f.check_bias_gelu_dropout_residual(everything_kept, args, torch.float32)
@@ -92,8 +92,8 @@ def test_check_refuses_a_wrong_keep_rate():
         f.check_bias_gelu_dropout_residual(nothing_kept, args, torch.float32)
 
 
-def test_check_refuses_a_wrong_value_and_nan():
-    args = _inputs(20, 500, torch.float32, "cpu")
+def test_check_refuses_a_wrong_value_and_nan(device):
+    args = _inputs(20, 500, torch.float32, device)
     y = f.bias_gelu_dropout_residual(*args)
     bad = y.clone()
     bad[3, 7] += 0.25
@@ -129,10 +129,10 @@ def _ok(device="cpu"):
     (lambda a: (*a[:4], 2**63), ValueError, "below 2\\*\\*63"),
     (lambda a: (*a[:4], 1.0), TypeError, "seed must be a Python int"),
 ])
-def test_bad_input_is_refused(version, change, exc, match):
+def test_bad_input_is_refused(version, change, exc, match, device):
     fn = {"v0": f.bias_gelu_dropout_residual_torch, **TRITON}[version]
     with pytest.raises(exc, match=match):
-        fn(*change(_ok()))
+        fn(*change(_ok(device)))
 
 
 @pytest.mark.skipif(HAS_GPU, reason="the interpreter's device (cpu) is the one tested here")
@@ -217,15 +217,15 @@ def test_counterexample_statistics_survive_a_large_mean(device):
 
 
 @pytest.mark.parametrize("fn", list(COUNTER.values()), ids=list(COUNTER))
-def test_counterexample_refuses_bad_input(fn):
+def test_counterexample_refuses_bad_input(fn, device):
     with pytest.raises(ValueError, match="2-D"):
-        fn(torch.randn(8))
+        fn(torch.randn(8, device=device))
     with pytest.raises(TypeError, match="dtype torch.int32"):
-        fn(torch.ones(2, 8, dtype=torch.int32))
+        fn(torch.ones(2, 8, dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match="empty"):
-        fn(torch.empty(0, 8))
+        fn(torch.empty(0, 8, device=device))
     with pytest.raises(ValueError, match="contiguous"):
-        fn(torch.randn(8, 4).t())
+        fn(torch.randn(8, 4, device=device).t())
 
 
 @pytest.mark.op("fusion_counterexample")

@@ -125,7 +125,7 @@ def _row_offset(row, stride):
     return row.to(tl.int64) * stride
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_valid"])
 def _cross_entropy_kernel(x_ptr, dx_ptr, t_ptr, loss_ptr, stride_x, stride_dx, n_cols, n_valid, smoothing,
                           ignore_index, BLOCK_V: tl.constexpr, SMOOTH: tl.constexpr, COMPUTE: tl.constexpr):
     row = tl.program_id(0)
