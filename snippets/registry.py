@@ -112,10 +112,17 @@ def _source_text(obj: Any) -> str:
         return (REPO_ROOT / obj).read_text()
     # A Triton kernel is a JITFunction, or an InterpretedFunction under TRITON_INTERPRET=1; both wrap the Python
     # function in .fn, whose source is the same in either mode (so is the hash).
+    target = getattr(obj, "fn", obj)
+    name = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', repr(target))}"
     try:
-        return inspect.getsource(getattr(obj, "fn", obj))
+        path = Path(inspect.getsourcefile(target) or "").resolve()
     except TypeError:  # a builtin such as torch.add: its name stands for it (library versions are provenance)
-        return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', repr(obj))}"
+        return name
+    if REPO_ROOT not in path.parents or "site-packages" in path.parts:
+        # A library's Python function (torch.nn.functional.layer_norm): its text changes with the library's
+        # version, which the provenance records already; the name keeps the hash the same on every machine.
+        return name
+    return inspect.getsource(target)
 
 
 @dataclass

@@ -124,6 +124,21 @@ def test_source_hash_same_with_and_without_interpreter():
     assert len(hashes) == 1, hashes
 
 
+def test_library_functions_hash_by_name_and_the_book_by_text():
+    """A library's Python function (its text changes with the library's version, which provenance records)
+    counts by name; the book's own functions by their source, so an edit marks a result stale."""
+    import torch.nn.functional as F
+
+    from snippets.registry import Impl, _source_text
+
+    assert _source_text(F.layer_norm) == "torch.nn.functional.layer_norm"
+    assert _source_text(torch.add) == "torch.add" or "add" in _source_text(torch.add)
+    assert "def size_key" in _source_text(size_key)
+    a = Impl("v0", F.layer_norm, "PyTorch", "", ())
+    b = Impl("v0", F.layer_norm, "PyTorch", "", (size_key,))
+    assert a.source_hash() != b.source_hash()
+
+
 def test_slug():
     assert harness.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 

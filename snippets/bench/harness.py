@@ -82,10 +82,11 @@ def provenance() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu": _cpu_model(),  # the host side of CPU-vs-GPU comparisons
         "cpu_threads": torch.get_num_threads(),
-        # A copy of the tree without .git (a GPU runner) passes the commit in KM_COMMIT instead.
-        "commit": _git("rev-parse", "HEAD") or os.environ.get("KM_COMMIT"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no"))
-        if _git("rev-parse", "HEAD") else os.environ.get("KM_DIRTY") == "1",
+        # A copy of the tree on a GPU runner passes the commit in KM_COMMIT (and KM_DIRTY=0|1); it wins over
+        # git, because such a copy may carry a .git that is not the tree's own.
+        "commit": os.environ.get("KM_COMMIT") or _git("rev-parse", "HEAD"),
+        "dirty": os.environ.get("KM_DIRTY") == "1" if os.environ.get("KM_COMMIT")
+        else bool(_git("status", "--porcelain", "--untracked-files=no")),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
