@@ -312,7 +312,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, offs_m, offs_n, offs_d, lo, hi,
         else:
             v = tl.load(v_base + kv_offs).to(DOT)
         # P is rounded to the input type for the tensor cores; the sum stays in the fp32 accumulator.
-        acc = tl.dot(p.to(DOT), v, acc * alpha[:, None], input_precision=PRECISION)
+        acc = tl.dot(p.to(DOT), v, acc * alpha[:, None], input_precision=PRECISION, out_dtype=acc.dtype)
         m_i = m_new
     return acc, l_i, m_i
 # --8<-- [end:fwd_inner]
@@ -407,10 +407,10 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, offs_n,
             if CAUSAL:
                 keep = keep & (offs_n[:, None] <= rows[None, :])
             p_t = tl.where(keep, p_t, 0.0)
-        dv = tl.dot(p_t.to(DOT), do, dv, input_precision=PRECISION)                  # dV += P^T dO
+        dv = tl.dot(p_t.to(DOT), do, dv, input_precision=PRECISION, out_dtype=dv.dtype)  # dV += P^T dO
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)                    # dP^T = V dO^T
         ds_t = p_t * (dp_t - delta[None, :])                                         # dS = P * (dP - delta)
-        dk = tl.dot(ds_t.to(DOT), q, dk, input_precision=PRECISION)                  # dK += dS^T Q
+        dk = tl.dot(ds_t.to(DOT), q, dk, input_precision=PRECISION, out_dtype=dk.dtype)  # dK += dS^T Q
     return dk, dv
 
 
@@ -475,7 +475,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, offs_m, offs_n, offs_d,
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)                      # dP = dO V^T
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(DOT), k, dq, input_precision=PRECISION)                    # dQ += dS K
+        dq = tl.dot(ds.to(DOT), k, dq, input_precision=PRECISION, out_dtype=dq.dtype)    # dQ += dS K
     return dq
 
 

@@ -376,7 +376,10 @@ def lora_linear_fused(x, w, a, b, scale):
 def _backward(dy2, x2, w, a, b, u, scale, in_loop: bool):
     """dx = dy W + V A, dA = V^T x, dB = dy^T U with V = scale dy B, for 2-D checked tensors."""
     if in_loop:  # V in the K loop of dy W (over D_out), stored by the first column of programs
-        dx, v = _lora_matmul(dy2, w, a, p=b, scale=scale, store_u=True)
+        # P = B with D_out (the K of this product) contiguous, as the forward's P = A^T has D_in contiguous:
+        # with B row-major (r contiguous) as P, Triton 3.6's sm_90 build of the kernel read outside its shared
+        # memory (compute-sanitizer: out-of-range shared address in the K loop). The copy is D_out x r.
+        dx, v = _lora_matmul(dy2, w, a, p=b.t().contiguous().t(), scale=scale, store_u=True)
     else:
         v = _project(dy2, b, scale)
         dx, _ = _lora_matmul(dy2, w, a, u=v)
