@@ -251,6 +251,26 @@ def test_plot_draws_one_line_per_series_of_the_sweep(tmp_path):
 
 
 @pytest.mark.gpu
+def test_time_device_hides_host_gaps_inside_a_call():
+    """A call of two launches with 2 ms of host work between them: the GPU does microseconds of work, and the
+    device timer must report that, not the host's gap (the host queues calls ahead of the GPU)."""
+    import time
+
+    from snippets.bench.timing import time_device
+
+    x = torch.zeros(1024, device="cuda")
+
+    def two_launches_and_host_work(x):
+        x.add_(1)
+        time.sleep(0.002)
+        x.add_(1)
+
+    t = time_device(two_launches_and_host_work, [(x,)], budget_ms=50)
+    assert t.median < 0.5, t  # the gap is 2 ms; two tiny kernels take a few microseconds
+    assert x[0].item() == 2 * (t.reps + 4)  # every call ran (3 warm-up calls and the probe, then the timed ones)
+
+
+@pytest.mark.gpu
 def test_peak_extra_bytes_counts_temporaries():
     x = torch.randn(2**20, device="cuda")  # 4 MiB input
     assert harness.peak_extra_bytes(lambda t: t * 2, (x,)) >= x.nbytes  # the output

@@ -8,6 +8,7 @@ replaced whole, so every number of one op comes from one run, next to the ceilin
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import platform
@@ -88,6 +89,8 @@ def provenance() -> dict[str, Any]:
         "dirty": os.environ.get("KM_DIRTY") == "1" if os.environ.get("KM_COMMIT")
         else bool(_git("status", "--porcelain", "--untracked-files=no")),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        # The timers' own source: a change of method (not of any kernel) shows up here.
+        "timing_source": hashlib.sha256((REPO_ROOT / "snippets/bench/timing.py").read_bytes()).hexdigest()[:16],
     }
 
 

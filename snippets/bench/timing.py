@@ -42,6 +42,24 @@ def reps_for(estimate_ms: float, budget_ms: float, lo: int = 10, hi: int = 500) 
 
 # About 50 us at Hopper's ~2 GHz: longer than a Python-side kernel launch (Triton, CuPy or torch).
 SPIN_CYCLES = 100_000
+# Calls queued ahead of the GPU at a time, and the longest wait the GPU is given while the host queues them.
+RUN_AHEAD = 50
+MAX_AHEAD_MS = 50.0
+_cycles_per_ms: float | None = None
+
+
+def sleep_cycles_per_ms() -> float:
+    """Clock cycles of ``torch.cuda._sleep`` per millisecond on this GPU, measured once per process."""
+    global _cycles_per_ms
+    if _cycles_per_ms is None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(SPIN_CYCLES)
+        start.record()
+        torch.cuda._sleep(20 * SPIN_CYCLES)
+        end.record()
+        torch.cuda.synchronize()
+        _cycles_per_ms = 20 * SPIN_CYCLES / max(start.elapsed_time(end), 1e-3)
+    return _cycles_per_ms
 
 
 # --8<-- [start:device_timer]
@@ -56,21 +74,30 @@ def time_device(fn: Callable[..., Any], arg_sets: Sequence[tuple], *, budget_ms:
 
     Before each call the GPU is kept busy (the flush, or a short spin) while the host enqueues the start event
     and the launch: otherwise an idle GPU records the start event at once and the interval would include the
-    host's launch overhead, not just the kernel.
+    host's launch overhead, not just the kernel. A call of several launches with host work between them (an
+    autograd backward, a torch.compile'd graph) needs more: before each batch of calls the GPU waits while the
+    host queues the whole batch, so it never runs dry in the middle of a call and waits for the host there.
     """
     for i in range(max(warmup, len(arg_sets))):  # every input set once: a first call may do one-off work
         fn(*arg_sets[i % len(arg_sets)])
     torch.cuda.synchronize()
     probe_start, probe_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     probe_start.record()
+    t0 = time.perf_counter()
     fn(*arg_sets[0])
+    host_ms = (time.perf_counter() - t0) * 1e3  # the host's time to queue one call (all of it, if fn syncs)
     probe_end.record()
     torch.cuda.synchronize()
     reps = reps_for(probe_start.elapsed_time(probe_end), budget_ms)
+    # Calls per batch: at most RUN_AHEAD, fewer when queueing them would take the host over MAX_AHEAD_MS.
+    per_call_ms = 1.5 * (host_ms + 0.05)
+    batch = max(1, min(RUN_AHEAD, int(MAX_AHEAD_MS / per_call_ms)))
 
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
+        if i % batch == 0:  # the GPU waits while the host queues the next batch of calls
+            torch.cuda._sleep(int(batch * per_call_ms * sleep_cycles_per_ms()))
         if flush is not None:
             flush.zero_()  # a write of 2x L2: whatever fn touched last is gone
         torch.cuda._sleep(SPIN_CYCLES)  # GPU busy while the host enqueues the next two commands
