@@ -445,3 +445,19 @@ def test_gpu_backward_versions_time_only_the_backward(version):
     names = [e.key.lower() for e in prof.key_averages()]
     assert names, "no kernels recorded"
     assert not [n for n in names if "fwd" in n or "fprop" in n], names
+
+
+def test_launch_policy_tunes_only_long_16_bit_sequences(monkeypatch):
+    """On a GPU: bf16/fp16 at S >= TUNE_MIN_S are autotuned; short sequences and fp32 take one fixed launch
+    (tuning them costs more than it saves), fp64 (the gradient check) the small blocks; whole blocks in each
+    fixed launch nest as the kernels require (causal diagonal: BLOCK_M a multiple of BLOCK_N in fwd and dq,
+    BLOCK_N a multiple of BLOCK_M in dkdv)."""
+    monkeypatch.setattr(fa, "triton_interpreting", lambda: False)
+    for dtype in (torch.bfloat16, torch.float16):
+        assert fa._fixed_launch("fwd", dtype, fa.TUNE_MIN_S) is None
+        assert fa._fixed_launch("fwd", dtype, fa.TUNE_MIN_S - 1) == fa.FIXED_LAUNCH["fwd"]
+    assert fa._fixed_launch("dq", torch.float32, 4096) == fa.FIXED_LAUNCH["dq"]
+    assert fa._fixed_launch("dkdv", torch.float64, 4096)[:2] == fa.INTERPRETER_BLOCKS["dkdv"]
+    for table in (fa.FIXED_LAUNCH, {k: (*v, 4, 2) for k, v in fa.INTERPRETER_BLOCKS.items()}):
+        assert table["fwd"][0] % table["fwd"][1] == 0 and table["dq"][0] % table["dq"][1] == 0
+        assert table["dkdv"][1] % table["dkdv"][0] == 0

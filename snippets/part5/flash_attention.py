@@ -552,7 +552,21 @@ _attn_bwd_dq_tuned = triton.autotune(DQ_CONFIGS, key=AUTOTUNE_KEY)(_attn_bwd_dq_
 # ragged tails and diagonal blocks made of several inner steps. (BLOCK_M, BLOCK_N) of each kernel.
 INTERPRETER_BLOCKS = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}
 DELTA_BLOCK_M = 64  # the delta kernel reads two (64, D) tiles per program: a streaming reduction
+# Fixed launches on the GPU where tuning does not pay: S < TUNE_MIN_S (a few blocks per head: launch-bound, and
+# every new S would be tuned again) and fp32 inputs (IEEE products on the FMA units, never the fast path).
+# fp64, which only the gradient check uses, takes the interpreter's small blocks. (BLOCK_M, BLOCK_N, warps, stages).
+TUNE_MIN_S = 512
+FIXED_LAUNCH = {"fwd": (64, 32, 4, 2), "dkdv": (32, 64, 4, 2), "dq": (64, 32, 4, 2)}
 # --8<-- [end:configs]
+
+
+def _fixed_launch(kernel: str, dtype: torch.dtype, s: int) -> tuple[int, int, int, int] | None:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a launch that is not tuned, or None to autotune."""
+    if triton_interpreting() or dtype == torch.float64:
+        return (*INTERPRETER_BLOCKS[kernel], 4, 2)
+    if dtype == torch.float32 or s < TUNE_MIN_S:
+        return FIXED_LAUNCH[kernel]
+    return None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -608,9 +622,11 @@ def _forward(q, k, v, causal: bool, sm_scale: float):
     lse2 = torch.empty((b, h, s), device=q.device, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
     args = (q, k, v, o, lse2, s, sm_scale * LOG2E)
     consts = dict(HEAD_DIM=d, CAUSAL=causal, DOT=dot, COMPUTE=compute, PRECISION=precision)
-    if triton_interpreting():
-        bm, bn = INTERPRETER_BLOCKS["fwd"]
-        _attn_fwd_kernel[(triton.cdiv(s, bm), b * h)](*args, BLOCK_M=bm, BLOCK_N=bn, **consts)
+    fixed = _fixed_launch("fwd", q.dtype, s)
+    if fixed:
+        bm, bn, warps, stages = fixed
+        _attn_fwd_kernel[(triton.cdiv(s, bm), b * h)](*args, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                                                      num_stages=stages, **consts)
     else:
         _attn_fwd_tuned[lambda meta: (triton.cdiv(s, meta["BLOCK_M"]), b * h)](*args, **consts)
     return o, lse2
@@ -643,11 +659,14 @@ def _backward(q, k, v, o, lse2, do, causal: bool, sm_scale: float):
     consts = dict(HEAD_DIM=d, CAUSAL=causal, DOT=dot, COMPUTE=compute, PRECISION=precision)
     dkdv_args = (q, k, v, do, lse2, delta, dk, dv, s, sm_scale * LOG2E, sm_scale)
     dq_args = (q, k, v, do, lse2, delta, dq, s, sm_scale * LOG2E, sm_scale)
-    if triton_interpreting():
-        bm, bn = INTERPRETER_BLOCKS["dkdv"]
-        _attn_bwd_dkdv_kernel[(triton.cdiv(s, bn), b * h)](*dkdv_args, BLOCK_M=bm, BLOCK_N=bn, **consts)
-        bm, bn = INTERPRETER_BLOCKS["dq"]
-        _attn_bwd_dq_kernel[(triton.cdiv(s, bm), b * h)](*dq_args, BLOCK_M=bm, BLOCK_N=bn, **consts)
+    fixed_dkdv, fixed_dq = _fixed_launch("dkdv", q.dtype, s), _fixed_launch("dq", q.dtype, s)
+    if fixed_dkdv and fixed_dq:
+        bm, bn, warps, stages = fixed_dkdv
+        _attn_bwd_dkdv_kernel[(triton.cdiv(s, bn), b * h)](*dkdv_args, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                                                           num_stages=stages, **consts)
+        bm, bn, warps, stages = fixed_dq
+        _attn_bwd_dq_kernel[(triton.cdiv(s, bm), b * h)](*dq_args, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                                                         num_stages=stages, **consts)
     else:
         _attn_bwd_dkdv_tuned[lambda meta: (triton.cdiv(s, meta["BLOCK_N"]), b * h)](*dkdv_args, **consts)
         _attn_bwd_dq_tuned[lambda meta: (triton.cdiv(s, meta["BLOCK_M"]), b * h)](*dq_args, **consts)
