@@ -7,7 +7,8 @@
 # To measure one part only (the whole run takes longer than one device call allows):
 #   KM_CAPTURES="part4" KM_TESTS="tests/test_part4_*.py" bash scripts/gpu_run.sh out softmax matmul ...
 # KM_CAPTURES: which capture scripts run (outputs profiles streams part4; default all, "none" for none);
-# KM_TESTS: the pytest arguments (default: the whole suite; "none" skips the tests); KM_SANITIZE=0 skips the compute-sanitizer pass.
+# KM_TESTS: the test files (default: all; "none" skips the tests), run by scripts/gpu_tests.sh one pytest per
+# file in parallel (logs in OUTDIR/tests/); KM_SANITIZE=0 skips the compute-sanitizer pass.
 #
 # Logs and results land in OUTDIR (default ./gpu-out); copy OUTDIR/results.json over
 # benchmarks/results/<gpu>.json (or run with --out) and commit it.
@@ -43,7 +44,7 @@ echo "== GPU test suite"
 if [ "${KM_TESTS:-}" = none ]; then
   echo "skipped (KM_TESTS=none)" | tee "$OUTDIR/pytest.log"
 else
-  $PY -m pytest ${KM_TESTS:-tests} -q -p no:cacheprovider 2>&1 | tee "$OUTDIR/pytest.log" || status=1
+  bash scripts/gpu_tests.sh "$OUTDIR" ${KM_TESTS:-} 2>&1 | tee "$OUTDIR/pytest.log" || status=1
 fi
 
 echo "== compute-sanitizer"
