@@ -33,3 +33,37 @@ def assert_matches_reference(op: Op, impl: Impl, args: tuple, dtype: torch.dtype
         torch.testing.assert_close(o.double().cpu(), ref.cpu(), rtol=rtol, atol=atol,
                                    msg=lambda m: f"{op.name} {impl.name} {dtype}{part}: {m}")
     return out
+
+
+def assert_close_within(out: torch.Tensor, ref: torch.Tensor, tolerances: dict, dtype: torch.dtype, what: str,
+                        same_dtype: bool = True) -> None:
+    """``out`` against a (float64) reference within ``tolerances[dtype]`` (an op's (rtol, atol) table): its
+    dtype (unless ``same_dtype`` is False) and shape first, then no NaN (outputs are poisoned with NaN, so a
+    NaN is an element never written), then the values. ``what`` names the case in every message."""
+    rtol, atol = tolerances[dtype]
+    if same_dtype:
+        assert out.dtype == dtype and out.shape == ref.shape, f"{what}: {out.dtype} {tuple(out.shape)}"
+    else:
+        assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+    assert not out.isnan().any(), f"{what}: NaN (an unwritten element)"
+    torch.testing.assert_close(out.double().cpu(), ref.double().cpu(), rtol=rtol, atol=atol,
+                               msg=lambda m: f"{what}: {m}")
+
+
+def compile_script_results(script: str) -> list:
+    """Run ``script`` (Python that compiles kernels for sm_90 and prints a JSON list as its last line) in a
+    process without TRITON_INTERPRET, where kernels are compilable objects, and return that list. A failure of
+    the script fails the test with the end of its stderr."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from snippets.registry import REPO_ROOT
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -5,10 +5,6 @@ TMA alignment), and the Hopper kernels compiled for sm_90 on any machine."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,9 +12,10 @@ import triton
 import triton.language as tl
 
 from conftest import DEVICE, HAS_GPU, poison_allocator
+from helpers import compile_script_results
 from snippets._checks import triton_interpreting
 from snippets.part4 import matmul as mm
-from snippets.registry import CEILINGS, CEILING_MEASURES, REPO_ROOT
+from snippets.registry import CEILINGS, CEILING_MEASURES
 
 HALF = torch.float16 if not HAS_GPU else torch.bfloat16  # the interpreter has no bf16 arithmetic
 TILED = {"v1": mm.matmul_rowmajor, "v2": mm.matmul_grouped, "v3": mm.matmul_autotuned}
@@ -306,12 +303,7 @@ def test_hopper_kernels_compile_for_sm90():
     """Triton compiles for sm_90 on the host: v3's and v4's kernels, in each input dtype, must reach wgmma
     (and TMA copies for v4), with the shared memory the pruning function predicts. A separate process,
     because under the interpreter the kernels are not compiled objects."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = compile_script_results(COMPILE_SCRIPT)
     assert len(results) == 8
     for r in results:
         assert r["wgmma"] > 0, r

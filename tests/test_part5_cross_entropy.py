@@ -14,6 +14,7 @@ import triton.language as tl
 
 import snippets._checks as checks
 from conftest import DEVICE, poison_allocator
+from helpers import assert_close_within
 from snippets.part5 import cross_entropy as ce
 
 
@@ -28,11 +29,7 @@ def _linear(t, v, d, dtype=torch.float32, device=DEVICE, seed=0):
 
 
 def _assert_close(out, ref, tolerances, dtype, what):
-    rtol, atol = tolerances[dtype]
-    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
-    assert not out.isnan().any(), f"{what}: NaN (an unwritten element)"
-    torch.testing.assert_close(out.double().cpu(), ref.double().cpu(), rtol=rtol, atol=atol,
-                               msg=lambda m: f"{what}: {m}")
+    assert_close_within(out, ref, tolerances, dtype, what, same_dtype=False)
 
 
 # ---------------------------------------------------------------- the reference and the sizes (no kernels)

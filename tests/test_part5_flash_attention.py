@@ -6,11 +6,7 @@ accuracy criterion: an error at most twice PyTorch's own at the same precision, 
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,9 +16,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import snippets._checks as checks
 from conftest import DEVICE, poison_allocator
+from helpers import assert_close_within, compile_script_results
 from snippets.part4.softmax import online_softmax_numpy
 from snippets.part5 import flash_attention as fa
-from snippets.registry import REPO_ROOT, get_op
+from snippets.registry import get_op
 
 # (B, H, S, D, causal): one block, ragged tails of the query and key blocks, several heads, both masks
 SHAPES = [(1, 1, 1, 16, False), (1, 1, 16, 16, True), (2, 3, 33, 32, True), (1, 2, 47, 16, False),
@@ -37,11 +34,7 @@ def _qkv(shape, dtype=torch.float32, device=DEVICE, seed=0):
 
 
 def _assert_close(out, ref, dtype, what):
-    rtol, atol = fa.TOLERANCES[dtype]
-    assert out.dtype == dtype and out.shape == ref.shape, f"{what}: {out.dtype} {tuple(out.shape)}"
-    assert not out.isnan().any(), f"{what}: NaN (an unwritten element)"
-    torch.testing.assert_close(out.double().cpu(), ref.double().cpu(), rtol=rtol, atol=atol,
-                               msg=lambda m: f"{what}: {m}")
+    assert_close_within(out, ref, fa.TOLERANCES, dtype, what)
 
 
 # ---------------------------------------------------------------- references and the NumPy walk-through
@@ -353,12 +346,7 @@ def test_kernels_compile_for_sm90():
     """Triton compiles every kernel for sm_90 on the host (a separate process: under the interpreter the
     kernels are not compiled objects). bf16 products must reach wgmma, nothing may spill to local memory, and
     the float64 path of gradcheck must compile to DMMA."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = compile_script_results(COMPILE_SCRIPT)
     for r in results[:4]:
         assert r["wgmma"] > 0 and r["cubin"] > 0 and not r["spills"], r
         assert r["shared"] <= 227 * 1024, r  # what one block may use on an H100/H200

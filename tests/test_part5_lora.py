@@ -7,18 +7,14 @@ are marked ``gpu``."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import triton
 
 from conftest import DEVICE, HAS_GPU, poison_allocator
+from helpers import assert_close_within, compile_script_results
 from snippets.part5 import lora as lo
-from snippets.registry import REPO_ROOT
 
 FWD = {"v2": lo.lora_linear_two_kernels, "v3": lo.lora_linear_fused}
 IN_LOOP = {"v2": False, "v3": True}
@@ -33,11 +29,7 @@ def _inputs(t, d_in, d_out, r, dtype=torch.float32, device=DEVICE, seed=0, fwd_b
 
 
 def _assert_close(out, ref, dtype, what):
-    rtol, atol = lo.TOLERANCES[dtype]
-    assert out.dtype == dtype and out.shape == ref.shape, f"{what}: {out.dtype} {tuple(out.shape)}"
-    assert not out.isnan().any(), f"{what}: NaN (an unwritten element)"
-    torch.testing.assert_close(out.double().cpu(), ref.double().cpu(), rtol=rtol, atol=atol,
-                               msg=lambda m: f"{what}: {m}")
+    assert_close_within(out, ref, lo.TOLERANCES, dtype, what)
 
 
 def _ref(*args):
@@ -304,12 +296,7 @@ print(json.dumps(out))
 def test_gemm_kernel_compiles_to_wgmma_for_sm90():
     """Both modes of the GEMM kernel reach Hopper's wgmma for bf16 (the U dot too, as m64n16k16 when it is
     computed in the loop), with the shared memory gemm_smem_bytes predicts and no spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = compile_script_results(COMPILE_SCRIPT)
     cfg = triton.Config(dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64), num_stages=3)
     for res in results:
         assert "m64n256k16" in res["shapes"] and not res["spills"], res

@@ -10,6 +10,7 @@ import torch
 
 import snippets._checks as checks
 from conftest import DEVICE, poison_allocator
+from helpers import assert_close_within
 from snippets.part5 import rmsnorm as rn
 
 
@@ -21,11 +22,7 @@ def _inputs(m, n, dtype=torch.float32, device=DEVICE, seed=0, shape=None):
 
 
 def _assert_close(out, ref, dtype, what):
-    rtol, atol = rn.TOLERANCES[dtype]
-    assert out.dtype == dtype and out.shape == ref.shape, f"{what}: {out.dtype} {tuple(out.shape)}"
-    assert not out.isnan().any(), f"{what}: NaN (an unwritten element)"
-    torch.testing.assert_close(out.double().cpu(), ref.double().cpu(), rtol=rtol, atol=atol,
-                               msg=lambda m: f"{what}: {m}")
+    assert_close_within(out, ref, rn.TOLERANCES, dtype, what)
 
 
 def _check_fwd_bwd(x, w, dy):

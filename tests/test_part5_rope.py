@@ -9,6 +9,7 @@ import torch
 
 import snippets._checks as checks
 from conftest import DEVICE, poison_allocator
+from helpers import assert_close_within
 from snippets.part5 import rope as rp
 
 
@@ -18,11 +19,7 @@ def _inputs(b, s, h, hkv, d, dtype=torch.float32, device=DEVICE, seed=0):
 
 
 def _assert_close(out, ref, dtype, what):
-    rtol, atol = rp.TOLERANCES[dtype]
-    assert out.dtype == dtype and out.shape == ref.shape, f"{what}: {out.dtype} {tuple(out.shape)}"
-    assert not out.isnan().any(), f"{what}: NaN (an unwritten element)"
-    torch.testing.assert_close(out.double().cpu(), ref.double().cpu(), rtol=rtol, atol=atol,
-                               msg=lambda m: f"{what}: {m}")
+    assert_close_within(out, ref, rp.TOLERANCES, dtype, what)
 
 
 def _double(*ts):

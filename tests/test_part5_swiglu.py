@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import snippets._checks as checks
 from conftest import DEVICE, poison_allocator
+from helpers import assert_close_within
 from snippets.part5 import swiglu as sg
 
 REFS = {"silu": (sg.swiglu_ref, sg.swiglu_fwd_bwd_ref), "gelu_tanh": (sg.geglu_ref, sg.geglu_fwd_bwd_ref)}
@@ -20,11 +21,7 @@ def _inputs(m, n, dtype=torch.float32, device=DEVICE, seed=0):
 
 
 def _assert_close(out, ref, dtype, what):
-    rtol, atol = sg.TOLERANCES[dtype]
-    assert out.dtype == dtype and out.shape == ref.shape, f"{what}: {out.dtype} {tuple(out.shape)}"
-    assert not out.isnan().any(), f"{what}: NaN (an unwritten element)"
-    torch.testing.assert_close(out.double().cpu(), ref.double().cpu(), rtol=rtol, atol=atol,
-                               msg=lambda m: f"{what}: {m}")
+    assert_close_within(out, ref, sg.TOLERANCES, dtype, what)
 
 
 def _fwd_bwd(a, b, dc, act):

@@ -41,7 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 TRITON_TYPES = {
     torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
     torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
-    torch.bool: "i1",
+    torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv",
 }
 DIVISIBILITY = 16  # what the JIT checks: a pointer whose address, or an integer whose value, is a multiple of 16
 
@@ -213,24 +213,37 @@ def _job(kernel, signature, constexprs, arch, num_warps, num_stages, divisible, 
                 arch=arch, num_warps=num_warps, num_stages=num_stages, divisible=list(divisible), debug=debug)
 
 
-def _compile_job(kernel, job: dict) -> Compiled:
-    """Compile in this process (``kernel`` is a JITFunction)."""
+def triton_compile(kernel, signature: Mapping[str, str], constexprs: Mapping[str, Any],
+                   divisible: Iterable[str], *, arch: int = 90, num_warps: int = 4, num_stages: int = 3,
+                   debug: bool = False):
+    """Compile a JITFunction in this process (TRITON_INTERPRET unset) and return Triton's own CompiledKernel
+    (``.asm`` holds ttir, ttgir, llir, ptx and cubin; ``.metadata.shared`` the shared memory). Arguments named
+    in ``constexprs`` are compiled in with their values, whatever ``signature`` says of them; ``divisible``
+    names the arguments the compiler may assume to be multiples of 16. Errors from Triton's compiler come out as
+    :class:`CompileError`. :func:`compile_for` is the same with a :class:`Compiled` summary and the ptxas
+    report, from any process."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     names = list(kernel.arg_names)
-    signature = {n: ("constexpr" if n in job["constexprs"] else job["signature"][n]) for n in names}
+    full = {n: ("constexpr" if n in constexprs else signature[n]) for n in names}
     # {(argument index,): [["tt.divisibility", 16]]}: the form the JIT builds from its specialisation
-    attrs = {(names.index(n),): [["tt.divisibility", DIVISIBILITY]] for n in job["divisible"]}
-    src = ASTSource(fn=kernel, signature=signature, constexprs=job["constexprs"], attrs=attrs)
-    options = dict(num_warps=job["num_warps"], num_stages=job["num_stages"], debug=job["debug"])
+    attrs = {(names.index(n),): [["tt.divisibility", DIVISIBILITY]] for n in divisible}
+    src = ASTSource(fn=kernel, signature=full, constexprs=dict(constexprs), attrs=attrs)
     try:
-        ck = triton.compile(src, target=GPUTarget("cuda", job["arch"], 32), options=options)
+        return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=num_warps, num_stages=num_stages, debug=debug))
     except Exception as e:  # CompilationError and its subclasses; their module moved between versions
         if type(e).__module__.startswith("triton"):
             raise CompileError(type(e).__name__, str(e)) from e
         raise
+
+
+def _compile_job(kernel, job: dict) -> Compiled:
+    """Compile in this process (``kernel`` is a JITFunction)."""
+    ck = triton_compile(kernel, job["signature"], job["constexprs"], job["divisible"], arch=job["arch"],
+                        num_warps=job["num_warps"], num_stages=job["num_stages"], debug=job["debug"])
     ptx = ck.asm["ptx"]
     report = ptxas_report(ptx, job["arch"])
     fn = parse_ptxas(report).get(ck.metadata.name, {})

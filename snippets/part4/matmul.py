@@ -418,18 +418,13 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 # --8<-- [start:compile_sm90]
-TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", FP8: "fp8e4nv", torch.int8: "i8",
-                torch.int32: "i32"}
-
-
 def compile_for_hopper(dtype: torch.dtype, persistent: bool = True, num_warps: int = 8, num_stages: int = 3,
                        **blocks: int):
     """Compile v4's kernel (persistent=True) or v3's for sm_90 on any machine, GPU or not: Triton's compiler
     runs on the host, so the whole path to PTX and a cubin (wgmma, TMA copies) can be checked without a Hopper
     GPU. Inputs of ``dtype`` with the output dtype of its op; B K-major for 8-bit inputs, as they arrive.
     Returns the compiled kernel (``.asm["ptx"]``, ``.metadata.shared``). Needs TRITON_INTERPRET unset."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from snippets.part4.introspect import TRITON_TYPES, triton_compile
 
     out = {FP8: torch.bfloat16, torch.int8: torch.int32}.get(dtype, dtype)
     bm, bn, bk = blocks.get("BLOCK_M", 128), blocks.get("BLOCK_N", 256), blocks.get("BLOCK_K", 128 // dtype.itemsize)
@@ -456,12 +451,9 @@ def compile_for_hopper(dtype: torch.dtype, persistent: bool = True, num_warps: i
         if kmajor:  # B column-major: its stride along K is the constant 1
             sig["stride_bn"], consts["stride_bk"] = "i32", 1
             del sig["stride_bk"], consts["stride_bn"]
-    sig.update({name: "constexpr" for name in consts})
     # What a launch on 16-byte aligned tensors with sizes that are multiples of 16 tells the compiler.
-    names = kernel.arg_names
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t[0] == "*" or t == "i32"}
-    return triton.compile(ASTSource(kernel, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+    divisible = [n for n, t in sig.items() if n not in consts and (t[0] == "*" or t == "i32")]
+    return triton_compile(kernel, sig, consts, divisible, num_warps=num_warps, num_stages=num_stages)
 # --8<-- [end:compile_sm90]
 
 

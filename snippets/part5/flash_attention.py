@@ -821,26 +821,16 @@ flash_attention_bwd.add(Impl("v2", attention_bwd_triton, "Triton",
 # Compiling for Hopper without a GPU (the tests check that the GPU code paths reach the tensor cores)
 # ----------------------------------------------------------------------------------------------------------
 
-_TL_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
-
-
 def compile_for_sm90(kernel: str, dtype: torch.dtype, head_dim: int, causal: bool, block_m: int, block_n: int,
-                     num_warps: int = 4, num_stages: int = 3, interpreting: bool = False):
+                     num_warps: int = 4, num_stages: int = 3):
     """Compile one of the kernels ("fwd", "dkdv", "dq", "delta") for compute capability 9.0 on any machine
     (not under TRITON_INTERPRET, where kernels are not compilable objects); returns Triton's CompiledKernel,
-    whose ``asm`` holds ttir, ttgir, llir, ptx and cubin. ``interpreting`` picks the types the interpreter would
-    use (bf16 operands widened to fp32)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    whose ``asm`` holds ttir, ttgir, llir, ptx and cubin. The types are the GPU's (``_types``)."""
+    from snippets.part4.introspect import TRITON_TYPES, triton_compile
 
-    ty = _TL_NAMES[dtype]
+    ty = TRITON_TYPES[dtype]
     stat = "fp64" if dtype == torch.float64 else "fp32"
-    if dtype == torch.float64:
-        dot, compute, precision = tl.float64, tl.float64, "ieee"
-    elif dtype == torch.float32 or interpreting:
-        dot, compute, precision = tl.float32, tl.float32, "ieee"
-    else:
-        dot, compute, precision = (tl.bfloat16 if dtype == torch.bfloat16 else tl.float16), tl.float32, "tf32"
+    dot, compute, precision = _types(dtype)
     fn, sig = {
         "fwd": (_attn_fwd_kernel, dict(q_ptr=ty, k_ptr=ty, v_ptr=ty, o_ptr=ty, lse_ptr=stat)),
         "dkdv": (_attn_bwd_dkdv_kernel, dict(q_ptr=ty, k_ptr=ty, v_ptr=ty, do_ptr=ty, lse_ptr=stat,
@@ -853,12 +843,8 @@ def compile_for_sm90(kernel: str, dtype: torch.dtype, head_dim: int, causal: boo
     consts = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, COMPUTE=compute)
     if kernel != "delta":
         consts.update(CAUSAL=causal, BLOCK_N=block_n, DOT=dot, PRECISION=precision)
-    names = list(fn.arg_names)
-    for name in names:
+    for name in fn.arg_names:
         if name not in signature and name not in consts:
             signature[name] = "i32" if name == "S" else "fp32"
-    full_sig = {n: ("constexpr" if n in consts else signature[n]) for n in names}
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in sig}  # torch allocations are 16-byte aligned
-    src = ASTSource(fn=fn, signature=full_sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps, num_stages=num_stages))
+    # every pointer divisible: torch allocations are 16-byte aligned
+    return triton_compile(fn, signature, consts, list(sig), num_warps=num_warps, num_stages=num_stages)

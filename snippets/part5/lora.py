@@ -442,22 +442,18 @@ def compile_for_hopper(dtype: torch.dtype = torch.bfloat16, u_in_loop: bool = Tr
     """Compile the GEMM kernel for sm_90 on any machine (Triton's compiler runs on the host), with the strides
     of the forward (x and W row-major: W^T is K-major) and sizes that are multiples of 16. Returns the compiled
     kernel (``.asm["ptx"]``, ``.metadata.shared``). Needs TRITON_INTERPRET unset."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from snippets.part4.introspect import TRITON_TYPES, triton_compile
 
-    t = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    t = TRITON_TYPES[dtype]
     consts = dict(stride_ak=1, stride_bk=1, stride_cn=1, stride_ur=1, stride_pk=1, stride_qr=1, BLOCK_M=block_m,
                   BLOCK_N=block_n, BLOCK_K=64, BLOCK_R=block_r(r), GROUP_M=GROUP_M, U_IN_LOOP=u_in_loop,
                   STORE_U=u_in_loop, PRECISION="ieee", ACC=tl.float32)
     sig = {**{n: f"*{t}" for n in ("a_ptr", "b_ptr", "c_ptr", "u_ptr", "p_ptr", "q_ptr")}, "scale": "fp32",
            **{n: "i32" for n in ("M", "N", "K", "R", "stride_am", "stride_bn", "stride_cm", "stride_um",
-                                 "stride_pr", "stride_qn")},
-           **{n: "constexpr" for n in consts}}
-    names = _lora_matmul_kernel.arg_names
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, ty in sig.items() if ty[0] == "*" or ty == "i32"}
-    return triton.compile(ASTSource(_lora_matmul_kernel, sig, constexprs=consts, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
-                                                                      "num_stages": num_stages})
+                                 "stride_pr", "stride_qn")}}
+    divisible = [n for n, ty in sig.items() if ty[0] == "*" or ty == "i32"]
+    return triton_compile(_lora_matmul_kernel, sig, consts, divisible, num_warps=num_warps,
+                          num_stages=num_stages)
 # --8<-- [end:compile_sm90]
 
 
