@@ -12,6 +12,10 @@
 # - with nvcc and compute-sanitizer on PATH: sanitizer_memcheck.txt and sanitizer_racecheck.txt, the tools'
 #   reports on the planted bugs of csrc/part3/planted_bugs.cu and on their fixed versions.
 #
+# To capture part of it: KM_PROFILE_STEPS (default "torch ncu sanitizer"), KM_NCU_TARGETS (target names, default
+# all) and KM_NCU_SUMMARY (the summary's file name without .txt, default ncu_summary), e.g.
+#   KM_PROFILE_STEPS=ncu KM_NCU_TARGETS="rope_v3 rope_v2" KM_NCU_SUMMARY=ncu_summary_part5 bash ... OUTDIR
+#
 # GPU clocks are left as they are (--clock-control none): the numbers are those of the clocks the benchmarks
 # ran at. Best effort: every step runs; the exit status is non-zero if any step failed.
 set -uo pipefail
@@ -23,14 +27,19 @@ PROF=("$PY" -W ignore::DeprecationWarning -m snippets.part3.profiling)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 status=0
+STEPS=" ${KM_PROFILE_STEPS:-torch ncu sanitizer} "
+ONLY=${KM_NCU_TARGETS:-}
 
 # 1. torch.profiler
-"${PROF[@]}" "$OUTDIR" --trace "$TMP/trace.json" > /dev/null || status=1
+if [[ $STEPS == *" torch "* ]]; then
+  "${PROF[@]}" "$OUTDIR" --trace "$TMP/trace.json" > /dev/null || status=1
+fi
 
 # 2. Nsight Compute: one profile per target, printed twice from the saved report: the sections as text (for the
 #    reader) and every raw metric as CSV (for the summary; the warp stall reasons are only there).
-if command -v ncu > /dev/null; then
+if [[ $STEPS == *" ncu "* ]] && command -v ncu > /dev/null; then
   while IFS=$'\t' read -r name regex launches; do
+    [ -z "$ONLY" ] || [[ " $ONLY " == *" $name "* ]] || continue
     cmd=(ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$regex"
          --launch-skip "$launches" --launch-count "$launches"
          --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
@@ -58,12 +67,12 @@ if command -v ncu > /dev/null; then
     "${PROF[@]}" --ncu-text "$name" "$TMP/$name.details.txt" "$TMP/$name.csv" "${shown% }" \
       > "$OUTDIR/ncu_$name.txt" || status=1
   done < <("${PROF[@]}" --targets)
-  "${PROF[@]}" --ncu-summary "$TMP" > "$OUTDIR/ncu_summary.txt" || status=1
+  "${PROF[@]}" --ncu-summary "$TMP" > "$OUTDIR/${KM_NCU_SUMMARY:-ncu_summary}.txt" || status=1
 fi
 
 # 3. compute-sanitizer on the planted bugs: memcheck for the out-of-bounds write, racecheck for the missing
 #    barrier; the program exits 0 either way, so the tool's report is the verdict.
-if command -v nvcc > /dev/null && command -v compute-sanitizer > /dev/null; then
+if [[ $STEPS == *" sanitizer "* ]] && command -v nvcc > /dev/null && command -v compute-sanitizer > /dev/null; then
   if nvcc -std=c++17 -O2 -lineinfo -arch=native -I csrc/common -o "$TMP/planted_bugs" \
        csrc/part3/planted_bugs.cu; then
     for pair in "memcheck oob oob-fixed" "racecheck race race-fixed"; do

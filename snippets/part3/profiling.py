@@ -200,6 +200,17 @@ NCU_TARGETS = {
                               "A shared tile with 32-way bank conflicts: what does a conflict stall look like?"),
     "transpose_v6": NcuTarget("transpose", "v6", "^transpose_v6", 1,
                               "Padded tile, 4 elements per thread: the same bytes, fewer stalls?"),
+    # Part 5: a hand kernel next to Liger-Kernel's (v2) where the benchmark tables put them apart.
+    "rmsnorm_v3": NcuTarget("rmsnorm", "v3", "^_rmsnorm_fwd_kernel", 1,
+                            "RMSNorm forward, a row in registers: what separates it from Liger-Kernel's?"),
+    "rmsnorm_v2": NcuTarget("rmsnorm", "v2", "^_rms_norm_forward_kernel", 1,
+                            "Liger-Kernel's RMSNorm forward at the same shape, for comparison."),
+    "rope_v3": NcuTarget("rope", "v3", "^_rope_kernel", 1,
+                         "RoPE, one program per token into new tensors: how close to the copy ceiling?"),
+    "rope_v2": NcuTarget("rope", "v2", "^_triton_rope", 1,
+                         "Liger-Kernel's RoPE, in place, on the same grid, for comparison."),
+    "bias_gelu_v3": NcuTarget("bias_gelu_dropout_residual", "v3", "^_bias_gelu_dropout_residual", 1,
+                              "The fused chain at a third of the copy ceiling: bound by memory or by arithmetic?"),
 }
 
 
