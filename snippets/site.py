@@ -24,6 +24,13 @@ A chapter asks for them with HTML comments on a line of their own, so the raw Ma
                                                  latest GPU that measured the op. OP:VERSION@k1+k2 names the
                                                  __global__ kernels a CUDA version launches when its name and
                                                  its launcher do not tell them (see loc.launched_kernels)
+    <!-- bench:goal rmsnorm_fwd_bwd v3 v1:1 v2:1 -->
+                                                 a chapter's goal checked against the results, one row per term
+                                                 and GPU: vK:R (at least R times as fast as version vK at the
+                                                 headline), ceiling:F (at least F of the op's ceiling),
+                                                 memory-vK:F (at most F times vK's peak memory beyond the
+                                                 inputs); dtype=D for another timed dtype. Each row says met,
+                                                 not met, stale or not measured
 
 Every table carries its provenance in a footnote; a result whose source has changed since it was measured is
 marked stale, and an op with no results says so instead of showing numbers.
@@ -550,6 +557,95 @@ def render_versus(items: list[tuple[str, str, list[str] | None]], results: dict[
             + "\n\n</div>\n\n" + "\n\n".join(notes.values()) + "\n")
 
 
+GOAL_TERM = re.compile(r"^(?:(v\d+)|ceiling|memory-(v\d+)):(\d+(?:\.\d+)?)$")
+
+
+def parse_goal(pos: list[str], ops: dict[str, Op]) -> tuple[Op, str, list[tuple[str, str | None, float]]]:
+    """``OP VER TERM...`` -> (op, version, [(kind, other version or None, threshold)]), kind one of "speed",
+    "ceiling", "memory"; unknown ops, versions and malformed terms raise ``ValueError``."""
+    if len(pos) < 3:
+        raise ValueError("bench:goal needs OP VERSION and at least one term (vK:R, ceiling:F, memory-vK:F)")
+    op_name, ver, *terms = pos
+    if op_name not in ops:
+        raise ValueError(f"bench:goal names unknown op {op_name!r}; known: {sorted(ops)}")
+    op = ops[op_name]
+    parsed = []
+    for tok in terms:
+        m = GOAL_TERM.match(tok)
+        if not m:
+            raise ValueError(f"bench:goal term {tok!r} is not vK:R, ceiling:F or memory-vK:F")
+        other = m.group(1) or m.group(2)
+        kind = "speed" if m.group(1) else "memory" if m.group(2) else "ceiling"
+        if kind == "ceiling" and not op.ceiling:
+            raise ValueError(f"bench:goal: {op_name} has no ceiling to be a fraction of")
+        parsed.append((kind, other, float(m.group(3))))
+    for v in [ver, *(o for _, o, _ in parsed if o)]:
+        if v not in op.impls:
+            raise ValueError(f"bench:goal: {op_name} has no version {v}; it has {sorted(op.impls)}")
+    return op, ver, parsed
+
+
+def _goal_row(op: Op, ver: str, term: tuple[str, str | None, float], recs: dict[str, dict],
+              stale: set[str], ceiling: dict | None) -> str:
+    kind, other, x = term
+    if kind == "speed":
+        goal = (f"{ver} at least {x:g}x as fast as {other} ({op.impls[other].desc})" if x != 1
+                else f"{ver} at least as fast as {other} ({op.impls[other].desc})")
+    elif kind == "ceiling":
+        goal = f"{ver} at least {100 * x:g}% of the {_cname(ceiling['name'] if ceiling else op.ceiling)} ceiling"
+    else:
+        goal = f"{ver} holds at most {x:g}x the peak memory of {other} ({op.impls[other].desc})"
+    needed = [ver] + ([other] if other else [])
+    missing = [v for v in needed if v not in recs or (kind == "memory" and "peak_extra_bytes" not in recs[v])]
+    if missing:
+        return f"| {goal} | - | not measured ({', '.join(missing)}) |"
+    r = recs[ver]
+    if kind == "speed":
+        value = recs[other]["ms"] / r["ms"]
+        measured, met = f"{value:.3g}x ({_fmt_ms(r['ms'])} against {_fmt_ms(recs[other]['ms'])})", value >= x
+    elif kind == "ceiling":
+        value = r["fraction_of_ceiling"]
+        measured, met = f"{100 * value:.1f}% ({r['value']:,.1f} {op.metric})", value >= x
+    else:
+        mine, theirs = r["peak_extra_bytes"], recs[other]["peak_extra_bytes"]
+        value = mine / theirs if theirs else float("inf") if mine else 0.0
+        ratio = "< 0.001x" if value < 1e-3 else f"{value:.3g}x"
+        measured, met = f"{ratio} ({_gib(mine)} against {_gib(theirs)})", value <= x
+    old = [v for v in needed if v in stale]
+    verdict = (f"stale ({', '.join(old)} changed since)" if old else "**met**" if met else "**not met**")
+    return f"| {goal} | {measured} | {verdict} |"
+
+
+def render_goal(op: Op, ver: str, terms: list[tuple[str, str | None, float]], results: dict[str, dict],
+                dtype: str | None = None) -> str:
+    """A chapter's goal for one version, each term checked against the headline records of every GPU that
+    measured the op (see the module docstring for the terms)."""
+    import hashlib
+
+    tag = hashlib.sha256(repr((op.name, ver, terms, dtype)).encode()).hexdigest()[:6]
+    blocks = []
+    for gpu, data in results.items():
+        entry = data["ops"].get(op.name)
+        if entry is None:
+            continue
+        rows = headline_records(op, entry, dtype)
+        if not rows:
+            continue
+        recs = {r["impl"]: r for r in rows}
+        stale = set(stale_impls(op, entry))
+        old_label, note = _footnote(op, gpu, entry)
+        label = f"goal-{tag}-{_slug(op.name)}-{_slug(gpu)}"
+        note = note.replace(f"[^{old_label}]", f"[^{label}]", 1)
+        lines = [f"**Goal check**, `{op.name}` on {gpu}, {rows[0]['dtype']}, {_fmt_size(op.headline)}[^{label}]",
+                 "", "| goal | measured | verdict |", "|:--|:--|:--|"]
+        lines += [_goal_row(op, ver, t, recs, stale, entry["ceiling"]) for t in terms]
+        blocks.append('<div class="bench-table" markdown>\n\n' + "\n".join(lines) + "\n\n</div>\n\n" + note)
+    if not blocks:
+        return (f'!!! warning "Goal not checked yet"\n    `{op.name}` has no committed GPU results to check the '
+                "goal against.\n")
+    return "\n\n".join(blocks)
+
+
 def render_page(markdown: str, page_path: str = "", results_dir: Path = RESULTS_DIR) -> str:
     """Replace every bench directive in ``markdown``; an unknown op or directive raises ``ValueError``."""
     if "<!-- bench:" not in markdown:
@@ -573,6 +669,8 @@ def render_page(markdown: str, page_path: str = "", results_dir: Path = RESULTS_
             return render_sweep(pos[0] if pos else "", results_dir)
         if kind == "versus":
             return render_versus(parse_versus(m.group(2)), results, ops)
+        if kind == "goal":
+            return render_goal(*parse_goal(pos, ops), results, kw.get("dtype"))
         if kind == "timeline":
             from snippets.bench.timeline import render_timeline
 
@@ -596,5 +694,5 @@ def directives(markdown: str) -> list[tuple[str, list[str]]]:
     return [(m.group(1), _args(m.group(2))[0]) for m in DIRECTIVE.finditer(markdown)]
 
 
-__all__ = ["directives", "figure_svg", "parse_versus", "render_ladder", "render_page", "render_plot", "render_summary",
+__all__ = ["directives", "figure_svg", "parse_goal", "parse_versus", "render_goal", "render_ladder", "render_page", "render_plot", "render_summary",
            "render_sweep", "render_table", "render_versus", "size_key", "style_axes"]

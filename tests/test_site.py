@@ -1,5 +1,6 @@
 """The site: a strict MkDocs build, every internal link resolving, the companion notebooks executing (slow), and
-the directives this module's tests own: ``bench:sweep`` and ``bench:versus`` with the line counting behind it.
+the directives this module's tests own: ``bench:sweep``, ``bench:versus`` (with the line counting behind
+it) and ``bench:goal``.
 
 The numbers in the fixtures are test data for the code paths only; nothing here is published."""
 
@@ -311,3 +312,53 @@ def test_impl_lines_of_a_cuda_file_and_a_triton_kernel(tmp_path):
     t = loc.impl_lines(triton_impl)
     assert t.kernel == loc.python_code_lines(__import__("inspect").getsource(triton_impl.sources[0].fn))
     assert loc.impl_lines(OPS["vector_add"].impls["v0"]) == loc.LineCount(0, 0, "")
+
+
+# ------------------------------------------------------------------------------------------ bench:goal
+
+def _goal_rows(md):
+    return [line for line in md.splitlines() if line.startswith("| v")]
+
+
+def test_goal_verdicts_from_the_results(tmp_path):
+    # fake_results: version k takes 1 / (k + 1) ms, so a later version is faster
+    fake_results(tmp_path, "reduce_sum")
+    md = site.render_page("<!-- bench:goal reduce_sum v3 v0:2 v0:5 v7:1 ceiling:0.000001 ceiling:0.99 -->\n",
+                          "p.md", tmp_path)
+    rows = _goal_rows(md)
+    assert len(rows) == 5 and "Goal check" in md and "]: Measured by" in md
+    assert "| 4x (250.0 µs against 1.000 ms) | **met** |" in rows[0]
+    assert rows[1].endswith("**not met** |")  # 4x is short of 5x
+    assert "0.5x" in rows[2] and rows[2].endswith("**not met** |")  # v7 is twice as fast as v3
+    assert rows[3].endswith("**met** |") and rows[4].endswith("**not met** |")
+
+
+def test_goal_marks_stale_and_unmeasured_terms(tmp_path):
+    fake_results(tmp_path, "reduce_sum", stale=("v0",))
+    md = site.render_page("<!-- bench:goal reduce_sum v3 v0:1 v1:1 memory-v1:1 -->\n", "p.md", tmp_path)
+    rows = _goal_rows(md)
+    assert "stale (v0 changed since)" in rows[0] and rows[1].endswith("**met** |")
+    assert "not measured (v3, v1)" in rows[2]  # no peak memory in these records
+    assert "Goal not checked yet" in site.render_page("<!-- bench:goal vector_add v4 v0:1 -->\n", "p.md",
+                                                      tmp_path)
+
+
+def test_goal_memory_term(tmp_path):
+    fake_results(tmp_path, "cross_entropy")
+    path = tmp_path / "test-gpu.json"
+    data = json.loads(path.read_text())
+    for r in data["ops"]["cross_entropy"]["records"]:
+        r["peak_extra_bytes"] = {"v1": 2**31, "v3": 2**20}.get(r["impl"], 2**30)
+    path.write_text(json.dumps(data))
+    rows = _goal_rows(site.render_page("<!-- bench:goal cross_entropy v3 memory-v1:0.25 memory-v0:0.0001 -->\n",
+                                       "p.md", tmp_path))
+    assert "(1.0 MiB against 2.00 GiB)" in rows[0] and rows[0].endswith("**met** |")
+    assert rows[1].endswith("**not met** |")
+
+
+def test_goal_refuses_malformed_directives(tmp_path):
+    for text, match in (("reduce_sum v3", "at least one term"), ("nope v1 v0:1", "unknown op"),
+                        ("reduce_sum v99 v0:1", "no version v99"), ("reduce_sum v3 v99:1", "no version v99"),
+                        ("reduce_sum v3 faster", "is not vK:R"), ("pointer_chase v1 ceiling:0.5", "no ceiling")):
+        with pytest.raises(ValueError, match=match):
+            site.render_page(f"<!-- bench:goal {text} -->\n", "p.md", tmp_path)
