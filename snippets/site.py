@@ -29,8 +29,9 @@ A chapter asks for them with HTML comments on a line of their own, so the raw Ma
                                                  and GPU: vK:R (at least R times as fast as version vK at the
                                                  headline), ceiling:F (at least F of the op's ceiling),
                                                  memory-vK:F (at most F times vK's peak memory beyond the
-                                                 inputs); dtype=D for another timed dtype. Each row says met,
-                                                 not met, stale or not measured
+                                                 inputs); dtype=D for another timed dtype, size=KEY for a
+                                                 sweep size (its size key, e.g. size=k=4096,m=4096,n=4096).
+                                                 Each row says met, not met, stale or not measured
 
 Every table carries its provenance in a footnote; a result whose source has changed since it was measured is
 marked stale, and an op with no results says so instead of showing numbers.
@@ -613,22 +614,32 @@ def _goal_row(op: Op, ver: str, term: tuple[str, str | None, float], recs: dict[
         measured, met = f"{ratio} ({_gib(mine)} against {_gib(theirs)})", value <= x
     old = [v for v in needed if v in stale]
     verdict = (f"stale ({', '.join(old)} changed since)" if old else "**met**" if met else "**not met**")
+    if not old and not met and kind == "speed" and "ms_p10" in r and "ms_p90" in recs[other]:
+        # the two timings' 10th-90th percentile ranges reach the goal: a difference inside the run's noise
+        if recs[other]["ms_p90"] / r["ms_p10"] >= x:
+            verdict += " (within the timings' 10th-90th percentile spread)"
     return f"| {goal} | {measured} | {verdict} |"
 
 
 def render_goal(op: Op, ver: str, terms: list[tuple[str, str | None, float]], results: dict[str, dict],
-                dtype: str | None = None) -> str:
+                dtype: str | None = None, size: str | None = None) -> str:
     """A chapter's goal for one version, each term checked against the headline records of every GPU that
     measured the op (see the module docstring for the terms)."""
     import hashlib
 
-    tag = hashlib.sha256(repr((op.name, ver, terms, dtype)).encode()).hexdigest()[:6]
+    tag = hashlib.sha256(repr((op.name, ver, terms, dtype, size)).encode()).hexdigest()[:6]
+    sizes = {size_key(sz): sz for sz in [op.headline, *op.sweep]}
+    if size is not None and size not in sizes:
+        raise ValueError(f"bench:goal: {op.name} has no size {size!r}; its sizes are {sorted(sizes)}")
     blocks = []
     for gpu, data in results.items():
         entry = data["ops"].get(op.name)
         if entry is None:
             continue
         rows = headline_records(op, entry, dtype)
+        if size is not None:
+            want = dtype or _headline_dtype(op, entry)
+            rows = [r for r in entry["records"] if r["size_key"] == size and r["dtype"] == want]
         if not rows:
             continue
         recs = {r["impl"]: r for r in rows}
@@ -636,7 +647,7 @@ def render_goal(op: Op, ver: str, terms: list[tuple[str, str | None, float]], re
         old_label, note = _footnote(op, gpu, entry)
         label = f"goal-{tag}-{_slug(op.name)}-{_slug(gpu)}"
         note = note.replace(f"[^{old_label}]", f"[^{label}]", 1)
-        lines = [f"**Goal check**, `{op.name}` on {gpu}, {rows[0]['dtype']}, {_fmt_size(op.headline)}[^{label}]",
+        lines = [f"**Goal check**, `{op.name}` on {gpu}, {rows[0]['dtype']}, {_fmt_size(rows[0]['size'])}[^{label}]",
                  "", "| goal | measured | verdict |", "|:--|:--|:--|"]
         lines += [_goal_row(op, ver, t, recs, stale, entry["ceiling"]) for t in terms]
         blocks.append('<div class="bench-table" markdown>\n\n' + "\n".join(lines) + "\n\n</div>\n\n" + note)
@@ -670,7 +681,7 @@ def render_page(markdown: str, page_path: str = "", results_dir: Path = RESULTS_
         if kind == "versus":
             return render_versus(parse_versus(m.group(2)), results, ops)
         if kind == "goal":
-            return render_goal(*parse_goal(pos, ops), results, kw.get("dtype"))
+            return render_goal(*parse_goal(pos, ops), results, kw.get("dtype"), kw.get("size"))
         if kind == "timeline":
             from snippets.bench.timeline import render_timeline
 

@@ -362,3 +362,33 @@ def test_goal_refuses_malformed_directives(tmp_path):
                         ("reduce_sum v3 faster", "is not vK:R"), ("pointer_chase v1 ceiling:0.5", "no ceiling")):
         with pytest.raises(ValueError, match=match):
             site.render_page(f"<!-- bench:goal {text} -->\n", "p.md", tmp_path)
+
+
+def test_goal_at_a_sweep_size(tmp_path):
+    op = OPS["reduce_sum"]
+    other = next(sz for sz in op.sweep if size_key(sz) != size_key(op.headline))
+    fake_results(tmp_path, "reduce_sum")
+    path = tmp_path / "test-gpu.json"
+    data = json.loads(path.read_text())
+    for r in list(data["ops"]["reduce_sum"]["records"]):  # the same versions at a sweep size, v3 now the slowest
+        data["ops"]["reduce_sum"]["records"].append({**r, "size": other, "size_key": size_key(other),
+                                                     "headline": False, "ms": 9.0 if r["impl"] == "v3" else 1.0})
+    path.write_text(json.dumps(data))
+    head = _goal_rows(site.render_page("<!-- bench:goal reduce_sum v3 v0:1 -->\n", "p.md", tmp_path))
+    swept = _goal_rows(site.render_page(f"<!-- bench:goal reduce_sum v3 v0:1 size={size_key(other)} -->\n",
+                                        "p.md", tmp_path))
+    assert head[0].endswith("**met** |") and swept[0].endswith("**not met** |")
+    with pytest.raises(ValueError, match="has no size"):
+        site.render_page("<!-- bench:goal reduce_sum v3 v0:1 size=n=3 -->\n", "p.md", tmp_path)
+
+
+def test_goal_says_when_a_miss_is_inside_the_spread(tmp_path):
+    fake_results(tmp_path, "reduce_sum")
+    path = tmp_path / "test-gpu.json"
+    data = json.loads(path.read_text())
+    for r in data["ops"]["reduce_sum"]["records"]:  # v3 takes 1/4 ms, v4 1/5 ms
+        r["ms_p10"], r["ms_p90"] = r["ms"] * 0.7, r["ms"] * 1.3
+    path.write_text(json.dumps(data))
+    rows = _goal_rows(site.render_page("<!-- bench:goal reduce_sum v3 v4:1 v8:1 -->\n", "p.md", tmp_path))
+    assert rows[0].endswith("**not met** (within the timings' 10th-90th percentile spread) |")  # 0.26 / 0.175
+    assert rows[1].endswith("**not met** |")  # v8: 1/9 ms * 1.3 is still below 1/4 ms * 0.7
