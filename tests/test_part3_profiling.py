@@ -323,6 +323,24 @@ def test_capture_script_plumbing(tmp_path):
     assert "./planted_bugs race-fixed" in (out / "sanitizer_racecheck.txt").read_text()
 
 
+def test_capture_script_takes_some_steps_and_targets(tmp_path):
+    """KM_PROFILE_STEPS, KM_NCU_TARGETS and KM_NCU_SUMMARY: only the named targets, under the named summary."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ncu").write_text(FAKE_NCU)
+    (bin_dir / "ncu").chmod(stat.S_IRWXU)
+    (tmp_path / "raw.csv").write_text(RAW_CSV)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable,
+           "FAKE_CSV": str(tmp_path / "raw.csv"), "KM_PROFILE_STEPS": "ncu", "KM_NCU_TARGETS": "scan_v5 rope_v3",
+           "KM_NCU_SUMMARY": "ncu_summary_some"}
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", "scripts/capture_profiles.sh", str(out)], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {p.name for p in out.iterdir()} == {"ncu_scan_v5.txt", "ncu_rope_v3.txt", "ncu_summary_some.txt"}
+    assert len((out / "ncu_summary_some.txt").read_text().splitlines()) == 2 + 3 * 2
+
+
 # ---------------------------------------------------------------- the planted bugs
 
 def _build(out_dir: Path, arch: str) -> Path:
