@@ -104,6 +104,13 @@ def _footnote(op: Op, gpu: str, entry: dict) -> tuple[str, str]:
     return label, text
 
 
+def _footnote_as(op: Op, gpu: str, entry: dict, label: str) -> str:
+    """The provenance footnote of :func:`_footnote` under another label (a page may cite one op's results from
+    several directives, and footnote labels must be unique)."""
+    old, note = _footnote(op, gpu, entry)
+    return note.replace(f"[^{old}]", f"[^{label}]", 1)
+
+
 def _missing(op: Op) -> str:
     return (f'!!! warning "Not measured yet"\n    `{op.name}` has no committed GPU results. '
             f"Run `python -m snippets bench {op.name}` on a CUDA GPU and commit `benchmarks/results/`.\n")
@@ -537,8 +544,7 @@ def render_versus(items: list[tuple[str, str, list[str] | None]], results: dict[
         if found:
             gpu, entry = max(found, key=lambda t: t[1]["provenance"]["date"])
             label = f"versus-{tag}-{_slug(op_name)}-{_slug(gpu)}"
-            old_label, note = _footnote(op, gpu, entry)
-            notes[label] = note.replace(f"[^{old_label}]", f"[^{label}]", 1)
+            notes[label] = _footnote_as(op, gpu, entry, label)
             rec = next((r for r in headline_records(op, entry) if r["impl"] == ver), None)
             gpu_cell = f"{gpu}[^{label}]"
             if ver in stale_impls(op, entry):
@@ -644,9 +650,8 @@ def render_goal(op: Op, ver: str, terms: list[tuple[str, str | None, float]], re
             continue
         recs = {r["impl"]: r for r in rows}
         stale = set(stale_impls(op, entry))
-        old_label, note = _footnote(op, gpu, entry)
         label = f"goal-{tag}-{_slug(op.name)}-{_slug(gpu)}"
-        note = note.replace(f"[^{old_label}]", f"[^{label}]", 1)
+        note = _footnote_as(op, gpu, entry, label)
         lines = [f"**Goal check**, `{op.name}` on {gpu}, {rows[0]['dtype']}, {_fmt_size(rows[0]['size'])}[^{label}]",
                  "", "| goal | measured | verdict |", "|:--|:--|:--|"]
         lines += [_goal_row(op, ver, t, recs, stale, entry["ceiling"]) for t in terms]
