@@ -710,5 +710,5 @@ def directives(markdown: str) -> list[tuple[str, list[str]]]:
     return [(m.group(1), _args(m.group(2))[0]) for m in DIRECTIVE.finditer(markdown)]
 
 
-__all__ = ["directives", "figure_svg", "parse_goal", "parse_versus", "render_goal", "render_ladder", "render_page", "render_plot", "render_summary",
-           "render_sweep", "render_table", "render_versus", "size_key", "style_axes"]
+__all__ = ["directives", "figure_svg", "parse_goal", "parse_versus", "render_goal", "render_ladder", "render_page",
+           "render_plot", "render_summary", "render_sweep", "render_table", "render_versus", "size_key", "style_axes"]
