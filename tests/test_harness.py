@@ -301,11 +301,17 @@ def test_render_output(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.op("vector_add")
 def test_bench_end_to_end_on_gpu(tmp_path):
-    out = tmp_path / "r.json"
-    harness.run(["vector_add"], quick=True, out=out)
+    import io
+
+    from rich.console import Console
+
+    out, log = tmp_path / "r.json", io.StringIO()
+    harness.run(["vector_add"], quick=True, out=out, console=Console(file=log, width=200))
     data = json.loads(out.read_text())
     recs = data["ops"]["vector_add"]["records"]
     assert {r["impl"] for r in recs} == set(OPS["vector_add"].impls)
+    for r in recs:  # a log that is not a terminal gets one line per job
+        assert f"vector_add {r['impl']} {r['dtype']} {r['size_key']}: " in log.getvalue()
     assert all(r["value"] > 0 and 0 < r["fraction_of_ceiling"] < 2 for r in recs)
     assert data["ceilings"]["copy"]["value"] > 100
 

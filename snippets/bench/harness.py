@@ -289,6 +289,10 @@ def run(op_names: list[str], quick: bool = False, out: Path | None = None, conso
             progress.update(task, description=f"{op.name} {impl.name} {size_key(size)}")
             try:
                 records[op.name].append(run_job(op, dtype, size, impl, l2))
+                if not console.is_terminal:  # a log file gets one line per job (the bar is drawn only at the end)
+                    r = records[op.name][-1]
+                    console.print(f"  {op.name} {impl.name} {dtype_name(dtype)} {size_key(size)}: {r['ms']:.4f} ms "
+                                  f"({r['reps']} reps)")
             except Exception as e:  # one failing version must not lose the rest of the run
                 msg = f"{op.name} {impl.name} {dtype_name(dtype)} {size_key(size)}: {type(e).__name__}: {e}"
                 failures.append(msg)
