@@ -6,7 +6,7 @@ For every block in ``snippets.part5.inductor.BLOCKS`` (bias+GELU+dropout+residua
 SwiGLU, linear+GELU with the default GEMM backend and with max-autotune Triton templates, and the LoRA layer),
 compiled with static shapes on bf16 inputs of 4096 x 4096: the steps of the generated wrapper (kernels,
 cuBLAS calls, ops called as they are) and the source of each generated Triton kernel. Softmax is captured a
-second time with rows of 32768, where Inductor switches from a persistent to a looped reduction. A summary
+second time with rows of 32768, to compare the reduction Inductor picks at the two widths. A summary
 of all blocks goes to inductor_summary.txt. Run on the GPU runner:
 
     python scripts/capture_inductor.py benchmarks/results/outputs/<gpu>/
