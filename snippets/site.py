@@ -634,7 +634,7 @@ def render_goal(op: Op, ver: str, terms: list[tuple[str, str | None, float]], re
     import hashlib
 
     tag = hashlib.sha256(repr((op.name, ver, terms, dtype, size)).encode()).hexdigest()[:6]
-    sizes = {size_key(sz): sz for sz in [op.headline, *op.sweep]}
+    sizes = {size_key(sz) for sz in [op.headline, *op.sweep]}
     if size is not None and size not in sizes:
         raise ValueError(f"bench:goal: {op.name} has no size {size!r}; its sizes are {sorted(sizes)}")
     blocks = []
@@ -642,8 +642,9 @@ def render_goal(op: Op, ver: str, terms: list[tuple[str, str | None, float]], re
         entry = data["ops"].get(op.name)
         if entry is None:
             continue
-        rows = headline_records(op, entry, dtype)
-        if size is not None:
+        if size is None:
+            rows = headline_records(op, entry, dtype)
+        else:
             want = dtype or _headline_dtype(op, entry)
             rows = [r for r in entry["records"] if r["size_key"] == size and r["dtype"] == want]
         if not rows:

@@ -292,21 +292,28 @@ done
 """
 
 
-def test_capture_script_plumbing(tmp_path):
-    """scripts/capture_profiles.sh with stand-ins for ncu, compute-sanitizer and nvcc: every file it promises
-    is written, the command line is recorded, and the summary is built from the CSVs."""
+def _run_capture_script(tmp_path, tools, **env_extra) -> Path:
+    """scripts/capture_profiles.sh with the stand-in ``tools`` ({name: script}) first on PATH and the raw CSV
+    of this module as every profile's output; returns the output folder, after asserting a clean exit."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in (("ncu", FAKE_NCU), ("compute-sanitizer", FAKE_SANITIZER), ("nvcc", FAKE_NVCC)):
+    for name, text in tools.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(stat.S_IRWXU)
     (tmp_path / "raw.csv").write_text(RAW_CSV)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable,
-           "FAKE_CSV": str(tmp_path / "raw.csv")}
+           "FAKE_CSV": str(tmp_path / "raw.csv"), **env_extra}
     out = tmp_path / "out"
     proc = subprocess.run(["bash", "scripts/capture_profiles.sh", str(out)], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_capture_script_plumbing(tmp_path):
+    """scripts/capture_profiles.sh with stand-ins for ncu, compute-sanitizer and nvcc: every file it promises
+    is written, the command line is recorded, and the summary is built from the CSVs."""
+    out = _run_capture_script(tmp_path, {"ncu": FAKE_NCU, "compute-sanitizer": FAKE_SANITIZER, "nvcc": FAKE_NVCC})
     names = pf.available_targets()
     expected = {"torch_profiler.txt", "ncu_summary.txt", "sanitizer_memcheck.txt", "sanitizer_racecheck.txt",
                 *(f"ncu_{n}.txt" for n in names)}
@@ -325,18 +332,8 @@ def test_capture_script_plumbing(tmp_path):
 
 def test_capture_script_takes_some_steps_and_targets(tmp_path):
     """KM_PROFILE_STEPS, KM_NCU_TARGETS and KM_NCU_SUMMARY: only the named targets, under the named summary."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ncu").write_text(FAKE_NCU)
-    (bin_dir / "ncu").chmod(stat.S_IRWXU)
-    (tmp_path / "raw.csv").write_text(RAW_CSV)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable,
-           "FAKE_CSV": str(tmp_path / "raw.csv"), "KM_PROFILE_STEPS": "ncu", "KM_NCU_TARGETS": "scan_v5 rope_v3",
-           "KM_NCU_SUMMARY": "ncu_summary_some"}
-    out = tmp_path / "out"
-    proc = subprocess.run(["bash", "scripts/capture_profiles.sh", str(out)], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = _run_capture_script(tmp_path, {"ncu": FAKE_NCU}, KM_PROFILE_STEPS="ncu",
+                              KM_NCU_TARGETS="scan_v5 rope_v3", KM_NCU_SUMMARY="ncu_summary_some")
     assert {p.name for p in out.iterdir()} == {"ncu_scan_v5.txt", "ncu_rope_v3.txt", "ncu_summary_some.txt"}
     assert len((out / "ncu_summary_some.txt").read_text().splitlines()) == 2 + 3 * 2
 

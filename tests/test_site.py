@@ -168,8 +168,9 @@ def test_sweep_with_no_working_config(tmp_path):
 
 # ------------------------------------------------------------------------------------------ bench:versus
 
-def fake_results(tmp_path, op_name, stale=(), gpu="Test GPU", date="2026-01-01T00:00:00+00:00"):
-    """Headline records of every version of an op (v0 slowest), in the harness's format."""
+def fake_results(tmp_path, op_name, stale=(), gpu="Test GPU", date="2026-01-01T00:00:00+00:00", edit=None):
+    """Headline records of every version of an op (v0 slowest), in the harness's format; ``edit`` may change
+    the list of records (in place) before it is written."""
     op = OPS[op_name]
     records = []
     for k, (name, impl) in enumerate(op.impls.items()):
@@ -178,6 +179,8 @@ def fake_results(tmp_path, op_name, stale=(), gpu="Test GPU", date="2026-01-01T0
                         "ms": 1.0 / (k + 1), "source_hash": "old" if name in stale else impl.source_hash()})
     ceiling = {"name": op.ceiling, "value": 1e6, "unit": op.metric, "how": "test"}
     harness.derive(op, records, ceiling["value"])
+    if edit is not None:
+        edit(records)
     entry = {"part": op.part, "title": op.title, "metric": op.metric, "ceiling": ceiling,
              "provenance": {**PROV, "gpu": gpu, "date": date}, "records": records}
     harness.merge(tmp_path / f"{harness.slug(gpu)}.json", gpu, {op_name: entry}, {op.ceiling: ceiling})
@@ -344,12 +347,11 @@ def test_goal_marks_stale_and_unmeasured_terms(tmp_path):
 
 
 def test_goal_memory_term(tmp_path):
-    fake_results(tmp_path, "cross_entropy")
-    path = tmp_path / "test-gpu.json"
-    data = json.loads(path.read_text())
-    for r in data["ops"]["cross_entropy"]["records"]:
-        r["peak_extra_bytes"] = {"v1": 2**31, "v3": 2**20}.get(r["impl"], 2**30)
-    path.write_text(json.dumps(data))
+    def peaks(records):
+        for r in records:
+            r["peak_extra_bytes"] = {"v1": 2**31, "v3": 2**20}.get(r["impl"], 2**30)
+
+    fake_results(tmp_path, "cross_entropy", edit=peaks)
     rows = _goal_rows(site.render_page("<!-- bench:goal cross_entropy v3 memory-v1:0.25 memory-v0:0.0001 -->\n",
                                        "p.md", tmp_path))
     assert "(1.0 MiB against 2.00 GiB)" in rows[0] and rows[0].endswith("**met** |")
@@ -367,13 +369,11 @@ def test_goal_refuses_malformed_directives(tmp_path):
 def test_goal_at_a_sweep_size(tmp_path):
     op = OPS["reduce_sum"]
     other = next(sz for sz in op.sweep if size_key(sz) != size_key(op.headline))
-    fake_results(tmp_path, "reduce_sum")
-    path = tmp_path / "test-gpu.json"
-    data = json.loads(path.read_text())
-    for r in list(data["ops"]["reduce_sum"]["records"]):  # the same versions at a sweep size, v3 now the slowest
-        data["ops"]["reduce_sum"]["records"].append({**r, "size": other, "size_key": size_key(other),
-                                                     "headline": False, "ms": 9.0 if r["impl"] == "v3" else 1.0})
-    path.write_text(json.dumps(data))
+    def add_sweep_size(records):  # the same versions at a sweep size, v3 now the slowest
+        records += [{**r, "size": other, "size_key": size_key(other), "headline": False,
+                     "ms": 9.0 if r["impl"] == "v3" else 1.0} for r in list(records)]
+
+    fake_results(tmp_path, "reduce_sum", edit=add_sweep_size)
     head = _goal_rows(site.render_page("<!-- bench:goal reduce_sum v3 v0:1 -->\n", "p.md", tmp_path))
     swept = _goal_rows(site.render_page(f"<!-- bench:goal reduce_sum v3 v0:1 size={size_key(other)} -->\n",
                                         "p.md", tmp_path))
@@ -383,12 +383,11 @@ def test_goal_at_a_sweep_size(tmp_path):
 
 
 def test_goal_says_when_a_miss_is_inside_the_spread(tmp_path):
-    fake_results(tmp_path, "reduce_sum")
-    path = tmp_path / "test-gpu.json"
-    data = json.loads(path.read_text())
-    for r in data["ops"]["reduce_sum"]["records"]:  # v3 takes 1/4 ms, v4 1/5 ms
-        r["ms_p10"], r["ms_p90"] = r["ms"] * 0.7, r["ms"] * 1.3
-    path.write_text(json.dumps(data))
+    def spreads(records):  # v3 takes 1/4 ms, v4 1/5 ms
+        for r in records:
+            r["ms_p10"], r["ms_p90"] = r["ms"] * 0.7, r["ms"] * 1.3
+
+    fake_results(tmp_path, "reduce_sum", edit=spreads)
     rows = _goal_rows(site.render_page("<!-- bench:goal reduce_sum v3 v4:1 v8:1 -->\n", "p.md", tmp_path))
     assert rows[0].endswith("**not met** (within the timings' 10th-90th percentile spread) |")  # 0.26 / 0.175
     assert rows[1].endswith("**not met** |")  # v8: 1/9 ms * 1.3 is still below 1/4 ms * 0.7
