@@ -6,6 +6,7 @@ fails when it differs from what the results say, so the README cannot drift from
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -13,25 +14,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from snippets.bench.report import report  # noqa: E402
-from snippets.site import _cname  # noqa: E402
+from snippets.site.tables import SUMMARY_HEAD, summary_row  # noqa: E402
 
 START, END = "<!-- measured:start -->", "<!-- measured:end -->"
 
 
 def table() -> str:
-    lines = ["| part | op | GPU | best version | rate | % of ceiling | vs library |",
-             "|--:|:--|:--|:--|--:|--:|--:|"]
-    for r in report():
-        if r["device"] is None or r["value"] is None:
-            lines.append(f"| {r['part']} | `{r['op']}` | not measured yet | | | | |")
-            continue
-        stale = "" if r["fresh"] else " (stale)"
-        sp = f"{r['speedup_vs_baseline']:.3g}x" if r["speedup_vs_baseline"] else "-"
-        frac = (f"{100 * r['fraction_of_ceiling']:.1f}% of {_cname(r['ceiling'])}"
-                if r["fraction_of_ceiling"] is not None else "-")
-        lines.append(f"| {r['part']} | `{r['op']}` | {r['device']} | {r['best_impl']} {r['best_lang']}{stale} | "
-                     f"{r['value']:,.1f} {r['unit']} | {frac} | {sp} |")
-    return "\n".join(lines)
+    rows = [summary_row(r, f"`{r['op']}`") for r in report()]
+    # the README is read on a code host, where HTML spans show as text: stale marks become plain words
+    rows = [re.sub(r'<span class="bench-stale">(.*?)</span>', r"(\1)", row) for row in rows]
+    return "\n".join(SUMMARY_HEAD + rows)
 
 
 def render(readme: str) -> str:

@@ -20,6 +20,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 LANGUAGES = ("PyTorch", "Triton", "CUDA", "NumPy")
+ORIGINS = ("book", "library")
 # What a rate is compared against. Each ceiling is measured by the harness in the same run as the kernels:
 # the built-in ones in snippets/bench/harness.py, others by the function an op module registers with
 # register_ceiling (a ceiling that needs a kernel of its own, such as shared-memory bandwidth).
@@ -52,8 +53,10 @@ Size = Mapping[str, Any]
 class Impl:
     """One implementation of an op.
 
-    ``name`` is ``v0`` for the library baseline and ``v1``, ``v2``, ... for the book's own versions (never
-    renumbered). ``sources`` lists what the implementation's speed depends on: Python functions, Triton
+    ``name`` is ``v0`` for the library baseline and ``v1``, ``v2``, ... for later versions (never renumbered).
+    ``origin`` says whose code it is: ``"book"`` (written here) or ``"library"`` (torch, torch.compile,
+    cuBLAS/cuDNN, Liger-Kernel, NumPy: compared against, never credited as the book's); ``v0`` is always a
+    library. ``sources`` lists what the implementation's speed depends on: Python functions, Triton
     ``JITFunction`` objects and CUDA files (paths relative to the repository root); its hash marks results stale.
     ``timer`` is ``"device"`` (CUDA events around the call) or ``"host"`` (a host clock after a synchronize, for
     CPU code and for anything that includes host transfers).
@@ -74,8 +77,13 @@ class Impl:
     # Why it cannot run in this environment (None when it can): for a version that needs an optional package
     # (Liger-Kernel) or a GPU feature (fp8 tensor cores). Tests skip it with that reason; the harness leaves it out.
     requires: Callable[[], str | None] | None = None
+    origin: str = "book"
 
     def __post_init__(self) -> None:
+        if self.name == "v0" and self.origin != "library":
+            object.__setattr__(self, "origin", "library")  # the baseline is a library by definition
+        if self.origin not in ORIGINS:
+            raise ValueError(f"{self.name}: origin must be one of {ORIGINS}, got {self.origin!r}")
         if self.lang not in LANGUAGES:
             raise ValueError(f"{self.name}: lang must be one of {LANGUAGES}, got {self.lang!r}")
         if self.device not in ("cuda", "cpu", "any"):

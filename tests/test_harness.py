@@ -216,7 +216,11 @@ def test_bench_without_gpu_says_why(monkeypatch):
 def test_render_table_and_stale_mark(tmp_path):
     fake_results(tmp_path, "scale", stale=("v1",))
     md = site.render_page("x\n\n<!-- bench:table scale -->\n\ny\n", "p.md", tmp_path)
-    assert "| v0 | PyTorch |" in md and "stale</span>" in md and "[^bench-scale-test-gpu]:" in md
+    assert "| **v0**&nbsp;PyTorch" in md and 'bench-lib">library</span>' in md  # v0 is marked a library's
+    rows = {line.split("&nbsp;")[0]: line for line in md.splitlines() if line.startswith("| **v")}
+    assert 'bench-stale">stale</span>' in rows["| **v1**"] and "bench-stale" not in rows["| **v0**"]
+    # the provenance footnote goes to the end of the page, after the paragraph that follows the table
+    assert md.index("[^bench-scale-test-gpu]:") > md.index("\ny\n")
     missing = site.render_page("<!-- bench:table relu -->\n", "p.md", tmp_path)
     assert "Not measured yet" in missing
 
@@ -229,9 +233,9 @@ def test_render_table_other_dtype_and_peak_memory(tmp_path):
     data["ops"]["scale"]["records"] = recs + extra
     path.write_text(json.dumps(data))
     default = site.render_page("<!-- bench:table scale -->\n", "p.md", tmp_path)
-    assert "float32" in default and "bfloat16" not in default and "peak memory" not in default
+    assert "float32" in default and "bfloat16" not in default and "extra memory" not in default
     bf16 = site.render_page("<!-- bench:table scale dtype=bfloat16 -->\n", "p.md", tmp_path)
-    assert "bfloat16" in bf16 and "peak memory beyond inputs" in bf16 and "| 3.0 MiB |" in bf16
+    assert "bfloat16" in bf16 and "| extra memory |" in bf16 and "| 3.0 MiB |" in bf16
     none = site.render_page("<!-- bench:table scale dtype=float16 -->\n", "p.md", tmp_path)
     assert "Not measured yet" in none
     plot = site.render_page("<!-- bench:plot scale dtype=bfloat16 -->\n", "p.md", tmp_path)
@@ -247,7 +251,10 @@ def test_plot_draws_one_line_per_series_of_the_sweep(tmp_path):
     plot = site.render_page("<!-- bench:plot flash_attention_fwd dtype=float32 -->\n", "p.md", tmp_path)
     assert "<svg" in plot
     table = site.render_page("<!-- bench:table flash_attention_fwd sizes=all dtype=float32 -->\n", "p.md", tmp_path)
-    assert "causal = True" in table and "causal = 1" not in table
+    # the sweep's pivot labels a size the way a paper writes it: a set flag by its name, never as a number
+    pivot = table[table.index("Every size measured"):]
+    assert "| B4 H32 S4096 D128 causal |" in pivot and "| B4 H32 S4096 D128 |" in pivot
+    assert "causal = 1" not in table and "causal=1" not in table
 
 
 @pytest.mark.gpu
@@ -280,7 +287,8 @@ def test_peak_extra_bytes_counts_temporaries():
 def test_render_plot_is_inline_svg(tmp_path):
     fake_results(tmp_path, "vector_add")
     md = site.render_page("<!-- bench:plot vector_add -->\n", "p.md", tmp_path)
-    assert md.startswith('<figure class="bench-plot">') and "<svg" in md and "\n\n" not in md
+    body = md.strip("\n")
+    assert body.startswith('<figure class="bench-plot">') and "<svg" in body and "\n\n" not in body
 
 
 def test_render_summary_and_unknown(tmp_path):

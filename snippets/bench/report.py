@@ -1,6 +1,9 @@
 """``python -m snippets report``: summarise the committed results, with no GPU needed.
 
-One record per (op, GPU with results), plus one record with ``device: null`` for an op never measured. A
+One record per (op, GPU with results), plus one record with ``device: null`` for an op never measured. Each
+record names the fastest of the book's own versions (``best_*``) and, apart, the fastest library version
+(``library_*``: torch, torch.compile, cuBLAS/cuDNN, Liger-Kernel), so a library's result is never credited to
+the book. A
 measurement is *fresh* when every implementation the registry declares has a headline result whose source hash
 equals the hash of its current source; otherwise the docs show it as stale.
 """
@@ -45,16 +48,28 @@ def summarise(op: Op, gpu: str | None, entry: dict | None) -> dict[str, Any]:
                            "headline_size": dict(op.headline), "dtype": dtype_name(op.timed_dtypes()[0]),
                            "best_impl": None, "best_lang": None, "value": None, "unit": op.metric,
                            "fraction_of_ceiling": None, "ceiling": op.ceiling, "baseline_impl": "v0",
-                           "speedup_vs_baseline": None, "fresh": False, "stale_impls": sorted(op.impls),
-                           "measured_at": None, "commit": None}
+                           "speedup_vs_baseline": None, "library_impl": None, "library_lang": None,
+                           "library_value": None, "book_vs_library": None, "fresh": False,
+                           "stale_impls": sorted(op.impls), "measured_at": None, "commit": None}
     if entry is None:
         return rec
     rows = headline_records(op, entry)
-    ours = [r for r in rows if r["impl"] != "v0"] or rows  # a micro-benchmark may have no v0
+    pick = min if op.lower_is_better else max
+
+    def origin(r: dict) -> str:
+        return op.impls[r["impl"]].origin if r["impl"] in op.impls else "library" if r["impl"] == "v0" else "book"
+
+    ours = [r for r in rows if origin(r) == "book"]
+    theirs = [r for r in rows if origin(r) == "library"]
     if ours:
-        best = (min if op.lower_is_better else max)(ours, key=lambda r: r["value"])
+        best = pick(ours, key=lambda r: r["value"])
         rec.update(best_impl=best["impl"], best_lang=best["lang"], value=best["value"],
                    fraction_of_ceiling=best["fraction_of_ceiling"], speedup_vs_baseline=best["speedup_vs_v0"])
+    if theirs:
+        lib = pick(theirs, key=lambda r: r["value"])
+        rec.update(library_impl=lib["impl"], library_lang=lib["lang"], library_value=lib["value"])
+        if ours:
+            rec["book_vs_library"] = lib["ms"] / best["ms"]  # > 1: the book's version is faster
     stale = stale_impls(op, entry)
     rec.update(fresh=not stale, stale_impls=stale, measured_at=entry["provenance"]["date"],
                commit=entry["provenance"]["commit"])

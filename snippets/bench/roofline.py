@@ -157,7 +157,7 @@ def render_intensity_table(link_prefix: str = "../") -> str:
     """Every registered op's arithmetic intensity at its headline size, from the cost models alone (no GPU).
     ``link_prefix`` turns a chapter path relative to docs/ into a link from the page (``../`` from a page one
     level down, such as docs/part3/roofline.md)."""
-    from snippets.site import _fmt_size
+    from snippets.site.fmt import _fmt_size
 
     lines = ["| op | headline size | dtype | FLOPs | bytes | FLOP/byte | metric |",
              "|:--|:--|:--|--:|--:|--:|:--|"]
@@ -171,7 +171,7 @@ def render_intensity_table(link_prefix: str = "../") -> str:
 
 
 def _figure(gpu: str, g: dict) -> str:
-    from snippets.site import _pyplot, figure_svg, style_axes
+    from snippets.site.figures import _pyplot, figure_svg, style_axes
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.2, 5.6))

@@ -64,7 +64,7 @@ def lanes(runs: dict[str, list[dict]]) -> list[tuple[str, object, list[dict]]]:
 def _figure(path: Path, name: str) -> str:
     from matplotlib.patches import Patch
 
-    from snippets.site import _pyplot, figure_svg, style_axes
+    from snippets.site.figures import _pyplot, figure_svg, style_axes
 
     data = load_timeline(path)
     rows = lanes(data["runs"])

@@ -57,8 +57,8 @@ cpu_vs_gpu = register(Op(
     metric="GB/s", ceiling="copy", headline={"n": 2**24}, sweep=[{"n": 2**k} for k in range(10, 27, 2)],
     dtypes=(torch.float32,), test_sizes=[{"n": n} for n in (1, 1000, 4097)]))
 cpu_vs_gpu.add(Impl("v0", torch.add, "PyTorch", "torch.add, data already on the GPU"))
-cpu_vs_gpu.add(Impl("v1", add_numpy, "NumPy", "NumPy on the CPU", device="cpu", timer="host"))
-cpu_vs_gpu.add(Impl("v2", add_torch_cpu, "PyTorch", "torch on the CPU (all cores)", device="cpu", timer="host"))
+cpu_vs_gpu.add(Impl("v1", add_numpy, "NumPy", "NumPy on the CPU", device="cpu", timer="host", origin="library"))
+cpu_vs_gpu.add(Impl("v2", add_torch_cpu, "PyTorch", "torch on the CPU (all cores)", device="cpu", timer="host", origin="library"))
 cpu_vs_gpu.add(Impl("v3", add_gpu_with_transfers, "PyTorch", "GPU, counting host-GPU copies", timer="host",
-                    inputs_on="cpu"))
-cpu_vs_gpu.add(Impl("v4", torch.add, "PyTorch", "GPU, data resident, host clock (launch + sync)", timer="host"))
+                    inputs_on="cpu", origin="library"))
+cpu_vs_gpu.add(Impl("v4", torch.add, "PyTorch", "GPU, data resident, host clock (launch + sync)", timer="host", origin="library"))

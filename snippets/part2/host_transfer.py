@@ -325,6 +325,6 @@ host_transfer = register(Op(
     tolerances={torch.float32: (0.0, 0.0)}))  # a copy is exact
 _SRC = (_check, TransferBuffers)
 host_transfer.add(Impl("v0", h2d_pageable, "PyTorch", "host to device, pageable: x.to('cuda')", _SRC, timer="host"))
-host_transfer.add(Impl("v1", h2d_pinned, "PyTorch", "host to device, pinned", _SRC))
-host_transfer.add(Impl("v2", d2h_pageable, "PyTorch", "device to host, pageable", _SRC, timer="host"))
-host_transfer.add(Impl("v3", d2h_pinned, "PyTorch", "device to host, pinned", _SRC))
+host_transfer.add(Impl("v1", h2d_pinned, "PyTorch", "host to device, pinned", _SRC, origin="library"))
+host_transfer.add(Impl("v2", d2h_pageable, "PyTorch", "device to host, pageable", _SRC, timer="host", origin="library"))
+host_transfer.add(Impl("v3", d2h_pinned, "PyTorch", "device to host, pinned", _SRC, origin="library"))

@@ -274,6 +274,6 @@ reduce_sum.add(Impl("v7", reduce_vec4_atomic, "CUDA", "grid-stride float4, shuff
 reduce_sum.add(Impl("v8", reduce_sum_triton, "Triton", "tl.sum per 4096 elements, relaunched on partials",
                     (_sum_kernel, reduce_sum_triton), device="any"))
 reduce_sum.add(Impl("v9", reduce_sum_numpy, "NumPy", "NumPy on the CPU (one thread)", (_check_vector,),
-                    device="cpu", timer="host"))
+                    device="cpu", timer="host", origin="library"))
 reduce_sum.add(Impl("v10", reduce_sum_torch_cpu, "PyTorch", "torch.sum on the CPU (all cores)", (_check_vector,),
-                    device="cpu", timer="host"))
+                    device="cpu", timer="host", origin="library"))

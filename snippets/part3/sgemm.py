@@ -344,9 +344,9 @@ sgemm.add(Impl("v6", sgemm_vectorized, "CUDA", "like v5, float4 loads, A transpo
 sgemm.add(Impl("v7", sgemm_warptile, "CUDA", "like v6, 64x32 warp tiles", _sources("v7")))
 sgemm.add(Impl("v8", sgemm_double_buffer, "CUDA", "like v7, double-buffered shared memory", _sources("v8")))
 sgemm.add(Impl("v9", sgemm_numpy, "NumPy", "NumPy's BLAS on the CPU", (check_operands,), device="cpu", timer="host",
-               bench_if=_upto_4096))
+               bench_if=_upto_4096, origin="library"))
 sgemm.add(Impl("v10", sgemm_torch_cpu, "PyTorch", "torch.matmul on the CPU (all cores)", (check_operands,),
-               device="cpu", timer="host", bench_if=_upto_4096))
+               device="cpu", timer="host", bench_if=_upto_4096, origin="library"))
 sgemm.add(Impl("v11", sgemm_tuned, "CUDA", "v8's loop as a template, 64x64 warp tiles, 128 results/thread",
                _sources("v11")))
 sgemm.add(Impl("v12", sgemm_autotuned, "CUDA", "autotuned over 10 tile configs, grouped block order",

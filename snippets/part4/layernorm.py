@@ -496,9 +496,9 @@ layernorm = register(Op(
 layernorm.add(Impl("v0", layernorm_torch, "PyTorch", "torch.nn.functional.layer_norm", (F.layer_norm,),
                    device="any"))
 layernorm.add(Impl("v1", layernorm_compiled, "Triton", "torch.compile(F.layer_norm)", (layernorm_torch,),
-                   device="cuda", requires=needs_gpu))
+                   device="cuda", requires=needs_gpu, origin="library"))
 layernorm.add(Impl("v2", layernorm_liger, "Triton", "Liger-Kernel 0.8.5 layer_norm_forward", (_liger,),
-                   device="cuda", requires=liger_missing))
+                   device="cuda", requires=liger_missing, origin="library"))
 layernorm.add(Impl("v3", layernorm_triton, "Triton", "row in registers, fp32 two-pass statistics",
                    TRITON_SOURCES, device="any"))
 layernorm.add(Impl("v4", layernorm_cuda, "CUDA", "block per row, 16-byte vectors, shuffles",
@@ -514,8 +514,8 @@ layernorm_fwd_bwd = register(Op(
 layernorm_fwd_bwd.add(Impl("v0", layernorm_fwd_bwd_torch, "PyTorch", "F.layer_norm + torch.autograd.grad",
                            (F.layer_norm, grads_through), device="cuda"))
 layernorm_fwd_bwd.add(Impl("v1", layernorm_fwd_bwd_compiled, "Triton", "torch.compile forward and backward",
-                           (layernorm_torch, grads_through), device="cuda", requires=needs_gpu))
+                           (layernorm_torch, grads_through), device="cuda", requires=needs_gpu, origin="library"))
 layernorm_fwd_bwd.add(Impl("v2", layernorm_fwd_bwd_liger, "Triton", "Liger-Kernel 0.8.5 LigerLayerNormFunction",
-                           (_liger, grads_through), device="cuda", requires=liger_missing))
+                           (_liger, grads_through), device="cuda", requires=liger_missing, origin="library"))
 layernorm_fwd_bwd.add(Impl("v3", layernorm_fwd_bwd_triton, "Triton",
                            "LayerNormFunction: saved stats, (GROUPS, N) partial dW/dB", BWD_SOURCES, device="any"))

@@ -454,7 +454,7 @@ softmax_op = register(Op(
     tolerances={torch.float32: (1e-5, 1e-7), torch.float16: (1e-3, 1e-7), torch.bfloat16: (8e-3, 1e-7)}))
 softmax_op.add(Impl("v0", softmax_torch, "PyTorch", "torch.softmax (eager)", device="any"))
 softmax_op.add(Impl("v1", softmax_compiled, "PyTorch", "torch.compile(torch.softmax)", (softmax_torch,),
-                    device="cuda", requires=needs_gpu))
+                    device="cuda", requires=needs_gpu, origin="library"))
 softmax_op.add(Impl("v2", softmax_one_pass, "Triton", "one pass, one program per row",
                     (_softmax_row_kernel, row_num_warps, *SOURCES), device="any", bench_if=_v2_fits))
 softmax_op.add(Impl("v3", softmax_persistent, "Triton", "one pass, persistent, pipelined rows",

@@ -564,9 +564,9 @@ cross_entropy = register(Op(
 cross_entropy.add(Impl("v0", cross_entropy_torch, "PyTorch", "F.cross_entropy(logits.float()) + autograd",
                        (_eager_loss, _grads), device="any"))
 cross_entropy.add(Impl("v1", cross_entropy_compiled, "PyTorch", "torch.compile of v0's loss",
-                       (_eager_loss, _grads), device="cuda", requires=needs_gpu))
+                       (_eager_loss, _grads), device="cuda", requires=needs_gpu, origin="library"))
 cross_entropy.add(Impl("v2", cross_entropy_liger, "Triton", "Liger-Kernel 0.8.5 LigerCrossEntropyFunction",
-                       (_liger, _grads), device="cuda", requires=liger_missing))
+                       (_liger, _grads), device="cuda", requires=liger_missing, origin="library"))
 cross_entropy.add(Impl("v3", cross_entropy_inplace, "Triton", "fused, online softmax, gradient over the logits",
                        SOURCES, device="any"))
 cross_entropy.add(Impl("v4", cross_entropy_new_buffer, "Triton", "fused, online softmax, gradient to a new buffer",
@@ -582,10 +582,10 @@ linear_cross_entropy = register(Op(
 linear_cross_entropy.add(Impl("v0", linear_cross_entropy_torch, "PyTorch", "h @ W.T, fp32 F.cross_entropy, autograd",
                               (_eager_linear_loss, _eager_loss, _grads), device="any"))
 linear_cross_entropy.add(Impl("v1", linear_cross_entropy_compiled, "PyTorch", "torch.compile of v0's loss",
-                              (_eager_linear_loss, _eager_loss, _grads), device="cuda", requires=needs_gpu))
+                              (_eager_linear_loss, _eager_loss, _grads), device="cuda", requires=needs_gpu, origin="library"))
 linear_cross_entropy.add(Impl("v2", linear_cross_entropy_liger, "Triton",
                               "Liger-Kernel 0.8.5 LigerFusedLinearCrossEntropyFunction", (_liger, _grads),
-                              device="cuda", requires=liger_missing))
+                              device="cuda", requires=liger_missing, origin="library"))
 linear_cross_entropy.add(Impl("v3", linear_cross_entropy_chunked, "Triton",
                               "token chunks: cuBLAS GEMMs + fused kernel in place", LINEAR_SOURCES, device="any"))
 

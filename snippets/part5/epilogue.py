@@ -372,12 +372,12 @@ matmul_epilogue = register(Op(
 matmul_epilogue.add(Impl("v0", matmul_bias_gelu_torch, "PyTorch", "matmul, + bias, gelu: three kernels",
                          (_check,)))
 matmul_epilogue.add(Impl("v1", matmul_bias_gelu_compiled, "PyTorch", "torch.compile of v0's chain",
-                         (_chain, _check), requires=needs_gpu))
+                         (_chain, _check), requires=needs_gpu, origin="library"))
 matmul_epilogue.add(Impl("v2", matmul_bias_gelu_addmm, "PyTorch", "addmm (bias in cuBLAS's epilogue), gelu",
-                         (_check,)))
+                         (_check,), origin="library"))
 matmul_epilogue.add(Impl("v3", matmul_bias_gelu, "Triton", "Part 4's tiled kernel + epilogue in registers",
                          SOURCES, device="any", dtypes=triton_half_dtypes()))
 matmul_epilogue.add(Impl("v4", matmul_bias_gelu_persistent, "Triton", "persistent TMA kernel + epilogue",
                          TMA_SOURCES, device="any", dtypes=triton_half_dtypes(), requires=needs_hopper))
 matmul_epilogue.add(Impl("v5", matmul_bias_gelu_lt, "PyTorch", "torch._addmm_activation: cuBLASLt GELU_BIAS",
-                         (_check,), requires=lt_missing))
+                         (_check,), requires=lt_missing, origin="library"))

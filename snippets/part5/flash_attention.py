@@ -796,7 +796,7 @@ flash_attention_fwd.add(Impl("v0", attention_flash_sdpa, "PyTorch", "SDPA, Flash
                              dtypes=(torch.bfloat16, torch.float16)))
 flash_attention_fwd.add(Impl("v1", attention_cudnn_sdpa, "PyTorch", "SDPA, cuDNN backend",
                              (F.scaled_dot_product_attention, _sdpa), device="cuda",
-                             dtypes=(torch.bfloat16, torch.float16), requires=cudnn_missing))
+                             dtypes=(torch.bfloat16, torch.float16), requires=cudnn_missing, origin="library"))
 flash_attention_fwd.add(Impl("v2", attention_triton, "Triton", "online softmax over K/V blocks, causal skipping",
                              (_attn_fwd_kernel, _fwd_inner, _forward, _types, *SOURCES), device="any"))
 
@@ -810,7 +810,7 @@ flash_attention_bwd.add(Impl("v0", attention_bwd_flash_sdpa, "PyTorch", "SDPA fl
                              dtypes=(torch.bfloat16, torch.float16)))
 flash_attention_bwd.add(Impl("v1", attention_bwd_cudnn_sdpa, "PyTorch", "SDPA cuDNN backward (autograd.grad)",
                              (F.scaled_dot_product_attention, _sdpa, _sdpa_backward), device="cuda",
-                             dtypes=(torch.bfloat16, torch.float16), requires=cudnn_missing))
+                             dtypes=(torch.bfloat16, torch.float16), requires=cudnn_missing, origin="library"))
 flash_attention_bwd.add(Impl("v2", attention_bwd_triton, "Triton",
                              "FA2 backward: delta, dK/dV per key block, dQ per query block",
                              (_attn_bwd_delta_kernel, _attn_bwd_dkdv_kernel, _bwd_dkdv_inner,

@@ -582,7 +582,7 @@ fused_op = register(Op(
 fused_op.add(Impl("v0", bias_gelu_dropout_residual_torch, "PyTorch", "eager: x+b, gelu, dropout, +residual",
                   SOURCES))
 fused_op.add(Impl("v1", bias_gelu_dropout_residual_compiled, "PyTorch", "torch.compile of v0's chain",
-                  (_chain, *SOURCES), device="cuda", requires=needs_gpu))
+                  (_chain, *SOURCES), device="cuda", requires=needs_gpu, origin="library"))
 fused_op.add(Impl("v2", bias_gelu_dropout_residual_unfused, "Triton", "four kernels, one per step",
                   (_bias_add_kernel, _gelu_kernel, seeded_dropout, _add_kernel, *SOURCES), device="any"))
 fused_op.add(Impl("v3", bias_gelu_dropout_residual, "Triton", "one fused kernel, fp32 in registers",

@@ -544,7 +544,7 @@ lora_linear = register(Op(
 lora_linear.add(Impl("v0", lora_linear_torch, "PyTorch", "eager: 3 cuBLAS products, scale, add",
                      (F.linear,), device="any"))
 lora_linear.add(Impl("v1", lora_linear_compiled, "Triton", "torch.compile of v0", (lora_linear_torch,),
-                     device="cuda", requires=needs_gpu))
+                     device="cuda", requires=needs_gpu, origin="library"))
 lora_linear.add(Impl("v2", lora_linear_two_kernels, "Triton", "U = s x A^T kernel, then [x, U] @ [W, B]^T",
                      FWD_SOURCES, device="any", dtypes=TRITON_DTYPES))
 lora_linear.add(Impl("v3", lora_linear_fused, "Triton", "one kernel: x A^T in the K loop, extra K step",
@@ -559,7 +559,7 @@ lora_linear_fwd_bwd = register(Op(
 lora_linear_fwd_bwd.add(Impl("v0", lora_linear_fwd_bwd_torch, "PyTorch", "eager autograd, W frozen",
                              (lora_linear_torch, _grads_through), device="any"))
 lora_linear_fwd_bwd.add(Impl("v1", lora_linear_fwd_bwd_compiled, "Triton", "torch.compile forward and backward",
-                             (lora_linear_torch, _grads_through), device="cuda", requires=needs_gpu))
+                             (lora_linear_torch, _grads_through), device="cuda", requires=needs_gpu, origin="library"))
 lora_linear_fwd_bwd.add(Impl("v2", lora_linear_fwd_bwd_two_kernels, "Triton",
                              "skinny U/V kernels, [dy, V] @ [W; A], cuBLAS dA, dB", BWD_SOURCES, device="any",
                              dtypes=TRITON_DTYPES))

@@ -370,9 +370,9 @@ rmsnorm = register(Op(
 # columns), its CUDA kernel, the one benchmarked, in fp32.
 rmsnorm.add(Impl("v0", rmsnorm_torch, "PyTorch", "torch.nn.functional.rms_norm", (F.rms_norm,), device="cuda"))
 rmsnorm.add(Impl("v1", rmsnorm_compiled, "Triton", "torch.compile(F.rms_norm)", (rmsnorm_torch,),
-                 device="cuda", requires=needs_gpu))
+                 device="cuda", requires=needs_gpu, origin="library"))
 rmsnorm.add(Impl("v2", rmsnorm_liger, "Triton", "Liger-Kernel 0.8.5 rms_norm_forward", (_liger,),
-                 device="cuda", requires=liger_missing))
+                 device="cuda", requires=liger_missing, origin="library"))
 rmsnorm.add(Impl("v3", rmsnorm_triton, "Triton", "row in registers, fp32 sum of squares", TRITON_SOURCES,
                  device="any"))
 
@@ -385,8 +385,8 @@ rmsnorm_fwd_bwd = register(Op(
 rmsnorm_fwd_bwd.add(Impl("v0", rmsnorm_fwd_bwd_torch, "PyTorch", "F.rms_norm + torch.autograd.grad",
                          (F.rms_norm, grads_through), device="cuda"))
 rmsnorm_fwd_bwd.add(Impl("v1", rmsnorm_fwd_bwd_compiled, "Triton", "torch.compile forward and backward",
-                         (rmsnorm_torch, grads_through), device="cuda", requires=needs_gpu))
+                         (rmsnorm_torch, grads_through), device="cuda", requires=needs_gpu, origin="library"))
 rmsnorm_fwd_bwd.add(Impl("v2", rmsnorm_fwd_bwd_liger, "Triton", "Liger-Kernel 0.8.5 LigerRMSNormFunction",
-                         (_liger, grads_through), device="cuda", requires=liger_missing))
+                         (_liger, grads_through), device="cuda", requires=liger_missing, origin="library"))
 rmsnorm_fwd_bwd.add(Impl("v3", rmsnorm_fwd_bwd_triton, "Triton",
                          "RMSNormFunction: saved fp32 rstd, (GROUPS, N) partial dW", BWD_SOURCES, device="any"))

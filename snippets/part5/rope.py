@@ -322,9 +322,9 @@ rope = register(Op(
 rope.add(Impl("v0", rope_torch, "PyTorch", "q * cos + rotate_half(q) * sin (HF)", (rope_ref, rotate_half),
               device="any"))
 rope.add(Impl("v1", rope_compiled, "Triton", "torch.compile of the HF formula", (rope_ref, rotate_half),
-              device="cuda", requires=needs_gpu))
+              device="cuda", requires=needs_gpu, origin="library"))
 rope.add(Impl("v2", rope_liger, "Triton", "Liger-Kernel 0.8.5 rope_forward (in place)", (_liger,),
-              device="cuda", requires=liger_missing))
+              device="cuda", requires=liger_missing, origin="library"))
 rope.add(Impl("v3", rope_triton, "Triton", "program per token, halves loaded once", SOURCES, device="any"))
 
 rope_fwd_bwd = register(Op(
@@ -336,8 +336,8 @@ rope_fwd_bwd = register(Op(
 rope_fwd_bwd.add(Impl("v0", rope_fwd_bwd_torch, "PyTorch", "HF formula + torch.autograd.grad",
                       (rope_ref, rotate_half, _grads_through), device="any"))
 rope_fwd_bwd.add(Impl("v1", rope_fwd_bwd_compiled, "Triton", "torch.compile forward and backward",
-                      (rope_ref, rotate_half, _grads_through), device="cuda", requires=needs_gpu))
+                      (rope_ref, rotate_half, _grads_through), device="cuda", requires=needs_gpu, origin="library"))
 rope_fwd_bwd.add(Impl("v2", rope_fwd_bwd_liger, "Triton", "Liger-Kernel 0.8.5 LigerRopeFunction (in place)",
-                      (_liger,), device="cuda", requires=liger_missing))
+                      (_liger,), device="cuda", requires=liger_missing, origin="library"))
 rope_fwd_bwd.add(Impl("v3", rope_fwd_bwd_triton, "Triton", "RoPEFunction: BACKWARD constexpr, angle -theta",
                       BWD_SOURCES, device="any"))

@@ -298,9 +298,9 @@ swiglu = register(Op(
     bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES, tolerances=TOLERANCES))
 swiglu.add(Impl("v0", swiglu_torch, "PyTorch", "F.silu(a) * b", (F.silu,), device="any"))
 swiglu.add(Impl("v1", swiglu_compiled, "Triton", "torch.compile(F.silu(a) * b)", (swiglu_torch,),
-                device="cuda", requires=needs_gpu))
+                device="cuda", requires=needs_gpu, origin="library"))
 swiglu.add(Impl("v2", swiglu_liger, "Triton", "Liger-Kernel 0.8.5 swiglu_forward", (_liger,),
-                device="cuda", requires=liger_missing))
+                device="cuda", requires=liger_missing, origin="library"))
 swiglu.add(Impl("v3", swiglu_triton, "Triton", "flat blocks of 4096, fp32 gate", TRITON_SOURCES, device="any"))
 
 swiglu_fwd_bwd = register(Op(
@@ -314,8 +314,8 @@ swiglu_fwd_bwd = register(Op(
 swiglu_fwd_bwd.add(Impl("v0", swiglu_fwd_bwd_torch, "PyTorch", "F.silu(a) * b + torch.autograd.grad",
                         (F.silu, grads_through), device="cuda"))
 swiglu_fwd_bwd.add(Impl("v1", swiglu_fwd_bwd_compiled, "Triton", "torch.compile forward and backward",
-                        (swiglu_torch, grads_through), device="cuda", requires=needs_gpu))
+                        (swiglu_torch, grads_through), device="cuda", requires=needs_gpu, origin="library"))
 swiglu_fwd_bwd.add(Impl("v2", swiglu_fwd_bwd_liger, "Triton", "Liger-Kernel 0.8.5 LigerSiLUMulFunction",
-                        (_liger, grads_through), device="cuda", requires=liger_missing))
+                        (_liger, grads_through), device="cuda", requires=liger_missing, origin="library"))
 swiglu_fwd_bwd.add(Impl("v3", swiglu_fwd_bwd_triton, "Triton", "GLUFunction: one kernel writes da and db",
                         BWD_SOURCES, device="any"))

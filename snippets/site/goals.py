@@ -1,0 +1,113 @@
+"""``bench:goal``: a chapter's goal checked against the results, one row per term and GPU."""
+
+from __future__ import annotations
+
+import re
+
+from snippets.bench.report import headline_records, stale_impls
+from snippets.registry import Op, size_key
+from snippets.site.fmt import _cname, _fmt_ms, _gib, _slug, short_size
+from snippets.site.tables import _footnote_as, _headline_dtype, gpu_short
+
+
+GOAL_TERM = re.compile(r"^(?:(v\d+)|ceiling|memory-(v\d+)):(\d+(?:\.\d+)?)$")
+
+
+def parse_goal(pos: list[str], ops: dict[str, Op]) -> tuple[Op, str, list[tuple[str, str | None, float]]]:
+    """``OP VER TERM...`` -> (op, version, [(kind, other version or None, threshold)]), kind one of "speed",
+    "ceiling", "memory"; unknown ops, versions and malformed terms raise ``ValueError``."""
+    if len(pos) < 3:
+        raise ValueError("bench:goal needs OP VERSION and at least one term (vK:R, ceiling:F, memory-vK:F)")
+    op_name, ver, *terms = pos
+    if op_name not in ops:
+        raise ValueError(f"bench:goal names unknown op {op_name!r}; known: {sorted(ops)}")
+    op = ops[op_name]
+    parsed = []
+    for tok in terms:
+        m = GOAL_TERM.match(tok)
+        if not m:
+            raise ValueError(f"bench:goal term {tok!r} is not vK:R, ceiling:F or memory-vK:F")
+        other = m.group(1) or m.group(2)
+        kind = "speed" if m.group(1) else "memory" if m.group(2) else "ceiling"
+        if kind == "ceiling" and not op.ceiling:
+            raise ValueError(f"bench:goal: {op_name} has no ceiling to be a fraction of")
+        parsed.append((kind, other, float(m.group(3))))
+    for v in [ver, *(o for _, o, _ in parsed if o)]:
+        if v not in op.impls:
+            raise ValueError(f"bench:goal: {op_name} has no version {v}; it has {sorted(op.impls)}")
+    return op, ver, parsed
+
+
+def _goal_row(op: Op, ver: str, term: tuple[str, str | None, float], recs: dict[str, dict],
+              stale: set[str], ceiling: dict | None) -> tuple[str, str, str]:
+    kind, other, x = term
+    if kind == "speed":
+        goal = (f"{ver} at least {x:g}x as fast as {other} ({op.impls[other].desc})" if x != 1
+                else f"{ver} at least as fast as {other} ({op.impls[other].desc})")
+    elif kind == "ceiling":
+        goal = f"{ver} at least {100 * x:g}% of the {_cname(ceiling['name'] if ceiling else op.ceiling)} ceiling"
+    else:
+        goal = f"{ver} holds at most {x:g}x the peak memory of {other} ({op.impls[other].desc})"
+    needed = [ver] + ([other] if other else [])
+    missing = [v for v in needed if v not in recs or (kind == "memory" and "peak_extra_bytes" not in recs[v])]
+    if missing:
+        return goal, "-", f"not measured ({', '.join(missing)})"
+    r = recs[ver]
+    if kind == "speed":
+        value = recs[other]["ms"] / r["ms"]
+        measured, met = f"{value:.3g}x ({_fmt_ms(r['ms'])} against {_fmt_ms(recs[other]['ms'])})", value >= x
+    elif kind == "ceiling":
+        value = r["fraction_of_ceiling"]
+        measured, met = f"{100 * value:.1f}% ({r['value']:,.1f} {op.metric})", value >= x
+    else:
+        mine, theirs = r["peak_extra_bytes"], recs[other]["peak_extra_bytes"]
+        value = mine / theirs if theirs else float("inf") if mine else 0.0
+        ratio = "< 0.001x" if value < 1e-3 else f"{value:.3g}x"
+        measured, met = f"{ratio} ({_gib(mine)} against {_gib(theirs)})", value <= x
+    old = [v for v in needed if v in stale]
+    verdict = (f"stale ({', '.join(old)} changed since)" if old else "**met**" if met else "**not met**")
+    if not old and not met and kind == "speed" and "ms_p10" in r and "ms_p90" in recs[other]:
+        # the two timings' 10th-90th percentile ranges reach the goal: a difference inside the run's noise
+        if recs[other]["ms_p90"] / r["ms_p10"] >= x:
+            verdict += " (within the timings' 10th-90th percentile spread)"
+    return goal, measured, verdict
+
+
+def render_goal(op: Op, ver: str, terms: list[tuple[str, str | None, float]], results: dict[str, dict],
+                dtype: str | None = None, size: str | None = None) -> str:
+    """A chapter's goal for one version, each term checked against the headline records of every GPU that
+    measured the op (see the module docstring for the terms)."""
+    import hashlib
+
+    tag = hashlib.sha256(repr((op.name, ver, terms, dtype, size)).encode()).hexdigest()[:6]
+    sizes = {size_key(sz) for sz in [op.headline, *op.sweep]}
+    if size is not None and size not in sizes:
+        raise ValueError(f"bench:goal: {op.name} has no size {size!r}; its sizes are {sorted(sizes)}")
+    rows_out, notes, head = [], [], None
+    for gpu, data in results.items():
+        entry = data["ops"].get(op.name)
+        if entry is None:
+            continue
+        if size is None:
+            rows = headline_records(op, entry, dtype)
+        else:
+            want = dtype or _headline_dtype(op, entry)
+            rows = [r for r in entry["records"] if r["size_key"] == size and r["dtype"] == want]
+        if not rows:
+            continue
+        recs = {r["impl"]: r for r in rows}
+        stale = set(stale_impls(op, entry))
+        label = f"goal-{tag}-{_slug(op.name)}-{_slug(gpu)}"
+        notes.append(_footnote_as(op, gpu, entry, label))
+        head = head or f"**Goal check**: `{op.name}` · {rows[0]['dtype']} · {short_size(rows[0]['size'])}"
+        for t in terms:
+            goal, measured, verdict = _goal_row(op, ver, t, recs, stale, entry["ceiling"])
+            rows_out.append(f"| {goal} | {gpu_short(gpu)}[^{label}] | {measured} | {verdict} |")
+    if not rows_out:
+        return (f'!!! warning "Goal not checked yet"\n    `{op.name}` has no committed GPU results to check the '
+                "goal against.\n")
+    # one table for every GPU, each term's rows together, so a reader compares the GPUs' verdicts at a glance
+    order = {t: i for i, t in enumerate(dict.fromkeys(r.split(" | ")[0] for r in rows_out))}
+    rows_out.sort(key=lambda r: order[r.split(" | ")[0]])
+    lines = [head, "", "| goal | GPU | measured | verdict |", "|:--|:--|:--|:--|", *rows_out]
+    return '<div class="bench-table bench-goal" markdown>\n\n' + "\n".join(lines) + "\n\n</div>\n\n" + "\n\n".join(notes)

@@ -1,0 +1,323 @@
+"""Read the built site in a real browser, as a reader does, and count what a reader would trip over.
+
+Used by tests/test_browser.py (which asserts the counts are zero) and from the command line, to measure a
+site before and after a change:
+
+    python tests/site_audit.py SITE_DIR [--pages part4/matmul ...] [--json OUT]
+
+The browser is Debian's Chromium (``/usr/bin/chromium``, or ``KM_CHROMIUM``) driven by Playwright through
+``executable_path``: Playwright's own browser download is not needed. Every request to another host is blocked
+and counted, so a page that needs the network to render (a CDN script) fails here as it fails offline.
+
+At 1400 px wide, every page: console errors, blocked or failed requests, footnotes holding more than their
+provenance text (a paragraph swallowed by a footnote), tables wider than the text column (all of them, and
+the headline ones outside folded blocks), listings that scroll sideways (captured program output excepted),
+plots whose legend is cut off by the figure's edge, TeX left unrendered, Mermaid left unrendered, and the
+bench tables and plots each directive of the page's source asked for. At 420 px: a page that scrolls sideways.
+Once per site: a search for "transpose" returns results, and content tabs switch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from snippets.site.page import DIRECTIVE  # noqa: E402
+from snippets.site.tables import PROVENANCE_ENDINGS  # noqa: E402
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TABLE_KINDS = {"table", "goal", "versus", "sweep", "summary", "ceilings"}
+PLOT_KINDS = {"plot", "ladder", "roofline", "timeline"}
+
+
+def chromium_path() -> str | None:
+    """Debian's Chromium, or the browser named by KM_CHROMIUM; None when neither is installed."""
+    for cand in (os.environ.get("KM_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+                 shutil.which("chromium-browser")):
+        if cand and Path(cand).exists():
+            return cand
+    return None
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # noqa: D401 (the server's access log is noise in a test)
+        pass
+
+
+def serve(site_dir: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    handler = functools.partial(_Quiet, directory=str(site_dir))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.handle_error = lambda request, address: None  # a page left mid-download: not a finding
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+def site_pages(site_dir: Path) -> list[str]:
+    """Every page of the site as a path under its root ("" for the home page, "part4/matmul/" ...)."""
+    pages = []
+    for html in sorted(site_dir.glob("**/index.html")):
+        rel = html.parent.relative_to(site_dir).as_posix()
+        if rel.startswith(("search", "assets")):
+            continue
+        pages.append("" if rel == "." else rel + "/")
+    return pages
+
+
+def source_of(page: str) -> Path | None:
+    """The Markdown source of a built page (docs/part4/matmul.md for "part4/matmul/")."""
+    stem = page.rstrip("/") or "index"
+    for cand in (REPO_ROOT / "docs" / f"{stem}.md", REPO_ROOT / "docs" / stem / "index.md"):
+        if cand.exists():
+            return cand
+    return None
+
+
+def asked_for(page: str) -> tuple[int, int]:
+    """How many table-like and plot-like bench directives the page's source holds."""
+    src = source_of(page)
+    if src is None:
+        return 0, 0
+    kinds = [m.group(2) for m in DIRECTIVE.finditer(src.read_text())]
+    return sum(k in TABLE_KINDS for k in kinds), sum(k in PLOT_KINDS for k in kinds)
+
+
+# One script per page, run in the page: everything measured from the DOM as laid out.
+MEASURE_JS = r"""
+(endings) => {
+  const visible = el => el.offsetParent !== null && el.getClientRects().length > 0;
+  const inner = document.querySelector('.md-content__inner') || document.body;
+  const column = inner.getBoundingClientRect().width;
+  const out = {column: column, footnotes: [], tables: [], listings: [], legends: [], tex: 0, mermaid: 0,
+               bench_tables: document.querySelectorAll('.bench-table').length,
+               bench_plots: document.querySelectorAll('.bench-plot').length};
+  for (const li of document.querySelectorAll('.footnote li')) {
+    const clone = li.cloneNode(true);
+    clone.querySelectorAll('.footnote-backref').forEach(a => a.remove());
+    const text = clone.textContent.replace(/\s+/g, ' ').trim();
+    const paras = li.querySelectorAll('p').length;
+    const ok = paras <= 1 && /^(Measured|Captured) by/.test(text) && endings.some(e => text.endsWith(e));
+    if (!ok) out.footnotes.push(text.slice(-160));
+  }
+  for (const t of document.querySelectorAll('.md-typeset table')) {
+    if (!visible(t)) continue;
+    const w = t.getBoundingClientRect().width;
+    const folded = !!t.closest('details');
+    const headline = !!t.closest('.bench-table') && !folded;
+    out.tables.push({width: Math.round(w), over: w > column + 1, headline: headline, folded: folded});
+  }
+  for (const c of document.querySelectorAll('pre > code')) {
+    if (!visible(c) || c.closest('.bench-output')) continue;
+    // Material scrolls the <code> element itself (pre > code { overflow: auto })
+    const scrolls = c.scrollWidth > c.clientWidth + 1 || c.parentElement.scrollWidth > c.parentElement.clientWidth + 1;
+    const longest = Math.max(...c.textContent.split('\n').map(l => l.length));
+    out.listings.push({scrolls: scrolls, longest: longest});
+  }
+  for (const fig of document.querySelectorAll('.bench-plot svg')) {
+    if (!visible(fig)) continue;
+    const box = fig.getBoundingClientRect();
+    for (const g of fig.querySelectorAll('g[id^="legend"]')) {
+      const r = g.getBoundingClientRect();
+      const clipped = r.left < box.left - 1 || r.right > box.right + 1 || r.top < box.top - 1 ||
+                      r.bottom > box.bottom + 1;
+      out.legends.push({clipped: clipped});
+    }
+  }
+  for (const el of document.querySelectorAll('.arithmatex')) {
+    if (!el.querySelector('mjx-container')) out.tex += 1;
+  }
+  for (const el of document.querySelectorAll('.mermaid')) {
+    if (!el.querySelector('svg') && !(el.shadowRoot && el.shadowRoot.querySelector('svg'))) out.mermaid += 1;
+  }
+  return out;
+}
+"""
+
+PHONE_JS = r"""
+() => {
+  // What a phone reader loses: content that runs past the screen's edge with nothing to scroll it into view,
+  // and headline bench tables that need sideways scrolling to show their measurement columns.
+  const w = window.innerWidth;
+  const scroller = el => {
+    for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+      const o = getComputedStyle(a).overflowX;
+      if ((o === 'auto' || o === 'scroll') && a.scrollWidth > a.clientWidth) return a;
+    }
+    return null;
+  };
+  const cut = [];
+  for (const el of document.querySelectorAll('.md-content__inner *')) {
+    if (el.offsetParent === null) continue;
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.right <= w + 1) continue;
+    if (el.closest('pre, .highlight, .md-typeset__scrollwrap, .arithmatex, .bench-plot') || scroller(el)) continue;
+    cut.push(el.tagName.toLowerCase() + (el.className && typeof el.className === 'string' ?
+             '.' + el.className.split(' ')[0] : ''));
+  }
+  const tables = [];
+  for (const t of document.querySelectorAll('.bench-table table')) {
+    if (t.offsetParent === null || t.closest('details')) continue;
+    const wrap = t.closest('.md-typeset__scrollwrap') || t.parentElement;
+    if (t.getBoundingClientRect().width > wrap.getBoundingClientRect().width + 1) tables.push(t.rows.length);
+  }
+  const doc = document.documentElement.scrollWidth > w + 1;
+  return {scroll: doc || cut.length > 0, cut: cut.slice(0, 5), tables: tables.length, doc: doc};
+}
+"""
+
+
+def _settle(page) -> None:
+    """Wait for MathJax's first typeset and Mermaid's diagrams, where the page has them."""
+    try:
+        page.wait_for_function("() => !window.MathJax || !window.MathJax.startup || "
+                               "window.MathJax.startup.promise", timeout=5000)
+        page.evaluate("() => window.MathJax && window.MathJax.startup && window.MathJax.startup.promise")
+    except Exception:  # noqa: BLE001 (no MathJax, or it never loaded: the count of raw TeX says so)
+        pass
+    if page.query_selector(".mermaid"):
+        try:
+            page.wait_for_function("() => [...document.querySelectorAll('.mermaid')].every("
+                                   "e => e.querySelector('svg') || (e.shadowRoot && e.shadowRoot.querySelector('svg')))",
+                                   timeout=8000)
+        except Exception:  # noqa: BLE001 (counted as unrendered)
+            pass
+
+
+def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = True) -> dict:
+    """Visit ``pages`` (default: every page) of the built site in ``site_dir``; return the findings."""
+    from playwright.sync_api import sync_playwright
+
+    exe = chromium_path()
+    if exe is None:
+        raise RuntimeError("no Chromium: install Debian's chromium package or set KM_CHROMIUM")
+    server, base = serve(site_dir)
+    pages = site_pages(site_dir) if pages is None else pages
+    found: dict = {"pages": len(pages), "console_errors": [], "external_requests": [], "failed_requests": [],
+                   "footnotes_swallowing": [], "tables": 0, "tables_over_column": [], "headline_over_column": [],
+                   "listings": 0, "listings_scrolling": [], "legends": 0, "legends_clipped": [], "raw_tex": [],
+                   "raw_mermaid": [], "missing_bench": [], "phone_scroll": [], "phone_tables_scrolling": []}
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
+            ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+            current = {"page": ""}
+
+            def route(r):
+                host = urlparse(r.request.url).hostname
+                if host not in ("127.0.0.1", "localhost"):
+                    found["external_requests"].append(f"{current['page']}: {r.request.url}")
+                    return r.abort()
+                return r.continue_()
+
+            ctx.route("**/*", route)
+            page = ctx.new_page()
+            page.on("console", lambda m: m.type == "error" and found["console_errors"].append(
+                f"{current['page']}: {m.text[:200]}"))
+            page.on("pageerror", lambda e: found["console_errors"].append(f"{current['page']}: {str(e)[:200]}"))
+            page.on("requestfailed", lambda r: urlparse(r.url).hostname in ("127.0.0.1", "localhost") and
+                    found["failed_requests"].append(f"{current['page']}: {r.url}"))
+            for p in pages:
+                current["page"] = p or "/"
+                page.goto(base + p, wait_until="load")
+                _settle(page)
+                m = page.evaluate(MEASURE_JS, list(PROVENANCE_ENDINGS))
+                found["footnotes_swallowing"] += [f"{p}: ...{t}" for t in m["footnotes"]]
+                found["tables"] += len(m["tables"])
+                found["tables_over_column"] += [f"{p}: {t['width']} px > {m['column']:.0f}" for t in m["tables"]
+                                                if t["over"]]
+                found["headline_over_column"] += [f"{p}: {t['width']} px > {m['column']:.0f}" for t in m["tables"]
+                                                  if t["over"] and t["headline"]]
+                found["listings"] += len(m["listings"])
+                found["listings_scrolling"] += [f"{p}: longest line {c['longest']}" for c in m["listings"]
+                                                if c["scrolls"]]
+                found["legends"] += len(m["legends"])
+                found["legends_clipped"] += [p for c in m["legends"] if c["clipped"]]
+                if m["tex"]:
+                    found["raw_tex"].append(f"{p}: {m['tex']}")
+                if m["mermaid"]:
+                    found["raw_mermaid"].append(f"{p}: {m['mermaid']}")
+                tables, plots = asked_for(p)
+                if m["bench_tables"] < tables or m["bench_plots"] < plots:
+                    found["missing_bench"].append(f"{p}: {m['bench_tables']}/{tables} tables, "
+                                                  f"{m['bench_plots']}/{plots} plots")
+            phone = browser.new_context(viewport={"width": 420, "height": 900}, is_mobile=True)
+            phone.route("**/*", route)
+            ph = phone.new_page()
+            for p in pages:
+                current["page"] = p or "/"
+                ph.goto(base + p, wait_until="load")
+                _settle(ph)
+                r = ph.evaluate(PHONE_JS)
+                if r["scroll"]:
+                    found["phone_scroll"].append(f"{p}: page scrolls: {r['doc']}; cut off: {r['cut']}")
+                if r["tables"]:
+                    found["phone_tables_scrolling"].append(f"{p}: {r['tables']} headline tables")
+            if checks_once:
+                found["search_transpose"] = _search(page, base)
+                found["tabs_switch"] = _tabs(page, base, pages)
+            browser.close()
+    finally:
+        server.shutdown()
+    return found
+
+
+def _search(page, base: str) -> int:
+    """How many results the site's search lists for "transpose"."""
+    page.goto(base, wait_until="load")
+    page.click("label.md-search__icon, .md-search__input", timeout=5000)
+    page.fill(".md-search__input", "transpose")
+    try:
+        page.wait_for_selector(".md-search-result__item", timeout=15000)
+    except Exception:  # noqa: BLE001
+        return 0
+    return len(page.query_selector_all(".md-search-result__item"))
+
+
+def _tabs(page, base: str, pages: list[str]) -> bool | None:
+    """Click the second label of the first tab set found; True when its panel becomes the visible one."""
+    for p in pages:
+        page.goto(base + p, wait_until="load")
+        sets = page.query_selector_all(".tabbed-set")
+        if not sets:
+            continue
+        labels = sets[0].query_selector_all(".tabbed-labels > label")
+        blocks = sets[0].query_selector_all(".tabbed-content > .tabbed-block")
+        if len(labels) < 2 or len(blocks) < 2:
+            continue
+        labels[1].click()
+        page.wait_for_timeout(100)
+        return bool(blocks[1].is_visible() and not blocks[0].is_visible())
+    return None
+
+
+def summary(found: dict) -> dict:
+    """The counts of a finding set (what a before/after comparison shows)."""
+    return {k: (len(v) if isinstance(v, list) else v) for k, v in found.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("site", type=Path)
+    ap.add_argument("--pages", nargs="*")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    found = audit(args.site, args.pages)
+    if args.json:
+        args.json.write_text(json.dumps(found, indent=1))
+    print(json.dumps(summary(found), indent=1))
+
+
+if __name__ == "__main__":
+    main()
