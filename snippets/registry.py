@@ -8,9 +8,7 @@ ones (an implementation's *source hash* changes whenever its code does).
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -78,6 +76,7 @@ class Impl:
     # (Liger-Kernel) or a GPU feature (fp8 tensor cores). Tests skip it with that reason; the harness leaves it out.
     requires: Callable[[], str | None] | None = None
     origin: str = "book"
+    home: str = ""  # the module that registers this version's op (set by Op.add): its inputs and cost model
 
     def __post_init__(self) -> None:
         if self.name == "v0" and self.origin != "library":
@@ -107,30 +106,28 @@ class Impl:
     def benched_at(self, size: Mapping[str, Any], headline: Mapping[str, Any]) -> bool:
         return self.bench_if is None or size_key(size) == size_key(headline) or bool(self.bench_if(size))
 
-    def source_hash(self) -> str:
-        """sha256 (first 16 hex digits) over the source of ``fn`` and every entry of ``sources``."""
-        h = hashlib.sha256()
+    def source_hash(self, root: Path = REPO_ROOT) -> str:
+        """The derived hash of everything this version's measurement depends on (snippets.hashing): the import
+        closure of the modules that define ``fn``, the callables of ``sources`` and the op's registration, the
+        timer, and the CUDA files and headers they can load. ``sources`` still names what a version depends on
+        beyond its own module; it can add to the hash, never narrow it."""
+        from snippets.hashing import derived_hash
+
+        modules, paths, names = set(), [], []
+        if self.home:
+            modules.add(self.home)
         for obj in (self.fn, *self.sources):
-            h.update(_source_text(obj).encode())
-        return h.hexdigest()[:16]
-
-
-def _source_text(obj: Any) -> str:
-    if isinstance(obj, (str, Path)):
-        return (REPO_ROOT / obj).read_text()
-    # A Triton kernel is a JITFunction, or an InterpretedFunction under TRITON_INTERPRET=1; both wrap the Python
-    # function in .fn, whose source is the same in either mode (so is the hash).
-    target = getattr(obj, "fn", obj)
-    name = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', repr(target))}"
-    try:
-        path = Path(inspect.getsourcefile(target) or "").resolve()
-    except TypeError:  # a builtin such as torch.add: its name stands for it (library versions are provenance)
-        return name
-    if REPO_ROOT not in path.parents or "site-packages" in path.parts:
-        # A library's Python function (torch.nn.functional.layer_norm): its text changes with the library's
-        # version, which the provenance records already; the name keeps the hash the same on every machine.
-        return name
-    return inspect.getsource(target)
+            if isinstance(obj, (str, Path)):  # a file: relative to the repository (a copy of it, under root)
+                rel = Path(obj).relative_to(REPO_ROOT) if Path(obj).is_absolute() else Path(obj)
+                paths.append(root / rel)
+                continue
+            target = getattr(obj, "fn", obj)  # a Triton JITFunction (or InterpretedFunction) wraps .fn
+            module = getattr(target, "__module__", "") or ""
+            if module == "snippets" or module.startswith("snippets."):
+                modules.add(module)
+            else:  # a library's callable (torch.add): its name stands for it, its version is provenance
+                names.append(f"{module}.{getattr(target, '__qualname__', repr(target))}")
+        return derived_hash(sorted(modules), paths, names, root)
 
 
 @dataclass
@@ -188,6 +185,8 @@ class Op:
     def add(self, impl: Impl) -> Impl:
         if impl.name in self.impls:
             raise ValueError(f"{self.name}: implementation {impl.name} registered twice")
+        if not impl.home:
+            object.__setattr__(impl, "home", getattr(self.reference, "__module__", "") or "")
         self.impls[impl.name] = impl
         return impl
 

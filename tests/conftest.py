@@ -46,3 +46,22 @@ def poison_allocator(nbytes: int, device: str) -> None:
     the block just freed to the next allocation of that size."""
     t = torch.full((max(1, nbytes // 4),), float("nan"), device=device)
     del t
+
+
+@pytest.fixture(scope="session")
+def site_dir(tmp_path_factory):
+    """The site built once per test session with ``mkdocs build --strict`` (the site tests, the asset tests and
+    the browser tests all read it)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[docs]')")
+    out = tmp_path_factory.mktemp("site")
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or "mkdocs"
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([mkdocs, "build", "--strict", "-d", str(out)], cwd=root, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, f"mkdocs build --strict failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    return out

@@ -135,6 +135,10 @@ MEASURE_JS = r"""
       out.legends.push({clipped: clipped});
     }
   }
+  const tabs = [...document.querySelectorAll('.md-tabs__item')];
+  const bar = document.querySelector('.md-tabs__list');
+  const edge = bar ? Math.min(bar.getBoundingClientRect().right, document.documentElement.clientWidth) : 0;
+  out.top_tabs_clipped = tabs.length > 0 && tabs[tabs.length - 1].getBoundingClientRect().right > edge + 1;
   for (const el of document.querySelectorAll('.arithmatex')) {
     if (!el.querySelector('mjx-container')) out.tex += 1;
   }
@@ -207,7 +211,8 @@ def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = Tr
     found: dict = {"pages": len(pages), "console_errors": [], "external_requests": [], "failed_requests": [],
                    "footnotes_swallowing": [], "tables": 0, "tables_over_column": [], "headline_over_column": [],
                    "listings": 0, "listings_scrolling": [], "legends": 0, "legends_clipped": [], "raw_tex": [],
-                   "raw_mermaid": [], "missing_bench": [], "phone_scroll": [], "phone_tables_scrolling": []}
+                   "raw_mermaid": [], "missing_bench": [], "phone_scroll": [], "phone_tables_scrolling": [],
+                   "top_tabs_clipped": []}
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
@@ -244,6 +249,8 @@ def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = Tr
                                                 if c["scrolls"]]
                 found["legends"] += len(m["legends"])
                 found["legends_clipped"] += [p for c in m["legends"] if c["clipped"]]
+                if m["top_tabs_clipped"]:
+                    found["top_tabs_clipped"].append(p)
                 if m["tex"]:
                     found["raw_tex"].append(f"{p}: {m['tex']}")
                 if m["mermaid"]:

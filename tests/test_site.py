@@ -26,17 +26,6 @@ from snippets.registry import REPO_ROOT, Impl, load_all, size_key
 OPS = load_all()
 
 
-@pytest.fixture(scope="module")
-def site_dir(tmp_path_factory) -> Path:
-    pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[docs]')")
-    out = tmp_path_factory.mktemp("site")
-    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or "mkdocs"
-    r = subprocess.run([mkdocs, "build", "--strict", "-d", str(out)], cwd=REPO_ROOT, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, f"mkdocs build --strict failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
-    return out
-
-
 @pytest.mark.slow
 def test_strict_build_has_every_chapter(site_dir):
     for page in ("index.html", "part1/elementwise/index.html", "benchmarks/index.html",
