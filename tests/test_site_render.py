@@ -70,7 +70,7 @@ def test_several_gpus_render_as_linked_tabs_one_gpu_as_it_is(tmp_path):
     two = site.render_page("<!-- bench:table scale -->\n", "p.md", tmp_path)
     assert '=== "H100"' in two and '=== "Test"' not in two
     body, _ = html_of(two)
-    assert body.count('class="bench-table"') == 2 and "tabbed-set" in body
+    assert body.count('class="bench-table bench-op"') == 2 and "tabbed-set" in body
 
 
 def test_goal_checks_every_gpu_in_one_table(tmp_path):

@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 
 from snippets.bench.report import RESULTS_DIR
-from snippets.site.figures import _pyplot, figure_svg
+from snippets.site.figures import GREY, LEGEND_PT, Drawn, figure_html, figure_key, legend_below, new_figure
 from snippets.site.fmt import _fmt_ms, _slug
-from snippets.site.tables import _machine
+from snippets.site.tables import _machine, gpu_short
 
 
 def _resolve_hash(ref: str) -> str | None:
@@ -30,30 +30,91 @@ def _resolve_hash(ref: str) -> str | None:
 SWEEP_KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 
 
-def _heatmap(ax, rows: list[dict], y: str, x: str, fig, plt) -> None:
-    """The best rate over every other knob for each (y, x) cell; cells with no working config are hatched."""
-    import numpy as np
+def _heatmap(ax, rows: list[dict], y: str, x: str, norm, cmap, titles: dict[str, str]) -> bool:
+    """The best rate over every other knob for each (y, x) cell, its value written in the cell; cells with
+    no working config are hatched. Each cell is a rectangle of its own with a hover title. Returns whether
+    a cell is hatched."""
+    from matplotlib import patheffects
+    from matplotlib.patches import Rectangle
 
     ys = sorted({r[y] for r in rows})
     xs = sorted({r[x] for r in rows})
-    grid = np.full((len(ys), len(xs)), np.nan)
+    best: dict[tuple, float] = {}
     for r in rows:
         if r["status"] == "ok":
-            i, j = ys.index(r[y]), xs.index(r[x])
-            grid[i, j] = r["tflops"] if np.isnan(grid[i, j]) else max(grid[i, j], r["tflops"])
-    ax.add_patch(plt.Rectangle((-0.5, -0.5), len(xs), len(ys), hatch="xx", fill=False, ec="#888888", lw=0,
-                               zorder=0))  # seen only where the image is masked
-    im = ax.imshow(np.ma.masked_invalid(grid), origin="lower", cmap="viridis", aspect="auto", zorder=1)
+            cell = (r[y], r[x])
+            best[cell] = max(best.get(cell, r["tflops"]), r["tflops"])
+    hatched = False
+    for i, vy in enumerate(ys):
+        for j, vx in enumerate(xs):
+            v = best.get((vy, vx))
+            if v is None:
+                hatched = True
+                rect = Rectangle((j - 0.5, i - 0.5), 1, 1, hatch="xx", fill=False, ec=GREY, lw=0)
+                text = f"{y} {vy}, {x} {vx}: no configuration compiled and passed the check"
+            else:
+                rect = Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=cmap(norm(v)), lw=0)
+                text = f"{y} {vy}, {x} {vx}: {v:,.1f} TFLOP/s (the best configuration of the cell)"
+                r, g, b, _ = cmap(norm(v))
+                ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+                # as a path, not text: the page's stylesheet recolours SVG text for its light or dark
+                # theme, and this ink must follow the cell's colour instead
+                ax.text(j, i, f"{v:,.0f}", ha="center", va="center", fontsize=9, color=ink,
+                        path_effects=[patheffects.Normal()])
+            gid = f"cell{len(titles)}"
+            rect.set_gid(gid)
+            titles[gid] = text
+            ax.add_patch(rect)
+    ax.set_xlim(-0.5, len(xs) - 0.5)
+    ax.set_ylim(-0.5, len(ys) - 0.5)
     ax.set_xticks(range(len(xs)), [str(v) for v in xs])
     ax.set_yticks(range(len(ys)), [str(v) for v in ys])
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     for spine in ax.spines.values():
-        spine.set_color("#888888")
-    ax.tick_params(colors="#888888")
-    cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    cb.set_label("TFLOP/s (best config of the cell)", fontsize=8)
-    cb.ax.tick_params(colors="#888888", labelsize=7)
+        spine.set_color(GREY)
+    ax.tick_params(colors=GREY, labelcolor=GREY)
+    return hatched
+
+
+def sweep_figure(name: str, gpu: str, data: dict) -> Drawn:
+    """Two heatmaps, one above the other (each as wide as the page): the best rate per BLOCK_M x BLOCK_N,
+    and per num_stages x num_warps for the tile the sweep explored most (ties: the faster tile)."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.patches import Patch
+
+    rows = data["configs"]
+    ok = [r["tflops"] for r in rows if r["status"] == "ok"]
+    tiles: dict[tuple, list[dict]] = {}
+    for r in rows:
+        tiles.setdefault(tuple(r[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")), []).append(r)
+    tile, same_tile = max(tiles.items(), key=lambda t: (len(t[1]), max(
+        (r["tflops"] for r in t[1] if r["status"] == "ok"), default=0.0)))
+    import matplotlib
+
+    cmap, norm = matplotlib.colormaps["viridis"], Normalize(min(ok), max(ok))
+    fig, axes = new_figure(6.4, nrows=2)
+    titles: dict[str, str] = {}
+    hatched = _heatmap(axes[0], rows, "BLOCK_M", "BLOCK_N", norm, cmap, titles)
+    axes[0].set_title("best over BLOCK_K, warps and stages", fontsize=LEGEND_PT)
+    hatched |= _heatmap(axes[1], same_tile, "num_stages", "num_warps", norm, cmap, titles)
+    axes[1].set_title(f"{tile[0]} x {tile[1]} x {tile[2]} tile, GROUP_M = {tile[3]}", fontsize=LEGEND_PT)
+    cb = fig.colorbar(ScalarMappable(norm, cmap), ax=list(axes), fraction=0.05, pad=0.02, aspect=30)
+    cb.set_label("TFLOP/s (best configuration of the cell)")
+    cb.ax.tick_params(colors=GREY, labelcolor=GREY)
+    cb.outline.set_edgecolor(GREY)
+    prob = data["problem"]
+    fig.suptitle(f"Autotuning sweep: {gpu}, M = {prob['m']:,}, N = {prob['n']:,}, K = {prob['k']:,}, "
+                 f"{prob['dtype']}")
+    leg = None
+    if hatched:
+        leg = legend_below(fig, [Patch(fill=False, hatch="xx", edgecolor=GREY)],
+                           ["hatched: no configuration of the cell compiled and passed the check"])
+    label = (f"Autotuning sweep {name} on the {gpu_short(gpu)}: two heatmaps of the best TFLOP/s, per "
+             f"BLOCK_M and BLOCK_N, and per num_stages and num_warps for the {tile[0]} x {tile[1]} x "
+             f"{tile[2]} tile; every cell's value is written in it")
+    return Drawn(fig, figure_key("sweep", name, gpu), label, titles, leg)
 
 
 def render_sweep(name: str, results_dir: Path = RESULTS_DIR) -> str:
@@ -82,22 +143,10 @@ def render_sweep(name: str, results_dir: Path = RESULTS_DIR) -> str:
             parts += ['!!! warning "Stale"\n    The kernel changed since this sweep was captured (or is gone); the '
                       "numbers below are from the old code.", ""]
         if best:
-            plt = _pyplot()
-            fig, axes = plt.subplots(1, 2, figsize=(8.6, 3.6))
-            _heatmap(axes[0], rows, "BLOCK_M", "BLOCK_N", fig, plt)
-            axes[0].set_title("best over BLOCK_K, warps, stages", fontsize=9)
-            # The second panel: stages x warps for the tile the sweep explored most (ties: the faster tile).
-            tiles: dict[tuple, list[dict]] = {}
-            for r in rows:
-                tiles.setdefault(tuple(r[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")), []).append(r)
-            tile, same_tile = max(tiles.items(), key=lambda t: (len(t[1]), max(
-                (r["tflops"] for r in t[1] if r["status"] == "ok"), default=0.0)))
-            _heatmap(axes[1], same_tile, "num_stages", "num_warps", fig, plt)
-            axes[1].set_title(f"{tile[0]} x {tile[1]} x {tile[2]} tile, GROUP_M = {tile[3]}", fontsize=9)
-            cap = (f"Measured on {p['gpu']}, commit {str(p['commit'])[:10]}, {p['date'][:10]}: the best rate of the "
-                   "configurations in each cell (medians of event-timed calls); hatched cells: no configuration "
-                   "of the cell compiled and passed the check.")
-            parts += [f'<figure class="bench-plot">\n{figure_svg(fig)}\n<figcaption>{cap}</figcaption>\n</figure>', ""]
+            cap = (f"Measured on {p['gpu']}, commit {str(p['commit'])[:10]}, {p['date'][:10]}: the "
+                   "best rate of the configurations in each cell (medians of event-timed calls; "
+                   "hover a cell for its value).")
+            parts += [figure_html(sweep_figure(name, p["gpu"], data).svg(), cap), ""]
             knobs = ", ".join(f"{k} = {best[k]}" for k in SWEEP_KNOBS)
             parts.append(f"Best: {knobs}: {best['tflops']:,.1f} TFLOP/s"
                          + (f", {100 * best['tflops'] / cublas['tflops']:.1f}% of cuBLAS (`torch.matmul`, "
