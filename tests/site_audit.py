@@ -142,9 +142,9 @@ MEASURE_JS = r"""
   for (const el of document.querySelectorAll('.arithmatex')) {
     if (!el.querySelector('mjx-container')) out.tex += 1;
   }
-  for (const el of document.querySelectorAll('.mermaid')) {
-    if (!el.querySelector('svg') && !(el.shadowRoot && el.shadowRoot.querySelector('svg'))) out.mermaid += 1;
-  }
+  // Material draws each diagram into a closed shadow root on a new div and removes the source <pre>: a
+  // <pre class="mermaid"> still in the page is a diagram left unrendered.
+  out.mermaid = document.querySelectorAll('pre.mermaid').length;
   return out;
 }
 """
@@ -192,8 +192,7 @@ def _settle(page) -> None:
         pass
     if page.query_selector(".mermaid"):
         try:
-            page.wait_for_function("() => [...document.querySelectorAll('.mermaid')].every("
-                                   "e => e.querySelector('svg') || (e.shadowRoot && e.shadowRoot.querySelector('svg')))",
+            page.wait_for_function("() => document.querySelectorAll('pre.mermaid').length === 0",
                                    timeout=8000)
         except Exception:  # noqa: BLE001 (counted as unrendered)
             pass

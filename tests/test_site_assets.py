@@ -19,7 +19,7 @@ import tarfile
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
-from urllib.parse import unquote, urljoin, urlparse
+from urllib.parse import unquote, urlparse
 
 import pytest
 
