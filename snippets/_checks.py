@@ -1,8 +1,8 @@
 """Input checks shared by every public host function.
 
-Kernels do no checking (a bad pointer or size inside a kernel is an illegal memory access or a silently wrong
-answer), so every public function calls these first and raises a ``TypeError`` or ``ValueError`` that names the
-offending argument, its shape and its dtype.
+Kernels do no checking (a bad pointer or size inside a kernel is an illegal memory access or a
+silently wrong answer), so every public function calls these first and raises a ``TypeError`` or
+``ValueError`` that names the offending argument, its shape and its dtype.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ def check_tensors(
 ) -> None:
     """Validate the tensor arguments of a kernel launch.
 
-    ``device="cuda"`` accepts CUDA tensors; for Triton kernels pass ``device=triton_device()`` so that CPU
-    tensors are accepted under the interpreter. All tensors must share one device, one dtype and (if
-    ``same_shape``) one shape.
+    ``device="cuda"`` accepts CUDA tensors; for Triton kernels pass ``device=triton_device()`` so
+    that CPU tensors are accepted under the interpreter. All tensors must share one device, one
+    dtype and (if ``same_shape``) one shape.
     """
     names, tensors, dtypes = list(names), list(tensors), tuple(dtypes)
     first = None
@@ -50,8 +50,8 @@ def check_tensors(
             allowed = ", ".join(str(d) for d in dtypes)
             raise TypeError(f"{name} has dtype {t.dtype}; this function supports {allowed}")
         if contiguous and not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got strides {t.stride()} for {describe(t)}; "
-                             "call .contiguous() first")
+            raise ValueError(f"{name} must be contiguous, got strides {t.stride()} for "
+                             f"{describe(t)}; call .contiguous() first")
         if not allow_empty and t.numel() == 0:
             raise ValueError(f"{name} is empty ({describe(t)})")
         if first is None:
@@ -63,11 +63,13 @@ def check_tensors(
         if t.dtype != f.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but {fname} has dtype {f.dtype}")
         if same_shape and t.shape != f.shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)} but {fname} has shape {tuple(f.shape)}")
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but {fname} has shape "
+                             f"{tuple(f.shape)}")
 
 
 def triton_device() -> str:
-    """The device a Triton kernel's tensors must live on: ``cpu`` under the interpreter, else ``cuda``."""
+    """The device a Triton kernel's tensors must live on: ``cpu`` under the interpreter,
+    else ``cuda``."""
     return "cpu" if triton_interpreting() else "cuda"
 
 
@@ -78,7 +80,8 @@ def check_scalar(name: str, value: object) -> float:
 
 
 def check_int(name: str, value: object, lo: int) -> int:
-    """A Python (or NumPy) integer argument of at least ``lo``; bools are refused (True is not a size)."""
+    """A Python (or NumPy) integer argument of at least ``lo``; bools are refused (True is not
+    a size)."""
     import numpy as np
 
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):

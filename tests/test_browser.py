@@ -23,7 +23,6 @@ def found(site_dir):
 
 # Findings whose fix has not landed yet (issue 13): these must turn into plain asserts when it does.
 PENDING_WRAP = pytest.mark.xfail(strict=True, reason="included source lines are not wrapped to 100 characters yet")
-PENDING_PLOTS = pytest.mark.xfail(strict=False, reason="plot legends are not yet laid out to fit every figure")
 PENDING_MERMAID = pytest.mark.xfail(strict=False, reason="Mermaid is not yet rendered from the vendored copy")
 
 
@@ -57,7 +56,6 @@ def test_listings_do_not_scroll_sideways_at_1400px(found):
     assert not found["listings_scrolling"], found["listings_scrolling"][:10]
 
 
-@PENDING_PLOTS
 def test_plot_legends_are_inside_their_figures(found):
     assert found["legends"] > 20
     assert not found["legends_clipped"], found["legends_clipped"][:10]

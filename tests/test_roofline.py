@@ -1,5 +1,6 @@
-"""The roofline: intensities from the cost models, the ridge point, the points placed from results, and the
-rendering with the committed results and with none."""
+"""The roofline: intensities from the cost models, the ridge point, the points placed from results
+(snippets.bench.roofline), and the rendering with the committed results and with none
+(snippets.site.roofline)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from snippets.bench import roofline as rl
 from snippets.bench.report import load_results
+from snippets.site import roofline as site_rl
 from snippets.registry import dtype_name, get_op, load_all, size_key
 
 OPS = load_all()
@@ -135,12 +137,12 @@ def test_missing_roofs_leave_the_bound_open():
     g = rl.roofline_points(results)["Test GPU"]
     va = next(p for p in g["points"] if p["op"] == "vector_add")
     assert va["roof"] == "gemm_fp32" and va["peak"] is None and va["bound"] is None and va["fraction_of_roof"] is None
-    text = rl.render_roofline(results)
+    text = site_rl.render_roofline(results)
     assert "cuBLAS fp32 (not measured)" in text
 
 
 def test_render_synthetic_results():
-    text = rl.render_roofline(synthetic_results())
+    text = site_rl.render_roofline(synthetic_results())
     assert text.count("<svg") == 1
     assert "[`vector_add`](../part1/elementwise.md)" in text
     assert "[`transpose`](../part2/transpose.md)" in text  # in the bandwidth-only list
@@ -169,7 +171,7 @@ def _measured_rate_ops(results):
 
 @pytest.mark.skipif(not COMMITTED, reason="no committed results in benchmarks/results")
 def test_render_committed_results_names_every_measured_op():
-    text = rl.render_roofline(COMMITTED)
+    text = site_rl.render_roofline(COMMITTED)
     measured = _measured_rate_ops(COMMITTED)
     assert measured, "the committed results hold no rate measurement"
     assert text.count("<svg") == len([g for g in rl.roofline_points(COMMITTED).values() if g["points"]])
@@ -185,7 +187,7 @@ def test_render_committed_results_names_every_measured_op():
 
 
 def test_render_without_results():
-    text = rl.render_roofline({})
+    text = site_rl.render_roofline({})
     assert "Not measured yet" in text
     assert "<svg" not in text
     for name, op in OPS.items():
@@ -193,7 +195,7 @@ def test_render_without_results():
 
 
 def test_intensity_table_lists_every_op_with_its_intensity():
-    table = rl.render_intensity_table()
+    table = site_rl.render_intensity_table()
     rows = [line for line in table.splitlines() if line.startswith("| [`")]
     assert len(rows) == len(OPS)
     for row in rows:
@@ -209,7 +211,7 @@ def test_intensity_table_lists_every_op_with_its_intensity():
 def test_results_are_not_modified():
     results = synthetic_results()
     before = copy.deepcopy(results)
-    rl.render_roofline(results)
+    site_rl.render_roofline(results)
     assert results == before
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from snippets.bench.timeline import lanes, load_timeline, render_timeline
+from snippets.bench.timeline import lanes, load_timeline
 from snippets.site import render_page
+from snippets.site.timeline import render_timeline
 
 
 def _event(kind: str, stream: int, start: float, dur: float, name: str | None = None) -> dict:

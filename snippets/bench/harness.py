@@ -1,8 +1,10 @@
-"""``python -m snippets bench``: check every implementation against its reference, then time it, on this GPU.
+"""``python -m snippets bench``: check every implementation against its reference, then time it, on
+this GPU.
 
-The ceilings the results are compared against (copy bandwidth, cuBLAS GEMM rates) are measured in the same run,
-on the same GPU. Results are merged into ``benchmarks/results/<gpu>.json`` one op at a time: an op's entry is
-replaced whole, so every number of one op comes from one run, next to the ceiling measured in that run.
+The ceilings the results are compared against (copy bandwidth, cuBLAS GEMM rates) are measured in
+the same run, on the same GPU. Results are merged into ``benchmarks/results/<gpu>.json`` one op at a
+time: an op's entry is replaced whole, so every number of one op comes from one run, next to the
+ceiling measured in that run.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ def _version(module: str) -> str | None:
 
 def _git(*args: str) -> str | None:
     try:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True,
-                              timeout=10).stdout.strip()
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()
     except Exception:  # no git, or not a checkout
         return None
 
@@ -83,21 +85,22 @@ def provenance() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu": _cpu_model(),  # the host side of CPU-vs-GPU comparisons
         "cpu_threads": torch.get_num_threads(),
-        # A copy of the tree on a GPU runner passes the commit in KM_COMMIT (and KM_DIRTY=0|1); it wins over
-        # git, because such a copy may carry a .git that is not the tree's own.
+        # A copy of the tree on a GPU runner passes the commit in KM_COMMIT (and KM_DIRTY=0|1); it
+        # wins over git, because such a copy may carry a .git that is not the tree's own.
         "commit": os.environ.get("KM_COMMIT") or _git("rev-parse", "HEAD"),
         "dirty": os.environ.get("KM_DIRTY") == "1" if os.environ.get("KM_COMMIT")
         else bool(_git("status", "--porcelain", "--untracked-files=no")),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         # The timers' own source: a change of method (not of any kernel) shows up here.
-        "timing_source": hashlib.sha256((REPO_ROOT / "snippets/bench/timing.py").read_bytes()).hexdigest()[:16],
+        "timing_source": hashlib.sha256(
+            (REPO_ROOT / "snippets/bench/timing.py").read_bytes()).hexdigest()[:16],
     }
 
 
 # --8<-- [start:ceilings]
 def measure_ceilings(quick: bool = False, extra: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
-    """The ceilings of this GPU, measured now: copy bandwidth and cuBLAS GEMM rates, plus any ``extra``
-    ceilings registered by op modules (``register_ceiling``)."""
+    """The ceilings of this GPU, measured now: copy bandwidth and cuBLAS GEMM rates, plus any
+    ``extra`` ceilings registered by op modules (``register_ceiling``)."""
     out: dict[str, dict[str, Any]] = {}
     n = 2**28  # 1 GiB of fp32 each way: far beyond L2
     src = torch.randn(n, device="cuda")
@@ -108,8 +111,10 @@ def measure_ceilings(quick: bool = False, extra: Iterable[str] = ()) -> dict[str
     del src, dst
 
     m = 4096 if quick else 8192
-    for name, dtype, tf32 in (("gemm_fp32", torch.float32, False), ("gemm_tf32", torch.float32, True),
-                              ("gemm_fp16", torch.float16, False), ("gemm_bf16", torch.bfloat16, False)):
+    for name, dtype, tf32 in (("gemm_fp32", torch.float32, False),
+                              ("gemm_tf32", torch.float32, True),
+                              ("gemm_fp16", torch.float16, False),
+                              ("gemm_bf16", torch.bfloat16, False)):
         a = torch.randn(m, m, device="cuda", dtype=dtype)
         b = torch.randn(m, m, device="cuda", dtype=dtype)
         prev = torch.backends.cuda.matmul.allow_tf32
@@ -119,7 +124,8 @@ def measure_ceilings(quick: bool = False, extra: Iterable[str] = ()) -> dict[str
         finally:
             torch.backends.cuda.matmul.allow_tf32 = prev
         out[name] = {"value": 2 * m**3 / (t.median * 1e-3) / 1e12, "unit": "TFLOP/s",
-                     "how": f"torch.matmul {m}x{m}x{m} {dtype_name(dtype)}" + (" (TF32)" if tf32 else "")}
+                     "how": (f"torch.matmul {m}x{m}x{m} {dtype_name(dtype)}"
+                             + (" (TF32)" if tf32 else ""))}
     for name in extra:
         out[name] = CEILING_MEASURES[name](quick)
     return out
@@ -128,17 +134,19 @@ def measure_ceilings(quick: bool = False, extra: Iterable[str] = ()) -> dict[str
 
 # --8<-- [start:check]
 def check_impl(op: Op, impl: Impl, args: tuple, dtype: torch.dtype) -> float:
-    """Run ``impl`` once and compare it with the reference computed in float64; raise if they differ.
-    An op whose reference returns a tuple (a backward pass: dx, dw, db) is compared part by part.
-    An op with its own ``check`` (random outputs) is checked by it instead, and reports an error of 0.
-    Returns the largest absolute error."""
+    """Run ``impl`` once and compare it with the reference computed in float64; raise if they
+    differ. An op whose reference returns a tuple (a backward pass: dx, dw, db) is compared part by
+    part. An op with its own ``check`` (random outputs) is checked by it instead, and reports an
+    error of 0. Returns the largest absolute error."""
     if op.check is not None:
         op.check(impl.fn(*args), args, dtype)
         return 0.0
-    refs = as_tuple(op.reference_fp64(args))  # first: some versions (Liger) write results over their inputs
+    # first: some versions (Liger) write results over their inputs
+    refs = as_tuple(op.reference_fp64(args))
     outs = as_tuple(impl.fn(*args))
     if len(outs) != len(refs):
-        raise AssertionError(f"{op.name} {impl.name}: {len(outs)} outputs, reference has {len(refs)}")
+        raise AssertionError(f"{op.name} {impl.name}: {len(outs)} outputs, reference has "
+                             f"{len(refs)}")
     rtol, atol = op.tolerance(dtype)
     worst = 0.0
     for i, (out, ref) in enumerate(zip(outs, refs)):
@@ -146,12 +154,12 @@ def check_impl(op: Op, impl: Impl, args: tuple, dtype: torch.dtype) -> float:
         out64 = out.to(device=ref.device, dtype=torch.float64)
         part = f" output {i}" if len(refs) > 1 else ""
         if out64.shape != ref.shape:
-            raise AssertionError(f"{op.name} {impl.name}{part}: shape {tuple(out64.shape)}, reference "
-                                 f"{tuple(ref.shape)}")
+            raise AssertionError(f"{op.name} {impl.name}{part}: shape {tuple(out64.shape)}, "
+                                 f"reference {tuple(ref.shape)}")
         if not torch.allclose(out64, ref, rtol=rtol, atol=atol, equal_nan=True):
             err = (out64 - ref).abs().nan_to_num(float("inf")).max().item()
-            raise AssertionError(f"{op.name} {impl.name} {dtype_name(dtype)}{part}: max abs error {err:.3g} "
-                                 f"exceeds rtol={rtol}, atol={atol}")
+            raise AssertionError(f"{op.name} {impl.name} {dtype_name(dtype)}{part}: max abs error "
+                                 f"{err:.3g} exceeds rtol={rtol}, atol={atol}")
         if ref.numel():
             worst = max(worst, (out64 - ref).abs().max().item())
     return worst
@@ -183,8 +191,10 @@ def plan(ops: Iterable[Op], quick: bool) -> list[tuple[Op, torch.dtype, dict, Im
     return jobs
 
 
-def run_job(op: Op, dtype: torch.dtype, size: dict, impl: Impl, l2_bytes: int, seed: int = 0) -> dict:
-    """Check, then time, one implementation at one size; returns its record (without the derived rates)."""
+def run_job(op: Op, dtype: torch.dtype, size: dict, impl: Impl, l2_bytes: int,
+            seed: int = 0) -> dict:
+    """Check, then time, one implementation at one size; returns its record (without the
+    derived rates)."""
     run_on = "cuda" if impl.runs_on("cuda") else "cpu"
     gen = torch.Generator().manual_seed(seed)
     ws = op.bytes_moved(size, dtype)
@@ -197,9 +207,10 @@ def run_job(op: Op, dtype: torch.dtype, size: dict, impl: Impl, l2_bytes: int, s
     else:
         t = time_host(impl.fn, arg_sets)
     rec = {"impl": impl.name, "lang": impl.lang, "desc": impl.desc, "dtype": dtype_name(dtype),
-            "size": size, "size_key": size_key(size), "headline": size_key(size) == size_key(op.headline),
-            "ms": t.median, "ms_p10": t.p10, "ms_p90": t.p90, "reps": t.reps, "input_sets": sets,
-            "l2_flush": flush, "timer": impl.timer, "max_abs_err": err, "source_hash": impl.source_hash()}
+            "size": size, "size_key": size_key(size),
+            "headline": size_key(size) == size_key(op.headline), "ms": t.median, "ms_p10": t.p10,
+            "ms_p90": t.p90, "reps": t.reps, "input_sets": sets, "l2_flush": flush,
+            "timer": impl.timer, "max_abs_err": err, "source_hash": impl.source_hash()}
     if op.measure_memory and run_on == "cuda":
         rec["peak_extra_bytes"] = peak_extra_bytes(impl.fn, arg_sets[0])
     return rec
@@ -207,9 +218,10 @@ def run_job(op: Op, dtype: torch.dtype, size: dict, impl: Impl, l2_bytes: int, s
 
 # --8<-- [start:peak_memory]
 def peak_extra_bytes(fn, args: tuple) -> int:
-    """The most device memory one call of ``fn(*args)`` holds at once beyond what was allocated before it
-    (its inputs): temporaries, saved activations and the outputs. From the caching allocator's statistics, so
-    it counts tensors torch allocates, not the allocator's reserved slack."""
+    """The most device memory one call of ``fn(*args)`` holds at once beyond what was allocated
+    before it (its inputs): temporaries, saved activations and the outputs. From the caching
+    allocator's statistics, so it counts tensors torch allocates, not the allocator's
+    reserved slack."""
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -236,11 +248,13 @@ def derive(op: Op, records: list[dict], ceiling_value: float | None) -> None:
 
 def merge(path: Path, gpu: str, entries: dict[str, dict], ceilings: dict) -> dict:
     """Merge op entries into a results file (an op's entry is replaced whole)."""
-    data = json.loads(path.read_text()) if path.exists() else {"schema": SCHEMA, "gpu": gpu, "ops": {}}
+    data = json.loads(path.read_text()) if path.exists() else {"schema": SCHEMA, "gpu": gpu,
+                                                               "ops": {}}
     if data.get("gpu") != gpu:
         raise ValueError(f"{path} holds results for {data.get('gpu')!r}, not {gpu!r}")
     data["schema"] = SCHEMA
-    data["ceilings"] = {**data.get("ceilings", {}), **ceilings}  # this run's, and any only older runs measured
+    # this run's, and any only older runs measured
+    data["ceilings"] = {**data.get("ceilings", {}), **ceilings}
     data["ops"].update(entries)
     data["ops"] = dict(sorted(data["ops"].items()))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -249,18 +263,21 @@ def merge(path: Path, gpu: str, entries: dict[str, dict], ceilings: dict) -> dic
 
 
 def run(op_names: list[str], quick: bool = False, out: Path | None = None, console=None) -> Path:
-    """The ``bench`` command: measure ceilings, then every requested op; merge into the results file."""
+    """The ``bench`` command: measure ceilings, then every requested op; merge into the
+    results file."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if not torch.cuda.is_available():
-        raise SystemExit("bench needs a CUDA GPU (torch.cuda.is_available() is False). The committed results "
-                         "are in benchmarks/results/; `python -m snippets report` summarises them.")
+        raise SystemExit("bench needs a CUDA GPU (torch.cuda.is_available() is False). The "
+                         "committed results are in benchmarks/results/; `python -m snippets "
+                         "report` summarises them.")
     console = console or Console()
     registry = load_all()
     unknown = [n for n in op_names if n not in registry]
     if unknown:
-        raise SystemExit(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(registry))}")
+        raise SystemExit(
+            f"unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(registry))}")
     ops = [registry[n] for n in (op_names or sorted(registry))]
     prov = provenance()
     l2 = prov["l2_bytes"] or 64 * 2**20
@@ -282,26 +299,30 @@ def run(op_names: list[str], quick: bool = False, out: Path | None = None, conso
     entries: dict[str, dict] = {}
     failures: list[str] = []
     remaining = {op.name: sum(1 for j in jobs if j[0] is op) for op in ops}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("benchmarking", total=len(jobs))
         for op, dtype, size, impl in jobs:
             progress.update(task, description=f"{op.name} {impl.name} {size_key(size)}")
             try:
                 records[op.name].append(run_job(op, dtype, size, impl, l2))
-                if not console.is_terminal:  # a log file gets one line per job (the bar is drawn only at the end)
+                # a log file gets one line per job (the bar is drawn only at the end)
+                if not console.is_terminal:
                     r = records[op.name][-1]
-                    console.print(f"  {op.name} {impl.name} {dtype_name(dtype)} {size_key(size)}: {r['ms']:.4f} ms "
-                                  f"({r['reps']} reps)")
+                    console.print(f"  {op.name} {impl.name} {dtype_name(dtype)} {size_key(size)}: "
+                                  f"{r['ms']:.4f} ms ({r['reps']} reps)")
             except Exception as e:  # one failing version must not lose the rest of the run
-                msg = f"{op.name} {impl.name} {dtype_name(dtype)} {size_key(size)}: {type(e).__name__}: {e}"
+                msg = (f"{op.name} {impl.name} {dtype_name(dtype)} {size_key(size)}: "
+                       f"{type(e).__name__}: {e}")
                 failures.append(msg)
                 console.print(f"  [red]failed[/] {msg}")
             torch.cuda.empty_cache()
             progress.advance(task)
             remaining[op.name] -= 1
             if remaining[op.name] == 0:
-                # An op is written as soon as its jobs are done, so a run cut short keeps what it finished.
+                # An op is written as soon as its jobs are done, so a run cut short keeps what
+                # it finished.
                 ceiling = ceilings[op.ceiling] if op.ceiling else None
                 derive(op, records[op.name], ceiling["value"] if ceiling else None)
                 entries[op.name] = {"part": op.part, "title": op.title, "metric": op.metric,
@@ -322,16 +343,19 @@ def _print_table(console, ops: list[Op], entries: dict) -> None:
 
     table = Table(title="headline sizes")
     for col in ("op", "impl", "lang", "dtype", "size", "time (ms)", "rate", "% ceiling", "vs v0"):
-        table.add_column(col, justify="right" if col in ("time (ms)", "rate", "% ceiling", "vs v0") else "left")
+        table.add_column(col, justify="right" if col in ("time (ms)", "rate", "% ceiling",
+                                                         "vs v0") else "left")
     for op in ops:
         for r in entries[op.name]["records"]:
             if not r["headline"]:
                 continue
             sp = f"{r['speedup_vs_v0']:.3g}x" if r["speedup_vs_v0"] else "-"
-            frac = f"{100 * r['fraction_of_ceiling']:.1f}%" if r["fraction_of_ceiling"] is not None else "-"
-            table.add_row(op.name, r["impl"], r["lang"], r["dtype"], r["size_key"], f"{r['ms']:.4f}",
-                          f"{r['value']:.1f} {r['unit']}", frac, sp)
+            frac = (f"{100 * r['fraction_of_ceiling']:.1f}%"
+                    if r["fraction_of_ceiling"] is not None else "-")
+            table.add_row(op.name, r["impl"], r["lang"], r["dtype"], r["size_key"],
+                          f"{r['ms']:.4f}", f"{r['value']:.1f} {r['unit']}", frac, sp)
     console.print(table)
 
 
-__all__ = ["Timing", "check_impl", "derive", "measure_ceilings", "merge", "plan", "provenance", "run", "slug"]
+__all__ = ["Timing", "check_impl", "derive", "measure_ceilings", "merge", "plan", "provenance",
+           "run", "slug"]

@@ -1,18 +1,21 @@
-"""Lines of code of a version: what the "Triton or CUDA?" chapter compares next to the measured rates.
+"""Lines of code of a version: what the "Triton or CUDA?" chapter compares next to the
+measured rates.
 
 A line counts when it holds code: blank lines, comments and docstrings do not. For an implementation
 (``registry.Impl``) the count is split in two:
 
 - ``kernel``: its Triton kernels (``@triton.jit`` functions among ``Impl.sources``), or for CUDA the
-  ``__global__`` kernels it launches in its ``.cu`` source plus every function, type, constant and macro of that
-  file they use, followed transitively (``#include`` lines and code of other files are not counted);
-- ``host``: the Python functions it runs on the host (``Impl.fn`` and the other functions of ``Impl.sources``:
-  checks, launchers). A whole Python file listed in ``Impl.sources`` (for the source hash) is not counted.
+  ``__global__`` kernels it launches in its ``.cu`` source plus every function, type, constant and
+  macro of that file they use, followed transitively (``#include`` lines and code of other files are
+  not counted);
+- ``host``: the Python functions it runs on the host (``Impl.fn`` and the other functions of
+  ``Impl.sources``: checks, launchers). A whole Python file listed in ``Impl.sources`` (for the
+  source hash) is not counted.
 
-Which kernels of a ``.cu`` file a CUDA version launches is not visible to a static reading of the launcher (the
-kernel name is often built at run time), so it is guessed from the version's name: kernels whose name holds it as
-a word (``reduce_v7``, ``wmma_v3_f16`` for ``v7`` and ``v3``), or given explicitly. With neither, the whole file
-is counted and the result says so.
+Which kernels of a ``.cu`` file a CUDA version launches is not visible to a static reading of the
+launcher (the kernel name is often built at run time), so it is guessed from the version's name:
+kernels whose name holds it as a word (``reduce_v7``, ``wmma_v3_f16`` for ``v7`` and ``v3``), or
+given explicitly. With neither, the whole file is counted and the result says so.
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ _SKIP_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT
 
 # --8<-- [start:count]
 def python_code_lines(source: str) -> int:
-    """Lines of ``source`` that hold Python code: not blank, not only a comment, not part of a docstring."""
+    """Lines of ``source`` that hold Python code: not blank, not only a comment, not part of
+    a docstring."""
     source = textwrap.dedent(source)
     docstring_lines: set[int] = set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef,
+                             ast.ClassDef)) and node.body:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
                     and isinstance(first.value.value, str):
@@ -53,8 +58,8 @@ def python_code_lines(source: str) -> int:
 
 
 def strip_c_comments(text: str) -> str:
-    """C/C++/CUDA source with ``//`` and ``/* */`` comments blanked out (newlines kept, so line numbers stay);
-    string and character literals are left alone."""
+    """C/C++/CUDA source with ``//`` and ``/* */`` comments blanked out (newlines kept, so line
+    numbers stay); string and character literals are left alone."""
     out, i, n = [], 0, len(text)
     while i < n:
         c = text[i]
@@ -84,9 +89,9 @@ def c_code_lines(text: str) -> int:
 # --8<-- [end:count]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The parts of a .cu file a kernel uses
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class CDefinition:
@@ -99,8 +104,9 @@ class CDefinition:
 
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
-_NOT_NAMES = {"if", "for", "while", "switch", "return", "sizeof", "__launch_bounds__", "__align__", "alignas",
-              "decltype", "static_assert", "const", "noexcept", "template", "typename", "struct", "class"}
+_NOT_NAMES = {"if", "for", "while", "switch", "return", "sizeof", "__launch_bounds__", "__align__",
+              "alignas", "decltype", "static_assert", "const", "noexcept", "template", "typename",
+              "struct", "class"}
 
 
 def _line_of(text: str, pos: int) -> int:
@@ -125,16 +131,18 @@ def _drop_template_prefix(header: str) -> str:
 
 
 def _definition_name(header: str) -> str | None:
-    """The name a top-level header defines: ``f`` of ``... f(args) {``, ``S`` of ``struct S<...> {``, ``X`` of
-    ``constexpr int X = 3;``, ``using X = ...;`` or ``__device__ float X[4];``; None for anything else
-    (``static_assert(...);``)."""
+    """The name a top-level header defines: ``f`` of ``... f(args) {``, ``S`` of
+    ``struct S<...> {``, ``X`` of ``constexpr int X = 3;``, ``using X = ...;`` or
+    ``__device__ float X[4];``; None for anything else (``static_assert(...);``)."""
     h = _drop_template_prefix(header).rstrip().removesuffix(";").rstrip()
-    h = re.sub(r"\b(?:alignas|__align__)\s*\((?:[^()]|\([^()]*\))*\)", " ", h)  # struct alignas(16) S {
+    # struct alignas(16) S {
+    h = re.sub(r"\b(?:alignas|__align__)\s*\((?:[^()]|\([^()]*\))*\)", " ", h)
     m = re.match(r"(?:struct|class|union)\s+([A-Za-z_]\w*)", h)
     if m:
         return m.group(1)
     eq = h.find("=")
-    if eq >= 0 and "(" not in h[:eq]:  # a constant, a variable or an alias: the name before the first =
+    # a constant, a variable or an alias: the name before the first =
+    if eq >= 0 and "(" not in h[:eq]:
         names = _IDENT.findall(h[:eq])
         return names[-1] if names else None
     while h.endswith(("const", "noexcept")):
@@ -147,7 +155,8 @@ def _definition_name(header: str) -> str | None:
                 break
             i -= 1
         before = h[:i]
-        while re.search(r"<[^<>]*>", before):  # from_float<float>(...): the name, not its template argument
+        # from_float<float>(...): the name, not its template argument
+        while re.search(r"<[^<>]*>", before):
             before = re.sub(r"<[^<>]*>", " ", before)
         names = _IDENT.findall(before)
         return names[-1] if names and names[-1] not in _NOT_NAMES else None
@@ -156,14 +165,16 @@ def _definition_name(header: str) -> str | None:
 
 
 def c_definitions(text: str) -> list[CDefinition]:
-    """The top-level definitions of a C/CUDA source (comments ignored): functions and types (up to their closing
-    brace), declarations ending in ``;``, ``#define`` macros (with their continuation lines), and invocations of
-    those macros at file scope (which define whatever the macro expands to, named by their first argument)."""
+    """The top-level definitions of a C/CUDA source (comments ignored): functions and types (up to
+    their closing brace), declarations ending in ``;``, ``#define`` macros (with their continuation
+    lines), and invocations of those macros at file scope (which define whatever the macro expands
+    to, named by their first argument)."""
     code = strip_c_comments(text)
     defs: list[CDefinition] = []
     macros: set[str] = set()
     lines = code.split("\n")
-    # Preprocessor lines first: #define (with continuations) defines a macro; other directives are skipped.
+    # Preprocessor lines first: #define (with continuations) defines a macro; other directives
+    # are skipped.
     pre: set[int] = set()
     i = 0
     while i < len(lines):
@@ -176,7 +187,8 @@ def c_definitions(text: str) -> list[CDefinition]:
             m = re.match(r"\s*#\s*define\s+([A-Za-z_]\w*)", lines[start])
             if m:
                 macros.add(m.group(1))
-                defs.append(CDefinition(m.group(1), frozenset(span), "\n".join(lines[s] for s in span),
+                defs.append(CDefinition(m.group(1), frozenset(span),
+                                        "\n".join(lines[s] for s in span),
                                         "__global__" in "\n".join(lines[s] for s in span)))
         i += 1
     body = "\n".join("" if k in pre else line for k, line in enumerate(lines))
@@ -206,18 +218,21 @@ def c_definitions(text: str) -> list[CDefinition]:
             header = body[start:pos]
             name = _definition_name(header)
             if name:
-                defs.append(CDefinition(name, frozenset(range(_line_of(body, start), _line_of(body, pos) + 1)),
+                defs.append(CDefinition(name, frozenset(range(_line_of(body, start),
+                                                              _line_of(body, pos) + 1)),
                                         body[start:pos + 1], False))
             start = None
         elif c == "\n" and depth == 0 and start is not None:
-            # A macro invocation at file scope ends at its line: NAME(args) with NAME a #define of this file.
+            # A macro invocation at file scope ends at its line: NAME(args) with NAME a #define of
+            # this file.
             stmt = body[start:pos].strip()
             m = re.fullmatch(r"([A-Za-z_]\w*)\s*\((.*)\)", stmt, re.S)
             if m and m.group(1) in macros:
                 args = _IDENT.findall(m.group(2))
                 macro = next(d for d in defs if d.name == m.group(1))
                 defs.append(CDefinition(args[0] if args else m.group(1),
-                                        frozenset(range(_line_of(body, start), _line_of(body, pos) + 1)),
+                                        frozenset(range(_line_of(body, start),
+                                                        _line_of(body, pos) + 1)),
                                         stmt, macro.is_kernel))
                 start = None
         pos += 1
@@ -225,8 +240,8 @@ def c_definitions(text: str) -> list[CDefinition]:
 
 
 def kernel_closure(text: str, kernels: Iterable[str]) -> list[CDefinition]:
-    """The definitions of ``kernels`` and of everything in the same source they use, transitively (by name:
-    an identifier in a definition's text that another definition defines)."""
+    """The definitions of ``kernels`` and of everything in the same source they use, transitively
+    (by name: an identifier in a definition's text that another definition defines)."""
     defs = c_definitions(text)
     by_name: dict[str, list[CDefinition]] = {}
     for d in defs:
@@ -254,7 +269,8 @@ def kernels_of_version(text: str, version: str) -> list[str]:
 
 
 def cuda_kernel_lines(text: str, kernels: Iterable[str]) -> int:
-    """Code lines of ``kernels`` and everything of the same source they use (each line counted once)."""
+    """Code lines of ``kernels`` and everything of the same source they use (each line
+    counted once)."""
     code_lines = strip_c_comments(text).split("\n")
     spans: set[int] = set()
     for d in kernel_closure(text, list(kernels)):
@@ -262,9 +278,9 @@ def cuda_kernel_lines(text: str, kernels: Iterable[str]) -> int:
     return sum(1 for k in spans if code_lines[k].strip())
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # An implementation's count
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class LineCount:
@@ -274,8 +290,8 @@ class LineCount:
 
 
 def _is_triton_kernel(obj: Any) -> bool:
-    # A JITFunction (GPU), an InterpretedFunction (TRITON_INTERPRET=1) or an Autotuner/Heuristics around one:
-    # each wraps the Python function in .fn.
+    # A JITFunction (GPU), an InterpretedFunction (TRITON_INTERPRET=1) or an Autotuner/Heuristics
+    # around one: each wraps the Python function in .fn.
     return not inspect.isfunction(obj) and hasattr(obj, "fn")
 
 
@@ -285,28 +301,35 @@ def _python_source(obj: Any) -> str | None:
         inner = inner.fn
     try:
         return inspect.getsource(inner)
-    except (TypeError, OSError):  # a builtin such as torch.add: a library, no code of the book's own
+    # a builtin such as torch.add: a library, no code of the book's own
+    except (TypeError, OSError):
         return None
 
 
 def launched_kernels(text: str, version: str, host_sources: Iterable[str]) -> list[str]:
-    """The ``__global__`` kernels of a ``.cu`` source a CUDA version launches, as far as a static reading can
-    tell: kernel names quoted in its host functions (``"vector_add_v5"``), keeping those that hold the version
-    as a word if any do (a fallback launch for unaligned views is not the version); else the kernels whose name
-    holds the version (``kernels_of_version``); else the macros of the file that define ``__global__`` kernels
-    (a file that stamps out one kernel per dtype with a macro). Empty when none of these finds any."""
-    kernels = {d.name for d in c_definitions(text) if d.is_kernel and not d.text.lstrip().startswith("#")}
-    quoted = sorted({s for src in host_sources for s in re.findall(r"[\"']([A-Za-z_]\w*)[\"']", src)} & kernels)
+    """The ``__global__`` kernels of a ``.cu`` source a CUDA version launches, as far as a static
+    reading can tell: kernel names quoted in its host functions (``"vector_add_v5"``), keeping those
+    that hold the version as a word if any do (a fallback launch for unaligned views is not the
+    version); else the kernels whose name holds the version (``kernels_of_version``); else the
+    macros of the file that define ``__global__`` kernels (a file that stamps out one kernel per
+    dtype with a macro). Empty when none of these finds any."""
+    kernels = {d.name for d in c_definitions(text)
+               if d.is_kernel and not d.text.lstrip().startswith("#")}
+    quoted = sorted({s for src in host_sources
+                     for s in re.findall(r"[\"']([A-Za-z_]\w*)[\"']", src)} & kernels)
     word = re.compile(rf"(?:^|_){re.escape(version)}(?:_|$)")
     found = [k for k in quoted if word.search(k)] or quoted or kernels_of_version(text, version)
-    if not found:  # kernels stamped out by a macro (one per dtype): count the macro and what it uses
-        found = sorted({d.name for d in c_definitions(text) if d.is_kernel and "#" in d.text.lstrip()[:1]})
+    # kernels stamped out by a macro (one per dtype): count the macro and what it uses
+    if not found:
+        found = sorted({d.name for d in c_definitions(text)
+                        if d.is_kernel and "#" in d.text.lstrip()[:1]})
     return found
 
 
 def impl_lines(impl: Impl, kernels: Iterable[str] | None = None) -> LineCount:
-    """The code lines of a version: its kernels and its host functions (see the module docstring). ``kernels``
-    names the ``__global__`` kernels of a CUDA version when ``launched_kernels`` cannot tell them."""
+    """The code lines of a version: its kernels and its host functions (see the module docstring).
+    ``kernels`` names the ``__global__`` kernels of a CUDA version when ``launched_kernels`` cannot
+    tell them."""
     kernel = host = 0
     what, files, host_sources = [], [], []
     seen: set[int] = set()
@@ -315,7 +338,8 @@ def impl_lines(impl: Impl, kernels: Iterable[str] | None = None) -> LineCount:
             continue
         seen.add(id(obj))
         if isinstance(obj, (str, Path)):
-            if Path(obj).suffix in C_SUFFIXES:  # a .py file listed for the source hash is not counted
+            # a .py file listed for the source hash is not counted
+            if Path(obj).suffix in C_SUFFIXES:
                 files.append(Path(obj) if Path(obj).is_absolute() else REPO_ROOT / obj)
             continue
         src = _python_source(obj)
@@ -330,7 +354,8 @@ def impl_lines(impl: Impl, kernels: Iterable[str] | None = None) -> LineCount:
     for path in files:
         text = path.read_text()
         names = list(kernels) if kernels else launched_kernels(text, impl.name, host_sources)
-        rel = path.resolve().relative_to(REPO_ROOT) if path.resolve().is_relative_to(REPO_ROOT) else path
+        rel = (path.resolve().relative_to(REPO_ROOT)
+               if path.resolve().is_relative_to(REPO_ROOT) else path)
         if names:
             kernel += cuda_kernel_lines(text, names)
             what.append(f"{', '.join(names)} in {rel} with what they use there")
@@ -346,5 +371,6 @@ def _unwrap(obj: Any) -> Any:
     return obj
 
 
-__all__ = ["LineCount", "c_code_lines", "c_definitions", "cuda_kernel_lines", "impl_lines", "kernel_closure",
-           "kernels_of_version", "launched_kernels", "python_code_lines", "strip_c_comments"]
+__all__ = ["LineCount", "c_code_lines", "c_definitions", "cuda_kernel_lines", "impl_lines",
+           "kernel_closure", "kernels_of_version", "launched_kernels", "python_code_lines",
+           "strip_c_comments"]

@@ -1,5 +1,5 @@
-"""The roofline model of each GPU with results, and every op of the book placed on it. The figure and
-the tables of ``<!-- bench:roofline -->`` are drawn from these points by snippets.site.roofline.
+"""The roofline model of each GPU with results, and every op of the book placed on it. The figure
+and the tables of ``<!-- bench:roofline -->`` are drawn from these points by snippets.site.roofline.
 
 The model: a kernel that performs ``F`` FLOPs and must move ``Q`` bytes to or from device memory has an
 *arithmetic intensity* ``I = F / Q`` (FLOP/byte). On a GPU that sustains at most ``P`` FLOP/s and ``B`` bytes/s

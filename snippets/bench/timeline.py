@@ -1,15 +1,15 @@
-"""A GPU timeline captured on the GPU runner, loaded and checked: ``<!-- bench:timeline NAME -->`` in a
-chapter, drawn by snippets.site.timeline.
+"""A GPU timeline captured on the GPU runner, loaded and checked: ``<!-- bench:timeline NAME -->``
+in a chapter, drawn by snippets.site.timeline.
 
 A capture (for example ``python -m snippets.part3.streams OUTDIR``) writes ``NAME.json`` holding
 
     {"gpu": ..., "torch": ..., "captured": ISO date,
-     "runs": {run label: [{"name", "kind": "h2d" | "d2h" | "kernel", "stream", "start_us", "dur_us"},
-                          ...]}}
+     "runs": {run label: [{"name", "kind": "h2d" | "d2h" | "kernel", "stream", "start_us",
+                           "dur_us"}, ...]}}
 
-and it is committed as ``benchmarks/results/outputs/<gpu>/NAME.json``. Each file becomes one figure: one
-lane per (run, stream) (:func:`lanes`), a bar per copy or kernel, every run's time counted from its own
-first GPU event so that the runs line up on one axis.
+and it is committed as ``benchmarks/results/outputs/<gpu>/NAME.json``. Each file becomes one
+figure: one lane per (run, stream) (:func:`lanes`), a bar per copy or kernel, every run's time
+counted from its own first GPU event so that the runs line up on one axis.
 """
 
 from __future__ import annotations

@@ -1,16 +1,19 @@
 """Warp divergence micro-benchmark: one kernel, five layouts of the same branch flags.
 
-Each element takes path A or path B (``ITERS`` fused multiply-adds each). The flags' *layout* is the variable:
+Each element takes path A or path B (``ITERS`` fused multiply-adds each). The flags' *layout* is
+the variable:
 
 - ``none``      every element takes A: no divergence, the reference time.
-- ``warp``      flags alternate every 32 elements: each warp agrees with itself, so no warp runs both paths.
+- ``warp``      flags alternate every 32 elements: each warp agrees with itself, so no warp runs
+  both paths.
 - ``half``      16 A then 16 B in every warp: every warp runs both paths.
 - ``alternate`` A, B, A, B, ...: every warp runs both paths.
-- ``random``    a fair coin per element: every warp runs both paths (with 32 threads, all agree with p = 2**-31).
+- ``random``    a fair coin per element: every warp runs both paths (with 32 threads, all agree with
+  p = 2**-31).
 
 Versions: v0 torch computes both paths everywhere and selects (``torch.where``), v1 the CUDA kernel
-(``csrc/part1/divergence.cu``), v2 Triton, which also computes both paths and selects: a Triton program
-works on whole blocks, so a data-dependent branch inside a block becomes a select.
+(``csrc/part1/divergence.cu``), v2 Triton, which also computes both paths and selects: a Triton
+program works on whole blocks, so a data-dependent branch inside a block becomes a select.
 """
 
 from __future__ import annotations
@@ -59,10 +62,11 @@ def two_paths_ref(x: torch.Tensor, take_a: torch.Tensor, iters: int = ITERS) -> 
 
 def _check(x: torch.Tensor, take_a: torch.Tensor, device: str) -> None:
     check_tensors(("x",), (x,), dtypes=(torch.float32,), device=device, allow_empty=False)
-    check_tensors(("take_a",), (take_a,), dtypes=(torch.uint8, torch.bool), device=device, allow_empty=False)
+    check_tensors(("take_a",), (take_a,), dtypes=(torch.uint8, torch.bool), device=device,
+                  allow_empty=False)
     if take_a.shape != x.shape or take_a.device != x.device:
-        raise ValueError(f"take_a must match x: got shape {tuple(take_a.shape)} on {take_a.device}, "
-                         f"x has shape {tuple(x.shape)} on {x.device}")
+        raise ValueError(f"take_a must match x: got shape {tuple(take_a.shape)} on "
+                         f"{take_a.device}, x has shape {tuple(x.shape)} on {x.device}")
 
 
 def two_paths_torch(x: torch.Tensor, take_a: torch.Tensor) -> torch.Tensor:
@@ -101,7 +105,8 @@ def two_paths_triton(x: torch.Tensor, take_a: torch.Tensor) -> torch.Tensor:
     _check(x, take_a, triton_device())
     out = torch.empty_like(x)
     n = x.numel()
-    _two_paths_kernel[(triton.cdiv(n, 1024),)](x, take_a.view(torch.uint8), out, n, ITERS=ITERS, BLOCK=1024)
+    _two_paths_kernel[(triton.cdiv(n, 1024),)](x, take_a.view(torch.uint8), out, n, ITERS=ITERS,
+                                               BLOCK=1024)
     return out
 # --8<-- [end:triton]
 
@@ -115,14 +120,16 @@ N = 2**24
 warp_divergence = register(Op(
     name="warp_divergence", part=1, chapter="part1/execution-model.md", title="Warp divergence",
     reference=two_paths_ref, make_inputs=_make_inputs,
-    # Useful work: one FMA (2 FLOPs) per iteration on the path each element takes. v0 and v2 do twice that.
+    # Useful work: one FMA (2 FLOPs) per iteration on the path each element takes. v0 and v2 do
+    # twice that.
     bytes_moved=lambda s, d: 9 * s["n"], flops=lambda s, d: 2 * ITERS * s["n"],
     metric="TFLOP/s", ceiling="gemm_fp32", headline={"n": N, "pattern": "alternate"},
     sweep=[{"n": N, "pattern": p} for p in PATTERNS], sweep_axis="pattern", dtypes=(torch.float32,),
     test_sizes=[{"n": n, "pattern": p} for n in (1, 33, 1000) for p in PATTERNS],
     tolerances={torch.float32: (1e-5, 1e-5)}))
-warp_divergence.add(Impl("v0", two_paths_torch, "PyTorch", "both paths in eager torch, then torch.where",
-                         (two_paths_ref,)))
-warp_divergence.add(Impl("v1", two_paths_cuda, "CUDA", "a real branch per thread", (cuda.source_path(CU_FILE),)))
+warp_divergence.add(Impl("v0", two_paths_torch, "PyTorch",
+                         "both paths in eager torch, then torch.where", (two_paths_ref,)))
+warp_divergence.add(Impl("v1", two_paths_cuda, "CUDA", "a real branch per thread",
+                         (cuda.source_path(CU_FILE),)))
 warp_divergence.add(Impl("v2", two_paths_triton, "Triton", "both paths per block, then a select",
                          (_two_paths_kernel,), device="any"))

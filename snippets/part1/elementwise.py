@@ -11,8 +11,8 @@ Versions of ``vector_add`` (never renumbered):
 
 ``scale``, ``relu`` and ``saxpy`` each have v0 (torch), v1 (CUDA, the v5 pattern) and v2 (Triton).
 
-Every one of these ops reads and writes each element once, so its speed is set by memory bandwidth: the cost
-model is bytes moved, and the ceiling is the measured device-to-device copy bandwidth.
+Every one of these ops reads and writes each element once, so its speed is set by memory bandwidth:
+the cost model is bytes moved, and the ceiling is the measured device-to-device copy bandwidth.
 """
 
 from __future__ import annotations
@@ -47,18 +47,20 @@ def relu_ref(x: torch.Tensor) -> torch.Tensor:
 
 
 def saxpy_ref(alpha: float, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """out = alpha * x + y (BLAS "single-precision a*x plus y"). 3 * n * itemsize bytes, 2n FLOPs."""
+    """out = alpha * x + y (BLAS "single-precision a*x plus y"). 3 * n * itemsize bytes,
+    2n FLOPs."""
     return alpha * x + y
 # --8<-- [end:reference]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Triton
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:triton_add]
-# 4096 elements per program and 8 warps (256 threads): each thread handles 16 fp32 elements as four 16-byte
-# vectors, so many loads are in flight per SM to cover DRAM latency, and the grid stays small.
+# 4096 elements per program and 8 warps (256 threads): each thread handles 16 fp32 elements as four
+# 16-byte vectors, so many loads are in flight per SM to cover DRAM latency, and the grid
+# stays small.
 BLOCK = 4096
 NUM_WARPS = 8
 
@@ -92,10 +94,12 @@ def add_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 # --8<-- [start:triton_map]
 @triton.jit
 def _map_kernel(x_ptr, y_ptr, out_ptr, n, alpha, OP: tl.constexpr, BLOCK: tl.constexpr):
-    """One kernel, one compiled variant per OP: the branch on a constexpr costs nothing at run time."""
+    """One kernel, one compiled variant per OP: the branch on a constexpr costs nothing at
+    run time."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)  # compute in fp32, store in the input's dtype
+    # compute in fp32, store in the input's dtype
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
     if OP == "scale":
         out = alpha * x
     elif OP == "relu":
@@ -112,8 +116,8 @@ def _map_triton(op: str, x: torch.Tensor, y: torch.Tensor | None, alpha: float) 
                   allow_empty=False)
     out = torch.empty_like(x)
     n = x.numel()
-    _map_kernel[(triton.cdiv(n, BLOCK),)](x, x if y is None else y, out, n, alpha, OP=op, BLOCK=BLOCK,
-                                          num_warps=NUM_WARPS)
+    _map_kernel[(triton.cdiv(n, BLOCK),)](x, x if y is None else y, out, n, alpha, OP=op,
+                                          BLOCK=BLOCK, num_warps=NUM_WARPS)
     return out
 
 
@@ -133,19 +137,20 @@ def saxpy_triton(alpha: float, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
 # --8<-- [end:triton_map]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # CUDA C (csrc/part1/elementwise.cu), launched through CuPy
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:cuda_launch]
 THREADS = 256  # 8 warps per block; up to 8 such blocks fill an SM's 2048 thread slots
 
 
-def _launch_elementwise(name: str, grid_stride: bool, vec: int, tensors: tuple, scalars: tuple = ()):
-    """The one launcher of every CUDA version: ``vec`` elements per thread per step, a grid sized to n
-    (one thread per ``vec`` elements) or to the GPU (``grid_stride``): as many blocks as are resident at
-    once on every SM, so the whole grid runs in one wave (the unrolled kernels use more registers, so
-    fewer of their blocks fit)."""
+def _launch_elementwise(name: str, grid_stride: bool, vec: int, tensors: tuple,
+                        scalars: tuple = ()):
+    """The one launcher of every CUDA version: ``vec`` elements per thread per step, a grid sized to
+    n (one thread per ``vec`` elements) or to the GPU (``grid_stride``): as many blocks as are
+    resident at once on every SM, so the whole grid runs in one wave (the unrolled kernels use more
+    registers, so fewer of their blocks fit)."""
     *inputs, out = tensors
     n = out.numel()
     fn = cuda.kernel(CU_FILE, name)
@@ -190,21 +195,25 @@ def add_cuda_vec4(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def add_cuda_vec4_unrolled(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """v5: like v3, but 4 float4 loads per array in flight per thread; falls back to v2 for unaligned views."""
+    """v5: like v3, but 4 float4 loads per array in flight per thread; falls back to v2 for
+    unaligned views."""
     out = _check_cuda(("x", "y"), (x, y))
     if not _aligned16(x, y, out):
         return _launch_elementwise("vector_add_v2", True, 1, (x, y, out))
     return _launch_elementwise("vector_add_v5", True, 4 * UNROLL, (x, y, out))
 
 
-UNROLL = 4  # float4 groups per thread per step in the v5 pattern (UNROLL in csrc/part1/elementwise.cu)
+# float4 groups per thread per step in the v5 pattern (UNROLL in csrc/part1/elementwise.cu)
+UNROLL = 4
 
 
 def _map_cuda(name: str, tensors: tuple[torch.Tensor, ...], scalars: tuple = ()) -> torch.Tensor:
-    """The unrolled float4 kernels of scale/relu/saxpy; unaligned views are copied to aligned storage first."""
+    """The unrolled float4 kernels of scale/relu/saxpy; unaligned views are copied to aligned
+    storage first."""
     names = ("x", "y")[: len(tensors)]
     out = _check_cuda(names, tensors)
-    tensors = tuple(t if _aligned16(t) else t.clone() for t in tensors)  # clone() allocates aligned memory
+    # clone() allocates aligned memory
+    tensors = tuple(t if _aligned16(t) else t.clone() for t in tensors)
     return _launch_elementwise(name, True, 4 * UNROLL, (*tensors, out), scalars)
 
 
@@ -223,17 +232,19 @@ def saxpy_cuda(alpha: float, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return _map_cuda("saxpy_vec4", (x, y), (np.float32(check_scalar("alpha", alpha)),))
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Registration: what the tests, the harness and the docs know about these ops
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 ALPHA = 1.7  # a scalar with a full mantissa, so scaling is not exact in any dtype
 
 
 def _inputs(count: int, with_alpha: str | None = None):
-    """Input generator for element-wise ops: ``count`` random tensors of n elements (never zeros)."""
+    """Input generator for element-wise ops: ``count`` random tensors of n elements
+    (never zeros)."""
     def make(size, dtype, device, gen):
-        ts = [torch.randn(size["n"], generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+        ts = [torch.randn(size["n"], generator=gen,
+                          dtype=torch.float32).to(device=device, dtype=dtype)
               for _ in range(count)]
         if with_alpha == "first":
             return (ALPHA, *ts)
@@ -258,13 +269,14 @@ vector_add = register(Op(
     name="vector_add", title="Vector add", reference=vector_add_ref, make_inputs=_inputs(2),
     bytes_moved=_bytes(3), flops=lambda s, d: s["n"], **BENCH))
 vector_add.add(Impl("v0", torch.add, "PyTorch", "torch.add"))
-vector_add.add(Impl("v1", add_cuda_naive, "CUDA", "one thread per element", (cuda.source_path(CU_FILE), _launch_elementwise),
-                    dtypes=FP32))
-vector_add.add(Impl("v2", add_cuda_grid_stride, "CUDA", "grid-stride loop", (cuda.source_path(CU_FILE), _launch_elementwise),
-                    dtypes=FP32))
-vector_add.add(Impl("v3", add_cuda_vec4, "CUDA", "grid-stride, float4 loads", (cuda.source_path(CU_FILE), _launch_elementwise),
-                    dtypes=FP32))
-vector_add.add(Impl("v4", add_triton, "Triton", "one program per 4096 elements", (_add_kernel,), device="any"))
+vector_add.add(Impl("v1", add_cuda_naive, "CUDA", "one thread per element",
+                    (cuda.source_path(CU_FILE), _launch_elementwise), dtypes=FP32))
+vector_add.add(Impl("v2", add_cuda_grid_stride, "CUDA", "grid-stride loop",
+                    (cuda.source_path(CU_FILE), _launch_elementwise), dtypes=FP32))
+vector_add.add(Impl("v3", add_cuda_vec4, "CUDA", "grid-stride, float4 loads",
+                    (cuda.source_path(CU_FILE), _launch_elementwise), dtypes=FP32))
+vector_add.add(Impl("v4", add_triton, "Triton", "one program per 4096 elements", (_add_kernel,),
+                    device="any"))
 vector_add.add(Impl("v5", add_cuda_vec4_unrolled, "CUDA", "grid-stride, 4 float4 loads in flight",
                     (cuda.source_path(CU_FILE), _launch_elementwise), dtypes=FP32))
 
@@ -272,19 +284,19 @@ scale = register(Op(
     name="scale", title="Scalar multiply", reference=scale_ref, make_inputs=_inputs(1, "last"),
     bytes_moved=_bytes(2), flops=lambda s, d: s["n"], **BENCH))
 scale.add(Impl("v0", torch.mul, "PyTorch", "torch.mul"))
-scale.add(Impl("v1", scale_cuda, "CUDA", "grid-stride, 4 float4 loads in flight", (cuda.source_path(CU_FILE), _map_cuda, _launch_elementwise),
-               dtypes=FP32))
-scale.add(Impl("v2", scale_triton, "Triton", "one program per 4096 elements", (_map_kernel, _map_triton),
-               device="any"))
+scale.add(Impl("v1", scale_cuda, "CUDA", "grid-stride, 4 float4 loads in flight",
+               (cuda.source_path(CU_FILE), _map_cuda, _launch_elementwise), dtypes=FP32))
+scale.add(Impl("v2", scale_triton, "Triton", "one program per 4096 elements",
+               (_map_kernel, _map_triton), device="any"))
 
 relu = register(Op(
     name="relu", title="ReLU", reference=relu_ref, make_inputs=_inputs(1),
     bytes_moved=_bytes(2), flops=lambda s, d: s["n"], **BENCH))
 relu.add(Impl("v0", torch.relu, "PyTorch", "torch.relu"))
-relu.add(Impl("v1", relu_cuda, "CUDA", "grid-stride, 4 float4 loads in flight", (cuda.source_path(CU_FILE), _map_cuda, _launch_elementwise),
-              dtypes=FP32))
-relu.add(Impl("v2", relu_triton, "Triton", "one program per 4096 elements", (_map_kernel, _map_triton),
-              device="any"))
+relu.add(Impl("v1", relu_cuda, "CUDA", "grid-stride, 4 float4 loads in flight",
+              (cuda.source_path(CU_FILE), _map_cuda, _launch_elementwise), dtypes=FP32))
+relu.add(Impl("v2", relu_triton, "Triton", "one program per 4096 elements",
+              (_map_kernel, _map_triton), device="any"))
 
 
 def _saxpy_torch(alpha: float, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -295,7 +307,7 @@ saxpy = register(Op(
     name="saxpy", title="SAXPY", reference=saxpy_ref, make_inputs=_inputs(2, "first"),
     bytes_moved=_bytes(3), flops=lambda s, d: 2 * s["n"], **BENCH))
 saxpy.add(Impl("v0", _saxpy_torch, "PyTorch", "torch.add(y, x, alpha=a)"))
-saxpy.add(Impl("v1", saxpy_cuda, "CUDA", "grid-stride, 4 float4 loads in flight", (cuda.source_path(CU_FILE), _map_cuda, _launch_elementwise),
-               dtypes=FP32))
-saxpy.add(Impl("v2", saxpy_triton, "Triton", "one program per 4096 elements", (_map_kernel, _map_triton),
-               device="any"))
+saxpy.add(Impl("v1", saxpy_cuda, "CUDA", "grid-stride, 4 float4 loads in flight",
+               (cuda.source_path(CU_FILE), _map_cuda, _launch_elementwise), dtypes=FP32))
+saxpy.add(Impl("v2", saxpy_triton, "Triton", "one program per 4096 elements",
+               (_map_kernel, _map_triton), device="any"))

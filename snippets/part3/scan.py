@@ -1,31 +1,34 @@
-"""Scan (inclusive prefix sum): out[i] = x[0] + x[1] + ... + x[i], from a tile in shared memory to the device.
+"""Scan (inclusive prefix sum): out[i] = x[0] + x[1] + ... + x[i], from a tile in shared memory to
+the device.
 
 Versions of ``scan`` (never renumbered); the CUDA kernels are in ``csrc/part3/scan.cu``:
 
 - v0  ``torch.cumsum``: the library baseline.
-- v1  CUDA, Kogge-Stone scan of 1024-element tiles in shared memory, then the three-phase device-wide scheme:
-      scan the tiles, scan the tile sums (the same scheme again, recursively, until one tile is left), add each
-      tile's offset.
-- v2  CUDA, like v1 but each tile is scanned with Brent-Kung (up-sweep, down-sweep): 2n additions instead of
-      n log2(1024), at twice the number of steps.
-- v3  CUDA, reduce-then-scan: 4096-element tiles, 16 elements per thread scanned sequentially in registers and
-      warp shuffles across threads; pass 1 sums each tile, pass 2 (one block) scans the sums, pass 3 rescans
-      each tile with its offset. Reads x twice and writes it once: 3 * n * 4 bytes.
-- v4  Triton, the v3 scheme: ``tl.sum`` per block, a one-program carry pass over the block sums, then
-      ``tl.cumsum`` per block plus its offset.
-- v5  CUDA, single pass with decoupled look-back: the v3 tile code, but each tile publishes its sum and then
-      its inclusive prefix, and a tile adds up its predecessors' published values instead of waiting for a
-      separate pass. Reads x once and writes it once.
+- v1  CUDA, Kogge-Stone scan of 1024-element tiles in shared memory, then the three-phase
+      device-wide scheme: scan the tiles, scan the tile sums (the same scheme again, recursively,
+      until one tile is left), add each tile's offset.
+- v2  CUDA, like v1 but each tile is scanned with Brent-Kung (up-sweep, down-sweep): 2n additions
+      instead of n log2(1024), at twice the number of steps.
+- v3  CUDA, reduce-then-scan: 4096-element tiles, 16 elements per thread scanned sequentially in
+      registers and warp shuffles across threads; pass 1 sums each tile, pass 2 (one block) scans
+      the sums, pass 3 rescans each tile with its offset. Reads x twice and writes it once: 3 * n *
+      4 bytes.
+- v4  Triton, the v3 scheme: ``tl.sum`` per block, a one-program carry pass over the block sums,
+      then ``tl.cumsum`` per block plus its offset.
+- v5  CUDA, single pass with decoupled look-back: the v3 tile code, but each tile publishes its sum
+      and then its inclusive prefix, and a tile adds up its predecessors' published values instead
+      of waiting for a separate pass. Reads x once and writes it once.
 - v6  CUDA, like v5 with the look-back done by a whole warp, 32 predecessors per step.
 
-Inputs: a non-empty contiguous 1-D float32 or int32 tensor; the result has its shape and dtype (int32 wraps on
-overflow like any int32 add). fp32 addition is not associative, so each version adds in its own order and none
-matches torch bit for bit: the checks compare against a float64 reference with a relative tolerance, on inputs
-in [0, 1) (every prefix is a sum of positive terms, so the error is relative to the running sum; see
-``TOLERANCES``); the dedicated tests also use small integers stored as fp32, whose sums are exact in any order.
+Inputs: a non-empty contiguous 1-D float32 or int32 tensor; the result has its shape and dtype
+(int32 wraps on overflow like any int32 add). fp32 addition is not associative, so each version adds
+in its own order and none matches torch bit for bit: the checks compare against a float64 reference
+with a relative tolerance, on inputs in [0, 1) (every prefix is a sum of positive terms, so the
+error is relative to the running sum; see ``TOLERANCES``); the dedicated tests also use small
+integers stored as fp32, whose sums are exact in any order.
 
-Cost model: every element is read once and written once, 2 * n * 4 bytes; the ceiling is the measured copy
-bandwidth. Goal: the best version reaches at least 75% of copy at n = 2**28.
+Cost model: every element is read once and written once, 2 * n * 4 bytes; the ceiling is the
+measured copy bandwidth. Goal: the best version reaches at least 75% of copy at n = 2**28.
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ SUFFIX = {torch.float32: "f32", torch.int32: "i32"}
 
 # --8<-- [start:reference]
 def scan_ref(x: torch.Tensor) -> torch.Tensor:
-    """out[i] = sum of x[0..i]. Reads n elements and writes n: 2 * n * itemsize bytes, n - 1 additions.
-    (torch.cumsum would widen int32 to int64; the op keeps the input's dtype.)"""
+    """out[i] = sum of x[0..i]. Reads n elements and writes n: 2 * n * itemsize bytes, n - 1
+    additions. (torch.cumsum would widen int32 to int64; the op keeps the input's dtype.)"""
     return torch.cumsum(x, dim=0, dtype=x.dtype)
 # --8<-- [end:reference]
 
@@ -55,7 +58,8 @@ def scan_ref(x: torch.Tensor) -> torch.Tensor:
 def _check(x: torch.Tensor, device: str) -> None:
     check_tensors(("x",), (x,), dtypes=DTYPES, device=device, allow_empty=False)
     if x.dim() != 1:
-        raise ValueError(f"x must be 1-D, got shape {tuple(x.shape)}; flatten it first (x.reshape(-1))")
+        raise ValueError(f"x must be 1-D, got shape {tuple(x.shape)}; flatten it first "
+                         "(x.reshape(-1))")
 
 
 def scan_torch(x: torch.Tensor) -> torch.Tensor:
@@ -64,9 +68,9 @@ def scan_torch(x: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(x, dim=0, dtype=x.dtype)
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # CUDA C (csrc/part3/scan.cu), launched through CuPy
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 TILE = 1024         # elements per tile in v1 and v2 (TILE in scan.cu)
 RTS_THREADS = 256   # threads per block in v3 and v5 (RTS_THREADS in scan.cu)
@@ -78,30 +82,34 @@ def _kernel(name: str, dtype: torch.dtype):
 
 
 # --8<-- [start:three_phase]
-def _scan_three_phase(x: torch.Tensor, out: torch.Tensor, tile_kernel: str, threads: int) -> torch.Tensor:
-    """v1 and v2: scan each TILE-element tile (writing the tile's total to ``sums``), scan ``sums`` in place by
-    the same scheme (a recursion: 2**28 elements take three levels), then add to every tile the scanned total
-    of the tiles before it."""
+def _scan_three_phase(x: torch.Tensor, out: torch.Tensor, tile_kernel: str,
+                      threads: int) -> torch.Tensor:
+    """v1 and v2: scan each TILE-element tile (writing the tile's total to ``sums``), scan ``sums``
+    in place by the same scheme (a recursion: 2**28 elements take three levels), then add to every
+    tile the scanned total of the tiles before it."""
     n = x.numel()
     tiles = triton.cdiv(n, TILE)
     sums = torch.empty(tiles, dtype=x.dtype, device=x.device)
     cuda.launch(_kernel(tile_kernel, x.dtype), tiles, threads, (x, out, sums, np.int64(n)))
     if tiles > 1:
-        _scan_three_phase(sums, sums, tile_kernel, threads)  # in place: a tile reads its input before writing
+        # in place: a tile reads its input before writing
+        _scan_three_phase(sums, sums, tile_kernel, threads)
         cuda.launch(_kernel("add_offsets", x.dtype), tiles - 1, TILE, (out, sums, np.int64(n)))
     return out
 # --8<-- [end:three_phase]
 
 
 def scan_kogge_stone(x: torch.Tensor) -> torch.Tensor:
-    """v1: Kogge-Stone tiles of 1024 elements (one per thread) in the three-phase device-wide scheme."""
+    """v1: Kogge-Stone tiles of 1024 elements (one per thread) in the three-phase
+    device-wide scheme."""
     cuda.require_gpu()
     _check(x, "cuda")
     return _scan_three_phase(x, torch.empty_like(x), "scan_tiles_ks", TILE)
 
 
 def scan_brent_kung(x: torch.Tensor) -> torch.Tensor:
-    """v2: like v1, but Brent-Kung tiles (512 threads, two elements each): linear work instead of n log n."""
+    """v2: like v1, but Brent-Kung tiles (512 threads, two elements each): linear work instead of n
+    log n."""
     cuda.require_gpu()
     _check(x, "cuda")
     return _scan_three_phase(x, torch.empty_like(x), "scan_tiles_bk", TILE // 2)
@@ -109,8 +117,8 @@ def scan_brent_kung(x: torch.Tensor) -> torch.Tensor:
 
 # --8<-- [start:rts_launch]
 def scan_reduce_then_scan(x: torch.Tensor) -> torch.Tensor:
-    """v3: like v1's three phases, but 16 elements per thread in registers and the first pass only sums each
-    tile: no tile is written twice, and the tile sums fit one block's scan at any n."""
+    """v3: like v1's three phases, but 16 elements per thread in registers and the first pass only
+    sums each tile: no tile is written twice, and the tile sums fit one block's scan at any n."""
     cuda.require_gpu()
     _check(x, "cuda")
     n = x.numel()
@@ -118,41 +126,44 @@ def scan_reduce_then_scan(x: torch.Tensor) -> torch.Tensor:
     tiles = triton.cdiv(n, RTS_TILE)
     sums = torch.empty(tiles, dtype=x.dtype, device=x.device)
     cuda.launch(_kernel("reduce_tiles", x.dtype), tiles, RTS_THREADS, (x, sums, np.int64(n)))
-    cuda.launch(_kernel("scan_sums", x.dtype), 1, 1024, (sums, np.int64(tiles)))  # now exclusive offsets
+    # now exclusive offsets
+    cuda.launch(_kernel("scan_sums", x.dtype), 1, 1024, (sums, np.int64(tiles)))
     cuda.launch(_kernel("scan_tiles_rts", x.dtype), tiles, RTS_THREADS, (x, out, sums, np.int64(n)))
     return out
 
 
 def _launch_lookback(x: torch.Tensor, kernel: str) -> torch.Tensor:
-    """The single-pass scans: one block per tile and a zeroed status array (a tile counter, then one word per
-    tile)."""
+    """The single-pass scans: one block per tile and a zeroed status array (a tile counter, then one
+    word per tile)."""
     cuda.require_gpu()
     _check(x, "cuda")
     n = x.numel()
     out = torch.empty_like(x)
     tiles = triton.cdiv(n, RTS_TILE)
-    state = torch.zeros(tiles + 1, dtype=torch.int64, device=x.device)  # [0]: tile counter; then one word per tile
+    # [0]: tile counter; then one word per tile
+    state = torch.zeros(tiles + 1, dtype=torch.int64, device=x.device)
     cuda.launch(_kernel(kernel, x.dtype), tiles, RTS_THREADS, (x, out, state, np.int64(n)))
     return out
 
 
 def scan_lookback(x: torch.Tensor) -> torch.Tensor:
-    """v5: like v3, but one pass: each tile publishes its sum, then its inclusive prefix, in a zeroed status
-    array, and finds its offset by looking back at its predecessors, one at a time. x is read once."""
+    """v5: like v3, but one pass: each tile publishes its sum, then its inclusive prefix, in a
+    zeroed status array, and finds its offset by looking back at its predecessors, one at a time. x
+    is read once."""
     return _launch_lookback(x, "scan_lookback")
 
 
 def scan_lookback_warp(x: torch.Tensor) -> torch.Tensor:
-    """v6: like v5, but a whole warp looks back, 32 predecessors per round trip to L2 instead of one: the
-    look-back of one thread was a chain of dependent loads that the whole block waited for. It also scans
-    each tile once instead of twice."""
+    """v6: like v5, but a whole warp looks back, 32 predecessors per round trip to L2 instead of
+    one: the look-back of one thread was a chain of dependent loads that the whole block waited for.
+    It also scans each tile once instead of twice."""
     return _launch_lookback(x, "scan_lookback_warp")
 # --8<-- [end:rts_launch]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Triton
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:triton]
 BLOCK = 4096
@@ -169,8 +180,10 @@ def _block_sum_kernel(x_ptr, sums_ptr, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def _carry_kernel(sums_ptr, tiles, BLOCK: tl.constexpr):
-    """One program: block sums -> exclusive offsets, in place, BLOCK at a time with a running carry."""
-    carry = tl.sum(tl.zeros((BLOCK,), dtype=sums_ptr.dtype.element_ty), axis=0)  # a zero of the right type
+    """One program: block sums -> exclusive offsets, in place, BLOCK at a time with a
+    running carry."""
+    # a zero of the right type
+    carry = tl.sum(tl.zeros((BLOCK,), dtype=sums_ptr.dtype.element_ty), axis=0)
     for start in range(0, tiles, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         v = tl.load(sums_ptr + offs, mask=offs < tiles, other=0)
@@ -187,7 +200,8 @@ def _scan_block_kernel(x_ptr, out_ptr, offsets_ptr, n, BLOCK: tl.constexpr):
 
 
 def scan_triton(x: torch.Tensor) -> torch.Tensor:
-    """v4: the v3 scheme in Triton: block sums, one carry program, tl.cumsum per block plus its offset."""
+    """v4: the v3 scheme in Triton: block sums, one carry program, tl.cumsum per block plus
+    its offset."""
     _check(x, triton_device())
     n = x.numel()
     out = torch.empty_like(x)
@@ -200,24 +214,25 @@ def scan_triton(x: torch.Tensor) -> torch.Tensor:
 # --8<-- [end:triton]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Registration
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:inputs]
 def make_inputs(size, dtype, device, gen):
-    """float32: uniform in [0, 1), so the prefix grows and every output is a sum of positive terms; int32:
-    uniform in [-4, 4], exact in any order."""
+    """float32: uniform in [0, 1), so the prefix grows and every output is a sum of positive terms;
+    int32: uniform in [-4, 4], exact in any order."""
     n = size["n"]
     if dtype == torch.int32:
         return (torch.randint(-4, 5, (n,), generator=gen, dtype=torch.int32).to(device),)
     return (torch.rand(n, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype),)
 
 
-# fp32 against float64: a sum of positive terms carries a relative error of at most (additions on its path) *
-# 2**-24. Tree-shaped orders keep that path at a few dozen additions; a chain of per-tile carries (v4's carry
-# pass, v5's look-back, CUB's own look-back in v0) puts one rounding per tile on it, which behaves like a
-# random walk: about sqrt(65536) * 2**-24 / sqrt(3), near 1e-5, at 2**28 elements in 4096-element tiles.
+# fp32 against float64: a sum of positive terms carries a relative error of at most (additions on
+# its path) * 2**-24. Tree-shaped orders keep that path at a few dozen additions; a chain of
+# per-tile carries (v4's carry pass, v5's look-back, CUB's own look-back in v0) puts one rounding
+# per tile on it, which behaves like a random walk: about sqrt(65536) * 2**-24 / sqrt(3), near 1e-5,
+# at 2**28 elements in 4096-element tiles.
 TOLERANCES = {torch.float32: (2e-4, 1e-6), torch.int32: (0.0, 0.0)}
 # --8<-- [end:inputs]
 
@@ -232,15 +247,17 @@ scan = register(Op(
     reference=scan_ref, make_inputs=make_inputs,
     bytes_moved=lambda s, d: 2 * s["n"] * d.itemsize,
     flops=lambda s, d: s["n"] - 1 if d.is_floating_point else 0,
-    metric="GB/s", ceiling="copy", headline=HEADLINE, sweep=SWEEP, dtypes=DTYPES, test_sizes=TEST_SIZES,
-    tolerances=TOLERANCES, bench_dtypes=(torch.float32,)))
+    metric="GB/s", ceiling="copy", headline=HEADLINE, sweep=SWEEP, dtypes=DTYPES,
+    test_sizes=TEST_SIZES, tolerances=TOLERANCES, bench_dtypes=(torch.float32,)))
 scan.add(Impl("v0", scan_torch, "PyTorch", "torch.cumsum"))
-scan.add(Impl("v1", scan_kogge_stone, "CUDA", "Kogge-Stone tiles, three phases, recursive", THREE_PHASE))
-scan.add(Impl("v2", scan_brent_kung, "CUDA", "Brent-Kung tiles, three phases, recursive", THREE_PHASE))
-scan.add(Impl("v3", scan_reduce_then_scan, "CUDA", "reduce-then-scan, 16 per thread in registers", SINGLE))
-scan.add(Impl("v4", scan_triton, "Triton", "tl.sum, carry pass, tl.cumsum per 4096", (_block_sum_kernel,
-                                                                                      _carry_kernel,
-                                                                                      _scan_block_kernel),
-              device="any"))
+scan.add(Impl("v1", scan_kogge_stone, "CUDA", "Kogge-Stone tiles, three phases, recursive",
+              THREE_PHASE))
+scan.add(Impl("v2", scan_brent_kung, "CUDA", "Brent-Kung tiles, three phases, recursive",
+              THREE_PHASE))
+scan.add(Impl("v3", scan_reduce_then_scan, "CUDA", "reduce-then-scan, 16 per thread in registers",
+              SINGLE))
+scan.add(Impl("v4", scan_triton, "Triton", "tl.sum, carry pass, tl.cumsum per 4096",
+              (_block_sum_kernel, _carry_kernel, _scan_block_kernel), device="any"))
 scan.add(Impl("v5", scan_lookback, "CUDA", "single pass, decoupled look-back", SINGLE))
-scan.add(Impl("v6", scan_lookback_warp, "CUDA", "like v5, warp-wide look-back, one block scan per tile", SINGLE))
+scan.add(Impl("v6", scan_lookback_warp, "CUDA",
+              "like v5, warp-wide look-back, one block scan per tile", SINGLE))

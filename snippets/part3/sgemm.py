@@ -1,25 +1,30 @@
 """SGEMM, step by step: C = A @ B in fp32, from one thread per element towards cuBLAS.
 
-Versions of ``sgemm`` (never renumbered); the CUDA kernels are in ``csrc/part3/sgemm/``, a file per step:
+Versions of ``sgemm`` (never renumbered); the CUDA kernels are in ``csrc/part3/sgemm/``, a file
+per step:
 
 - v0  cuBLAS through ``torch.matmul`` with TF32 switched off for the call: IEEE fp32, the baseline.
-- v1  CUDA, naive: one thread per element of C, threadIdx.x down a column of C (A loads and C stores strided).
+- v1  CUDA, naive: one thread per element of C, threadIdx.x down a column of C (A loads and C
+  stores strided).
 - v2  CUDA, like v1 with threadIdx.x along a row of C: coalesced B loads and C stores.
 - v3  CUDA, 32 x 32 tiles of A and B in shared memory.
 - v4  CUDA, 1-D register tiling: 64 x 64 block tile, BK = 8, 8 results per thread down a column.
 - v5  CUDA, 2-D register tiling: 128 x 128 block tile, BK = 8, 8 x 8 results per thread.
-- v6  CUDA, like v5 with float4 global loads, the A tile transposed (rows padded to 132) in shared memory.
+- v6  CUDA, like v5 with float4 global loads, the A tile transposed (rows padded to 132) in
+  shared memory.
 - v7  CUDA, like v6 with warp tiling: 64 x 32 per warp, conflict-free float4 shared-memory reads.
 - v8  CUDA, like v7 with two shared-memory buffers: the next tile's loads overlap this tile's FMAs.
-- v11 CUDA, v8's loop as one template over tile sizes, with 64 x 64 warp tiles: 128 results per thread.
-- v12 CUDA, the template at several tile configurations (block tile, BK, warp tile, grouped block order),
-      the fastest for each shape picked by timing them once (autotuning).
+- v11 CUDA, v8's loop as one template over tile sizes, with 64 x 64 warp tiles: 128 results
+  per thread.
+- v12 CUDA, the template at several tile configurations (block tile, BK, warp tile, grouped block
+      order), the fastest for each shape picked by timing them once (autotuning).
 (v9 and v10 are the CPU versions.)
 
 Each CUDA step is a file of its own in ``csrc/part3/sgemm/``. A is M x K, B is K x N, both row-major
 (contiguous) fp32; C is M x N. The cost is 2 * M * N * K FLOPs; the
-fewest bytes are (M * K + K * N + M * N) * 4. The ceiling is cuBLAS itself in IEEE fp32 (``gemm_fp32``). The
-goal: the best version reaches at least 90% of cuBLAS fp32 at 4096^3 and at 8192^3.
+fewest bytes are (M * K + K * N + M * N) * 4. The ceiling is cuBLAS itself in IEEE fp32
+(``gemm_fp32``). The goal: the best version reaches at least 90% of cuBLAS fp32 at 4096^3 and
+at 8192^3.
 """
 
 from __future__ import annotations
@@ -42,9 +47,10 @@ GRID_Y_MAX = 65535  # CUDA's limit on gridDim.y
 
 # --8<-- [start:reference]
 def sgemm_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """C[i, j] = sum_k A[i, k] * B[k, j]. Each of the M * N outputs is a dot product of length K: 2 * M * N * K
-    FLOPs. At the least, every element of A, B and C crosses DRAM once: (M*K + K*N + M*N) * 4 bytes in fp32,
-    so the arithmetic intensity can reach 2MNK / (4 (MK + KN + MN)) FLOPs per byte (N / 6 for a square N)."""
+    """C[i, j] = sum_k A[i, k] * B[k, j]. Each of the M * N outputs is a dot product of length K:
+    2 * M * N * K FLOPs. At the least, every element of A, B and C crosses DRAM once: (M*K + K*N +
+    M*N) * 4 bytes in fp32, so the arithmetic intensity can reach 2MNK / (4 (MK + KN + MN)) FLOPs
+    per byte (N / 6 for a square N)."""
     m, k = a.shape
     _, n = b.shape
     c = torch.zeros((m, n), dtype=a.dtype, device=a.device)
@@ -55,21 +61,23 @@ def sgemm_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The registered reference: the same sum, computed by one matmul (the tests call it in float64, where
-    torch's float64 GEMM does no TF32 or other reduced-precision arithmetic)."""
+    """The registered reference: the same sum, computed by one matmul (the tests call it in float64,
+    where torch's float64 GEMM does no TF32 or other reduced-precision arithmetic)."""
     return a @ b
 
 
 def check_operands(a: torch.Tensor, b: torch.Tensor, device: str = "cuda") -> tuple[int, int, int]:
-    """A (M x K) and B (K x N): contiguous, non-empty, 2-D, float32, on ``device``; returns (M, N, K)."""
+    """A (M x K) and B (K x N): contiguous, non-empty, 2-D, float32, on ``device``; returns (M,
+    N, K)."""
     check_tensors(("a", "b"), (a, b), dtypes=(torch.float32,), device=device, same_shape=False,
                   allow_empty=False)
     if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"a and b must be 2-D matrices, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ValueError(f"a and b must be 2-D matrices, got shapes {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
     (m, k), (k2, n) = a.shape, b.shape
     if k != k2:
-        raise ValueError(f"inner dimensions differ: a is {m} x {k} but b is {k2} x {n} (a.shape[1] must equal "
-                         "b.shape[0])")
+        raise ValueError(f"inner dimensions differ: a is {m} x {k} but b is {k2} x {n} (a.shape[1] "
+                         "must equal b.shape[0])")
     for name, v in (("M", m), ("N", n), ("K", k)):
         if v > INT32_MAX:
             raise ValueError(f"{name} = {v} does not fit the kernels' 32-bit sizes")
@@ -78,8 +86,9 @@ def check_operands(a: torch.Tensor, b: torch.Tensor, device: str = "cuda") -> tu
 
 # --8<-- [start:cublas]
 def sgemm_cublas(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """v0: cuBLAS through torch.matmul, in IEEE fp32. torch may let cuBLAS use TF32 tensor cores for fp32
-    matmuls (10-bit mantissas); the flag is switched off for this call and restored afterwards."""
+    """v0: cuBLAS through torch.matmul, in IEEE fp32. torch may let cuBLAS use TF32 tensor cores for
+    fp32 matmuls (10-bit mantissas); the flag is switched off for this call and
+    restored afterwards."""
     check_operands(a, b)
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -90,17 +99,17 @@ def sgemm_cublas(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # --8<-- [end:cublas]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # CUDA C (csrc/part3/sgemm/), launched through CuPy
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:cuda_launch]
 @dataclass(frozen=True)
 class Config:
-    """How a CUDA version is launched. A block of ``threads`` computes a ``tile`` = (rows, columns) of C and
-    walks K in steps of ``bk``; ``rows_on_x`` puts the tile rows on gridDim.x (v1's mapping) instead of the tile
-    columns. The kernel hard-codes the same numbers (template arguments); the GPU tests at ragged sizes catch
-    a mismatch."""
+    """How a CUDA version is launched. A block of ``threads`` computes a ``tile`` = (rows, columns)
+    of C and walks K in steps of ``bk``; ``rows_on_x`` puts the tile rows on gridDim.x (v1's
+    mapping) instead of the tile columns. The kernel hard-codes the same numbers (template
+    arguments); the GPU tests at ragged sizes catch a mismatch."""
 
     file: str  # in csrc/part3/sgemm/
     kernel: str
@@ -130,13 +139,16 @@ CONFIGS = {
 }
 
 
-def tuned_config(bm: int, bn: int, bk: int, wm: int, wn: int, threads: int, group: int, pad: int) -> Config:
-    """A configuration of the template in v11_tuned.cu; the kernel name spells out its template arguments."""
-    return Config("v11_tuned.cu", f"sgemm_t_{bm}x{bn}_k{bk}_w{wm}x{wn}_t{threads}_g{group}_p{pad}", tile=(bm, bn),
-                  bk=bk, threads=(threads,))
+def tuned_config(bm: int, bn: int, bk: int, wm: int, wn: int, threads: int, group: int,
+                 pad: int) -> Config:
+    """A configuration of the template in v11_tuned.cu; the kernel name spells out its
+    template arguments."""
+    return Config("v11_tuned.cu", f"sgemm_t_{bm}x{bn}_k{bk}_w{wm}x{wn}_t{threads}_g{group}_p{pad}",
+                  tile=(bm, bn), bk=bk, threads=(threads,))
 
 
-# The configurations instantiated in v11_tuned.cu (SGEMM_TUNED lines), in the same order; the first is v11.
+# The configurations instantiated in v11_tuned.cu (SGEMM_TUNED lines), in the same order; the first
+# is v11.
 TUNED_CONFIGS = [tuned_config(*c) for c in (
     (128, 128, 8, 64, 64, 128, 0, 4),
     (128, 128, 8, 64, 64, 128, 8, 4),
@@ -152,15 +164,16 @@ TUNED_CONFIGS = [tuned_config(*c) for c in (
 CONFIGS["v11"] = TUNED_CONFIGS[0]
 
 
-def _launch_sgemm(a: torch.Tensor, b: torch.Tensor, cfg: Config, out: torch.Tensor | None = None) -> torch.Tensor:
+def _launch_sgemm(a: torch.Tensor, b: torch.Tensor, cfg: Config,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """The one launcher of every CUDA version: a 2-D grid with one block per tile of C."""
     m, n, k = check_operands(a, b)
     cuda.require_gpu()
     tiles_m, tiles_n = triton.cdiv(m, cfg.tile[0]), triton.cdiv(n, cfg.tile[1])
     grid = (tiles_m, tiles_n) if cfg.rows_on_x else (tiles_n, tiles_m)
     if grid[1] > GRID_Y_MAX:
-        raise ValueError(f"{cfg.kernel}: {grid[1]} tiles along gridDim.y exceed CUDA's limit of {GRID_Y_MAX} "
-                         f"(a is {m} x {k}, b is {k} x {n})")
+        raise ValueError(f"{cfg.kernel}: {grid[1]} tiles along gridDim.y exceed CUDA's limit of "
+                         f"{GRID_Y_MAX} (a is {m} x {k}, b is {k} x {n})")
     c = torch.empty((m, n), dtype=a.dtype, device=a.device) if out is None else out
     cuda.launch(cuda.kernel(cfg.path, cfg.kernel), grid, cfg.threads,
                 (a, b, c, np.int32(m), np.int32(n), np.int32(k)))
@@ -169,57 +182,60 @@ def _launch_sgemm(a: torch.Tensor, b: torch.Tensor, cfg: Config, out: torch.Tens
 
 
 def sgemm_naive(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """v1: one thread per element of C, threadIdx.x down a column of C: the warp's 32 loads of A are K floats
-    apart, its stores N floats apart, and its load of B is one address."""
+    """v1: one thread per element of C, threadIdx.x down a column of C: the warp's 32 loads of A are
+    K floats apart, its stores N floats apart, and its load of B is one address."""
     return _launch_sgemm(a, b, CONFIGS["v1"])
 
 
 def sgemm_coalesced(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """v2: like v1 with threadIdx.x along a row of C: the warp reads 32 consecutive floats of B and one of A
-    (a broadcast), and writes 32 consecutive floats of C."""
+    """v2: like v1 with threadIdx.x along a row of C: the warp reads 32 consecutive floats of B and
+    one of A (a broadcast), and writes 32 consecutive floats of C."""
     return _launch_sgemm(a, b, CONFIGS["v2"])
 
 
 def sgemm_smem(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """v3: like v2, but the block stages 32 x 32 tiles of A and B in shared memory, so each element loaded
-    from global memory serves 32 threads instead of one."""
+    """v3: like v2, but the block stages 32 x 32 tiles of A and B in shared memory, so each element
+    loaded from global memory serves 32 threads instead of one."""
     return _launch_sgemm(a, b, CONFIGS["v3"])
 
 
 def sgemm_1d_tiling(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """v4: like v3, but each thread computes 8 results down a column of a 64 x 64 tile (BK = 8): one shared
-    load of B feeds 8 FMAs, and the accumulators live in registers."""
+    """v4: like v3, but each thread computes 8 results down a column of a 64 x 64 tile (BK = 8): one
+    shared load of B feeds 8 FMAs, and the accumulators live in registers."""
     return _launch_sgemm(a, b, CONFIGS["v4"])
 
 
 def sgemm_2d_tiling(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """v5: like v4 in two dimensions: an 8 x 8 sub-tile per thread of a 128 x 128 tile, 16 shared loads per
-    64 FMAs instead of 9 per 8."""
+    """v5: like v4 in two dimensions: an 8 x 8 sub-tile per thread of a 128 x 128 tile, 16 shared
+    loads per 64 FMAs instead of 9 per 8."""
     return _launch_sgemm(a, b, CONFIGS["v5"])
 
 
 def sgemm_vectorized(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """v6: like v5 with 16-byte float4 global loads (guarded scalar loads where a row length is not a multiple
-    of 4), the A tile stored transposed with rows padded to 132 floats (no store conflicts), and float4
-    shared-memory reads: a quarter of the load instructions."""
+    """v6: like v5 with 16-byte float4 global loads (guarded scalar loads where a row length is not
+    a multiple of 4), the A tile stored transposed with rows padded to 132 floats (no store
+    conflicts), and float4 shared-memory reads: a quarter of the load instructions."""
     return _launch_sgemm(a, b, CONFIGS["v6"])
 
 
 def sgemm_warptile(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """v7: like v6 with warp tiling: each warp owns a 64 x 32 part of the block tile and each lane four 4 x 4
-    pieces of it, so a warp's shared-memory reads are 128 (A) and 64 (B) contiguous bytes: no conflicts."""
+    """v7: like v6 with warp tiling: each warp owns a 64 x 32 part of the block tile and each lane
+    four 4 x 4 pieces of it, so a warp's shared-memory reads are 128 (A) and 64 (B) contiguous
+    bytes: no conflicts."""
     return _launch_sgemm(a, b, CONFIGS["v7"])
 
 
 def sgemm_double_buffer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """v8: like v7 with two shared-memory buffers: the next tile's global loads are issued before this tile's
-    FMAs and stored into the other buffer after them, and one barrier per tile replaces two."""
+    """v8: like v7 with two shared-memory buffers: the next tile's global loads are issued before
+    this tile's FMAs and stored into the other buffer after them, and one barrier per tile
+    replaces two."""
     return _launch_sgemm(a, b, CONFIGS["v8"])
 
 
 def sgemm_tuned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """v11: v8's double-buffered loop as a template over tile sizes, here with 64 x 64 warp tiles in a 128 x 128
-    block of 4 warps: each thread accumulates 8 x 16 = 128 results, 128 FMAs per 6 shared-memory loads."""
+    """v11: v8's double-buffered loop as a template over tile sizes, here with 64 x 64 warp tiles in
+    a 128 x 128 block of 4 warps: each thread accumulates 8 x 16 = 128 results, 128 FMAs per 6
+    shared-memory loads."""
     return _launch_sgemm(a, b, CONFIGS["v11"])
 
 
@@ -228,9 +244,10 @@ _TUNED: dict[tuple, Config] = {}  # (device, M, N, K) -> the fastest configurati
 
 
 def autotune(a: torch.Tensor, b: torch.Tensor, configs=TUNED_CONFIGS, reps: int = 5) -> Config:
-    """The fastest of ``configs`` for this problem shape, timed with CUDA events on these operands the first
-    time the shape is seen and remembered after that (what ``triton.autotune`` does with its ``key``). Each
-    configuration runs once untimed (compilation, caches) and then ``reps`` times; the median decides."""
+    """The fastest of ``configs`` for this problem shape, timed with CUDA events on these operands
+    the first time the shape is seen and remembered after that (what ``triton.autotune`` does with
+    its ``key``). Each configuration runs once untimed (compilation, caches) and then ``reps``
+    times; the median decides."""
     m, n, k = check_operands(a, b)
     key = (a.device.index, m, n, k)
     if key not in _TUNED:
@@ -240,7 +257,8 @@ def autotune(a: torch.Tensor, b: torch.Tensor, configs=TUNED_CONFIGS, reps: int 
             _launch_sgemm(a, b, cfg, out)
             samples = []
             for _ in range(reps):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start, end = (torch.cuda.Event(enable_timing=True),
+                              torch.cuda.Event(enable_timing=True))
                 start.record()
                 _launch_sgemm(a, b, cfg, out)
                 end.record()
@@ -252,20 +270,21 @@ def autotune(a: torch.Tensor, b: torch.Tensor, configs=TUNED_CONFIGS, reps: int 
 
 
 def sgemm_autotuned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """v12: the template of v11 at every configuration in TUNED_CONFIGS (block tiles 64 x 128 to 256 x 128,
-    BK 8 or 16, 4 or 8 warps, with and without grouped block order), the fastest for this shape picked by
-    :func:`autotune` on the first call."""
+    """v12: the template of v11 at every configuration in TUNED_CONFIGS (block tiles 64 x 128 to 256
+    x 128, BK 8 or 16, 4 or 8 warps, with and without grouped block order), the fastest for this
+    shape picked by :func:`autotune` on the first call."""
     return _launch_sgemm(a, b, autotune(a, b))
 # --8<-- [end:autotune]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The same product on the CPU, for the CPU-vs-GPU comparison
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:cpu]
 def sgemm_numpy(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """v9: NumPy on the CPU (the BLAS NumPy ships with, multi-threaded), for comparison with the GPU."""
+    """v9: NumPy on the CPU (the BLAS NumPy ships with, multi-threaded), for comparison with
+    the GPU."""
     check_operands(a, b, device="cpu")
     return torch.from_numpy(a.numpy() @ b.numpy())
 
@@ -277,13 +296,13 @@ def sgemm_torch_cpu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # --8<-- [end:cpu]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Registration
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def _make_inputs(size, dtype, device, gen):
-    """A (m x k) and B (k x n) of standard normal values, drawn on the target device from a seed taken from
-    ``gen``."""
+    """A (m x k) and B (k x n) of standard normal values, drawn on the target device from a seed
+    taken from ``gen``."""
     dev_gen = device_generator(gen, device)
     a = torch.randn((size["m"], size["k"]), generator=dev_gen, device=device, dtype=torch.float32)
     b = torch.randn((size["k"], size["n"]), generator=dev_gen, device=device, dtype=torch.float32)
@@ -300,10 +319,11 @@ def _bytes(size, dtype) -> int:
 
 
 def tolerance_for_k(k: int) -> tuple[float, float]:
-    """(rtol, atol) for fp32 against float64 with standard normal inputs. An entry of C is a sum of K products
-    of magnitude ~1, so it is ~sqrt(K) in size; the rounding error of a length-K fp32 sum grows like
-    u * sqrt(K) * sqrt(K) (u = 2^-24, K roundings of partial sums of size ~sqrt(K)). atol = 1e-6 * K leaves a
-    margin of several times that; TF32 inputs (u = 2^-11) would miss it by far."""
+    """(rtol, atol) for fp32 against float64 with standard normal inputs. An entry of C is a sum of
+    K products of magnitude ~1, so it is ~sqrt(K) in size; the rounding error of a length-K fp32 sum
+    grows like u * sqrt(K) * sqrt(K) (u = 2^-24, K roundings of partial sums of size ~sqrt(K)). atol
+    = 1e-6 * K leaves a margin of several times that; TF32 inputs (u = 2^-11) would miss it
+    by far."""
     return 1e-5, 1e-6 * k + 1e-6
 
 
@@ -312,15 +332,18 @@ SWEEP = [{"m": s, "n": s, "k": s} for s in (1024, 2048, 4096, 8192)]
 
 
 def _upto_4096(size) -> bool:
-    """The naive steps and the CPU versions take seconds a call at 8192^3: they are timed up to 4096^3."""
+    """The naive steps and the CPU versions take seconds a call at 8192^3: they are timed up
+    to 4096^3."""
     return size["m"] <= 4096
-TEST_SIZES = [{"m": m, "n": n, "k": k} for m, n, k in ((1, 1, 1), (17, 33, 9), (64, 64, 64), (127, 129, 65),
-                                                       (256, 192, 320))]
+TEST_SIZES = [{"m": m, "n": n, "k": k}
+              for m, n, k in ((1, 1, 1), (17, 33, 9), (64, 64, 64), (127, 129, 65),
+                              (256, 192, 320))]
 LAUNCHER = (_launch_sgemm, check_operands)
 
 
 def _sources(version: str) -> tuple:
-    """What a CUDA version's speed depends on: its file, the headers it includes, and the launcher."""
+    """What a CUDA version's speed depends on: its file, the headers it includes, and
+    the launcher."""
     return (*cuda.source_files(CONFIGS[version].path), *LAUNCHER)
 
 sgemm = register(Op(
@@ -328,26 +351,34 @@ sgemm = register(Op(
     reference=_reference, make_inputs=_make_inputs, bytes_moved=_bytes, flops=_flops,
     metric="TFLOP/s", ceiling="gemm_fp32", headline=HEADLINE, sweep=SWEEP, dtypes=(torch.float32,),
     test_sizes=TEST_SIZES, sweep_axis="m",
-    # One tolerance for every size the harness and the generic tests check, so sized for the largest K
-    # (8192): tolerance_for_k(8192) = (1e-5, ~8.2e-3). tests/test_part3_sgemm.py uses tolerance_for_k per shape.
+    # One tolerance for every size the harness and the generic tests check, so sized for the largest
+    # K (8192): tolerance_for_k(8192) = (1e-5, ~8.2e-3). tests/test_part3_sgemm.py uses
+    # tolerance_for_k per shape.
     tolerances={torch.float32: tolerance_for_k(max(s["k"] for s in [HEADLINE, *SWEEP]))}))
-sgemm.add(Impl("v0", sgemm_cublas, "PyTorch", "cuBLAS via torch.matmul, TF32 off", (check_operands,)))
+sgemm.add(Impl("v0", sgemm_cublas, "PyTorch", "cuBLAS via torch.matmul, TF32 off",
+               (check_operands,)))
 sgemm.add(Impl("v1", sgemm_naive, "CUDA", "naive, threadIdx.x along rows of C",
                _sources("v1"), bench_if=_upto_4096))
 sgemm.add(Impl("v2", sgemm_coalesced, "CUDA", "naive, threadIdx.x along columns (coalesced)",
                _sources("v2"), bench_if=_upto_4096))
 sgemm.add(Impl("v3", sgemm_smem, "CUDA", "32x32 shared-memory tiles",
                _sources("v3"), bench_if=_upto_4096))
-sgemm.add(Impl("v4", sgemm_1d_tiling, "CUDA", "64x64 tile, 8 results per thread (1-D)", _sources("v4")))
-sgemm.add(Impl("v5", sgemm_2d_tiling, "CUDA", "128x128 tile, 8x8 results per thread (2-D)", _sources("v5")))
-sgemm.add(Impl("v6", sgemm_vectorized, "CUDA", "like v5, float4 loads, A transposed in smem", _sources("v6")))
+sgemm.add(Impl("v4", sgemm_1d_tiling, "CUDA", "64x64 tile, 8 results per thread (1-D)",
+               _sources("v4")))
+sgemm.add(Impl("v5", sgemm_2d_tiling, "CUDA", "128x128 tile, 8x8 results per thread (2-D)",
+               _sources("v5")))
+sgemm.add(Impl("v6", sgemm_vectorized, "CUDA", "like v5, float4 loads, A transposed in smem",
+               _sources("v6")))
 sgemm.add(Impl("v7", sgemm_warptile, "CUDA", "like v6, 64x32 warp tiles", _sources("v7")))
-sgemm.add(Impl("v8", sgemm_double_buffer, "CUDA", "like v7, double-buffered shared memory", _sources("v8")))
-sgemm.add(Impl("v9", sgemm_numpy, "NumPy", "NumPy's BLAS on the CPU", (check_operands,), device="cpu", timer="host",
-               bench_if=_upto_4096, origin="library"))
-sgemm.add(Impl("v10", sgemm_torch_cpu, "PyTorch", "torch.matmul on the CPU (all cores)", (check_operands,),
+sgemm.add(Impl("v8", sgemm_double_buffer, "CUDA", "like v7, double-buffered shared memory",
+               _sources("v8")))
+sgemm.add(Impl("v9", sgemm_numpy, "NumPy", "NumPy's BLAS on the CPU", (check_operands,),
                device="cpu", timer="host", bench_if=_upto_4096, origin="library"))
-sgemm.add(Impl("v11", sgemm_tuned, "CUDA", "v8's loop as a template, 64x64 warp tiles, 128 results/thread",
-               _sources("v11")))
-sgemm.add(Impl("v12", sgemm_autotuned, "CUDA", "autotuned over 10 tile configs, grouped block order",
+sgemm.add(Impl("v10", sgemm_torch_cpu, "PyTorch", "torch.matmul on the CPU (all cores)",
+               (check_operands,), device="cpu", timer="host", bench_if=_upto_4096,
+               origin="library"))
+sgemm.add(Impl("v11", sgemm_tuned, "CUDA",
+               "v8's loop as a template, 64x64 warp tiles, 128 results/thread", _sources("v11")))
+sgemm.add(Impl("v12", sgemm_autotuned, "CUDA",
+               "autotuned over 10 tile configs, grouped block order",
                (*_sources("v11"), autotune, TUNED_CONFIGS)))

@@ -1,29 +1,35 @@
-"""Dropout that stores nothing for its backward: a counter-based generator (Philox) makes the mask again.
+"""Dropout that stores nothing for its backward: a counter-based generator (Philox) makes the
+mask again.
 
 Dropout keeps each element with probability ``1 - p`` and scales the kept ones by ``1 / (1 - p)``:
 ``y = x * keep / (1 - p)``. The backward needs the same ``keep`` bits: ``dx = dy * keep / (1 - p)``.
 
 Versions of ``dropout`` (never renumbered). Every version takes ``(x, p, seed)`` and returns ``y``:
 
-- v0  ``torch.nn.functional.dropout(x, p, training=True)``: the library baseline. It draws from torch's own
-      generator (``seed`` is not used) and, on the GPU, writes a one-byte mask beside ``y`` for its backward.
-- v1  Triton: ``tl.rand(seed, i)`` for element ``i``, keep when it is ``>= p``; writes ``y`` and a uint8 keep
-      mask (the classic design: the backward reads the mask). ``n`` bytes more written than the output needs.
-- v2  Triton, like v1 but no mask is written: the random number of element ``i`` is a pure function of
-      ``(seed, i)``, so the backward runs the same kernel on ``dy`` with the same seed and gets the same keep
-      bits. The forward moves only ``x`` and ``y``; nothing is kept between forward and backward but an integer.
-- v3  Triton, like v2 but one Philox evaluation gives four uniform numbers (``tl.rand4x``), used by four
-      neighbouring elements: a quarter of v2's Philox evaluations (ten rounds of two 32x32-bit multiplies each),
-      which make v2 wait for integer arithmetic rather than memory; a different but equally reproducible stream.
+- v0  ``torch.nn.functional.dropout(x, p, training=True)``: the library baseline. It draws from
+      torch's own generator (``seed`` is not used) and, on the GPU, writes a one-byte mask beside
+      ``y`` for its backward.
+- v1  Triton: ``tl.rand(seed, i)`` for element ``i``, keep when it is ``>= p``; writes ``y`` and a
+      uint8 keep mask (the classic design: the backward reads the mask). ``n`` bytes more written
+      than the output needs.
+- v2  Triton, like v1 but no mask is written: the random number of element ``i`` is a pure function
+      of ``(seed, i)``, so the backward runs the same kernel on ``dy`` with the same seed and gets
+      the same keep bits. The forward moves only ``x`` and ``y``; nothing is kept between forward
+      and backward but an integer.
+- v3  Triton, like v2 but one Philox evaluation gives four uniform numbers (``tl.rand4x``), used by
+      four neighbouring elements: a quarter of v2's Philox evaluations (ten rounds of two 32x32-bit
+      multiplies each), which make v2 wait for integer arithmetic rather than memory; a different
+      but equally reproducible stream.
 
-Cost model: ``n * itemsize`` bytes read and ``n * itemsize`` written (v1's and v0's mask is extra traffic the
-model does not count, so it shows as a lower rate); one multiply per element (counted as n FLOPs).
+Cost model: ``n * itemsize`` bytes read and ``n * itemsize`` written (v1's and v0's mask is extra
+traffic the model does not count, so it shows as a lower rate); one multiply per element (counted as
+n FLOPs).
 
-The random numbers are Triton's Philox-4x32 with 10 rounds. ``philox4x32``, ``randint_ref`` and ``rand_ref``
-below compute the same numbers with NumPy, bit for bit, so the reference of v2 and v3 is exact. ``p = 1``
-returns zeros (every element dropped, as in torch) rather than dividing by zero; ``p`` outside ``[0, 1]`` is
-refused. Dropped elements are written as exact zeros with ``tl.where`` (not ``x * 0``), so an ``inf`` or ``nan``
-in a dropped position gives 0.
+The random numbers are Triton's Philox-4x32 with 10 rounds. ``philox4x32``, ``randint_ref`` and
+``rand_ref`` below compute the same numbers with NumPy, bit for bit, so the reference of v2 and v3
+is exact. ``p = 1`` returns zeros (every element dropped, as in torch) rather than dividing by zero;
+``p`` outside ``[0, 1]`` is refused. Dropped elements are written as exact zeros with ``tl.where``
+(not ``x * 0``), so an ``inf`` or ``nan`` in a dropped position gives 0.
 """
 
 from __future__ import annotations
@@ -40,18 +46,20 @@ from snippets._checks import check_int, check_scalar, check_tensors, triton_devi
 from snippets.registry import Impl, Op, device_generator, register
 
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
-SEED_LIMIT = 2**63  # Triton passes a Python int as int32 or int64; the generator's key is its 64 bits
+# Triton passes a Python int as int32 or int64; the generator's key is its 64 bits
+SEED_LIMIT = 2**63
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Philox-4x32-10 in NumPy: the numbers tl.randint / tl.rand / tl.rand4x give, bit for bit
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:philox]
-# Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC 2011), Philox-4x32: a 128-bit counter
-# (c0, c1, c2, c3) and a 64-bit key (k0, k1); each round multiplies two counter words by fixed constants, mixes
-# the high and low halves of the products with the other words and the key, and bumps the key by a Weyl
-# sequence (the constants are the golden ratio and sqrt(3) - 1 in 32-bit fixed point).
+# Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC 2011), Philox-4x32: a 128-bit
+# counter (c0, c1, c2, c3) and a 64-bit key (k0, k1); each round multiplies two counter words by
+# fixed constants, mixes the high and low halves of the products with the other words and the key,
+# and bumps the key by a Weyl sequence (the constants are the golden ratio and sqrt(3) - 1 in 32-bit
+# fixed point).
 PHILOX_ROUND_A, PHILOX_ROUND_B = np.uint32(0xD2511F53), np.uint32(0xCD9E8D57)
 PHILOX_KEY_A, PHILOX_KEY_B = np.uint32(0x9E3779B9), np.uint32(0xBB67AE85)
 N_ROUNDS = 10  # triton.language.random.N_ROUNDS_DEFAULT
@@ -60,7 +68,8 @@ N_ROUNDS = 10  # triton.language.random.N_ROUNDS_DEFAULT
 def _mul_hi_lo(a: np.uint32, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The high and low 32 bits of the 64-bit product a * b."""
     prod = np.uint64(a) * b.astype(np.uint64)
-    return (prod >> np.uint64(32)).astype(np.uint32), (prod & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    return ((prod >> np.uint64(32)).astype(np.uint32),
+            (prod & np.uint64(0xFFFFFFFF)).astype(np.uint32))
 
 
 def philox4x32(c0, c1, c2, c3, k0, k1, n_rounds: int = N_ROUNDS):
@@ -77,12 +86,13 @@ def philox4x32(c0, c1, c2, c3, k0, k1, n_rounds: int = N_ROUNDS):
 
 
 def randint4x_ref(seed: int, offsets: np.ndarray):
-    """tl.randint4x(seed, offsets): the seed is the key (low word k0, high word k1), the element's offset is
-    the counter (low word c0, high word c1; c2 = c3 = 0). Four uint32 arrays."""
+    """tl.randint4x(seed, offsets): the seed is the key (low word k0, high word k1), the element's
+    offset is the counter (low word c0, high word c1; c2 = c3 = 0). Four uint32 arrays."""
     offsets = np.asarray(offsets, dtype=np.uint64)
     zero = np.zeros(offsets.shape, dtype=np.uint32)
-    return philox4x32((offsets & np.uint64(0xFFFFFFFF)).astype(np.uint32), (offsets >> np.uint64(32)).astype(np.uint32),
-                      zero, zero, seed & 0xFFFFFFFF, seed >> 32)
+    return philox4x32((offsets & np.uint64(0xFFFFFFFF)).astype(np.uint32),
+                      (offsets >> np.uint64(32)).astype(np.uint32), zero, zero, seed & 0xFFFFFFFF,
+                      seed >> 32)
 
 
 def randint_ref(seed: int, offsets: np.ndarray) -> np.ndarray:
@@ -91,9 +101,9 @@ def randint_ref(seed: int, offsets: np.ndarray) -> np.ndarray:
 
 
 def uint_to_uniform_ref(u: np.ndarray) -> np.ndarray:
-    """A uint32 to a float32 in [0, 1), as Triton does it: read the bits as int32, fold the negative half
-    onto the positive one (~x), so 31 random bits remain, and multiply by 4.6566127342e-10 (just under 2^-31,
-    so that 2^31 - 1 times it rounds to a float32 below 1)."""
+    """A uint32 to a float32 in [0, 1), as Triton does it: read the bits as int32, fold the negative
+    half onto the positive one (~x), so 31 random bits remain, and multiply by 4.6566127342e-10
+    (just under 2^-31, so that 2^31 - 1 times it rounds to a float32 below 1)."""
     i = np.asarray(u, dtype=np.uint32).view(np.int32)
     i = np.where(i < 0, ~i, i)
     return i.astype(np.float32) * np.float32(4.6566127342e-10)
@@ -106,13 +116,14 @@ def rand_ref(seed: int, offsets: np.ndarray) -> np.ndarray:
 
 
 def keep_ref(seed: int, p: float, n: int, per_call: int = 1) -> np.ndarray:
-    """The keep bits of v2 (``per_call=1``: element i uses rand(seed, i)) or v3 (``per_call=4``: element i
-    uses word i % 4 of Philox at counter i // 4), as a bool array of n."""
+    """The keep bits of v2 (``per_call=1``: element i uses rand(seed, i)) or v3 (``per_call=4``:
+    element i uses word i % 4 of Philox at counter i // 4), as a bool array of n."""
     i = np.arange(n, dtype=np.uint64)
     if per_call == 1:
         u = rand_ref(seed, i)
     elif per_call == 4:
-        words = np.stack([uint_to_uniform_ref(w) for w in randint4x_ref(seed, np.arange((n + 3) // 4))], axis=1)
+        words = np.stack([uint_to_uniform_ref(w)
+                          for w in randint4x_ref(seed, np.arange((n + 3) // 4))], axis=1)
         u = words.reshape(-1)[:n]  # element 4j + c is word c of counter j
     else:
         raise ValueError(f"per_call must be 1 or 4, got {per_call}")
@@ -121,8 +132,9 @@ def keep_ref(seed: int, p: float, n: int, per_call: int = 1) -> np.ndarray:
 
 # --8<-- [start:reference]
 def dropout_ref(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
-    """Dropout with v2's random numbers: element i (of x flattened) is kept when rand(seed, i) >= p, and
-    scaled by 1 / (1 - p); p = 1 drops everything. Reads n * itemsize bytes and writes n * itemsize."""
+    """Dropout with v2's random numbers: element i (of x flattened) is kept when rand(seed, i) >= p,
+    and scaled by 1 / (1 - p); p = 1 drops everything. Reads n * itemsize bytes and writes n
+    * itemsize."""
     keep = torch.from_numpy(keep_ref(seed, p, x.numel())).to(x.device).view(x.shape)
     scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
     return torch.where(keep, x * scale, torch.zeros_like(x))
@@ -136,20 +148,22 @@ def dropout_torch(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
 # --8<-- [end:torch]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Triton
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:kernel]
-# 2048 elements per program, 8 warps: 8 per thread (two 16-byte fp32 vectors), and 8 independent Philox
-# evaluations per thread for the scheduler to overlap with the loads.
+# 2048 elements per program, 8 warps: 8 per thread (two 16-byte fp32 vectors), and 8 independent
+# Philox evaluations per thread for the scheduler to overlap with the loads.
 BLOCK = 2048
 NUM_WARPS = 8
 
 
 @triton.jit
-def _dropout_kernel(x_ptr, y_ptr, mask_ptr, n, p, scale, seed, BLOCK: tl.constexpr, STORE_MASK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # the element index is the counter
+def _dropout_kernel(x_ptr, y_ptr, mask_ptr, n, p, scale, seed, BLOCK: tl.constexpr,
+                    STORE_MASK: tl.constexpr):
+    # the element index is the counter
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_range = offs < n
     x = tl.load(x_ptr + offs, mask=in_range)
     keep = tl.rand(seed, offs) >= p               # Philox(key=seed, counter=i) -> uniform in [0, 1)
@@ -167,9 +181,9 @@ def _dropout4x_kernel(x_ptr, y_ptr, n, p, scale, seed, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     counters = pid * (BLOCK // 4) + tl.arange(0, BLOCK // 4)      # one counter per 4 elements
     u0, u1, u2, u3 = tl.rand4x(seed, counters)
-    # element 4j + c takes word c of counter j. tl.join(a, b) adds a last axis of 2, so the outer join puts
-    # (u0, u1) at [j, 0, :] and (u2, u3) at [j, 1, :]: the (BLOCK/4, 2, 2) result in row-major order is u0, u1,
-    # u2, u3 of counter 0, then of counter 1, ...
+    # element 4j + c takes word c of counter j. tl.join(a, b) adds a last axis of 2, so the outer
+    # join puts (u0, u1) at [j, 0, :] and (u2, u3) at [j, 1, :]: the (BLOCK/4, 2, 2) result in
+    # row-major order is u0, u1, u2, u3 of counter 0, then of counter 1, ...
     u = tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), (BLOCK,))
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     in_range = offs < n
@@ -193,14 +207,16 @@ def _apply_mask_kernel(dy_ptr, mask_ptr, dx_ptr, n, scale, BLOCK: tl.constexpr):
 
 # --8<-- [start:check_args]
 def check_p_seed(p: float, seed: int) -> tuple[float, float, int]:
-    """Validate a dropout probability and a Philox seed; returns (p, scale, seed) with scale = 1 / (1 - p)."""
+    """Validate a dropout probability and a Philox seed; returns (p, scale, seed) with scale = 1 /
+    (1 - p)."""
     p = check_scalar("p", p)
     if not 0.0 <= p <= 1.0:  # also refuses nan
         raise ValueError(f"p must be in [0, 1], got {p}")
     seed = check_int("seed", seed, 0)
     if seed >= SEED_LIMIT:
         raise ValueError(f"seed must be below 2**63, got {seed}")
-    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)  # p = 1: every element is dropped, nothing to scale
+    # p = 1: every element is dropped, nothing to scale
+    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
     return p, scale, seed
 
 
@@ -213,13 +229,14 @@ def _check_args(x: torch.Tensor, p: float, seed: int) -> tuple[float, float, int
 
 # --8<-- [start:host_v1]
 def dropout_with_mask(x: torch.Tensor, p: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """v1's forward: ``(y, mask)``, the mask a uint8 tensor of x's shape (1 = kept) for the backward."""
+    """v1's forward: ``(y, mask)``, the mask a uint8 tensor of x's shape (1 = kept) for
+    the backward."""
     p, scale, seed = _check_args(x, p, seed)
     y, mask = torch.empty_like(x), torch.empty(x.shape, dtype=torch.uint8, device=x.device)
     n = x.numel()
     if n:
-        _dropout_kernel[(triton.cdiv(n, BLOCK),)](x, y, mask, n, p, scale, seed, BLOCK=BLOCK, STORE_MASK=True,
-                                                  num_warps=NUM_WARPS)
+        _dropout_kernel[(triton.cdiv(n, BLOCK),)](x, y, mask, n, p, scale, seed, BLOCK=BLOCK,
+                                                  STORE_MASK=True, num_warps=NUM_WARPS)
     return y, mask
 
 
@@ -228,11 +245,12 @@ def dropout_mask_backward(dy: torch.Tensor, mask: torch.Tensor, p: float) -> tor
     p, scale, _ = _check_args(dy, p, 0)
     check_tensors(("mask",), (mask,), dtypes=(torch.uint8,), device=triton_device())
     if mask.shape != dy.shape or mask.device != dy.device:
-        raise ValueError(f"mask has shape {tuple(mask.shape)} on {mask.device}, dy has shape {tuple(dy.shape)} "
-                         f"on {dy.device}")
+        raise ValueError(f"mask has shape {tuple(mask.shape)} on {mask.device}, dy has shape "
+                         f"{tuple(dy.shape)} on {dy.device}")
     dx, n = torch.empty_like(dy), dy.numel()
     if n:
-        _apply_mask_kernel[(triton.cdiv(n, BLOCK),)](dy, mask, dx, n, scale, BLOCK=BLOCK, num_warps=NUM_WARPS)
+        _apply_mask_kernel[(triton.cdiv(n, BLOCK),)](dy, mask, dx, n, scale, BLOCK=BLOCK,
+                                                     num_warps=NUM_WARPS)
     return dx
 
 
@@ -244,30 +262,32 @@ def dropout_masked(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
 
 # --8<-- [start:host_v2]
 def seeded_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
-    """v2: y = x * keep / (1 - p), keep regenerated from (seed, element index): no mask. Called on dy with the
-    same seed, it is also the backward."""
+    """v2: y = x * keep / (1 - p), keep regenerated from (seed, element index): no mask. Called on
+    dy with the same seed, it is also the backward."""
     p, scale, seed = _check_args(x, p, seed)
     y, n = torch.empty_like(x), x.numel()
     if n:
-        _dropout_kernel[(triton.cdiv(n, BLOCK),)](x, y, y, n, p, scale, seed, BLOCK=BLOCK, STORE_MASK=False,
-                                                  num_warps=NUM_WARPS)
+        _dropout_kernel[(triton.cdiv(n, BLOCK),)](x, y, y, n, p, scale, seed, BLOCK=BLOCK,
+                                                  STORE_MASK=False, num_warps=NUM_WARPS)
     return y
 
 
 def seeded_dropout4x(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
-    """v3: like v2, one Philox evaluation for four neighbouring elements (its own stream, see keep_ref)."""
+    """v3: like v2, one Philox evaluation for four neighbouring elements (its own stream,
+    see keep_ref)."""
     p, scale, seed = _check_args(x, p, seed)
     y, n = torch.empty_like(x), x.numel()
     if n:
-        _dropout4x_kernel[(triton.cdiv(n, BLOCK),)](x, y, n, p, scale, seed, BLOCK=BLOCK, num_warps=NUM_WARPS)
+        _dropout4x_kernel[(triton.cdiv(n, BLOCK),)](x, y, n, p, scale, seed, BLOCK=BLOCK,
+                                                    num_warps=NUM_WARPS)
     return y
 # --8<-- [end:host_v2]
 
 
 # --8<-- [start:autograd]
 class SeededDropout(torch.autograd.Function):
-    """Dropout for training that saves no tensor: the backward regenerates the keep bits from the seed.
-    ``SeededDropout.apply(x, p, seed)``; each layer and each step needs its own seed."""
+    """Dropout for training that saves no tensor: the backward regenerates the keep bits from the
+    seed. ``SeededDropout.apply(x, p, seed)``; each layer and each step needs its own seed."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
@@ -277,12 +297,14 @@ class SeededDropout(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        # d(x * keep * scale)/dx = keep * scale: the forward kernel applied to dy with the same seed.
+        # d(x * keep * scale)/dx = keep * scale: the forward kernel applied to dy with the
+        # same seed.
         return seeded_dropout(dy.contiguous(), ctx.p, ctx.seed), None, None
 
 
 class MaskedDropout(torch.autograd.Function):
-    """The classic design, for comparison: the forward saves a one-byte mask per element for the backward."""
+    """The classic design, for comparison: the forward saves a one-byte mask per element for
+    the backward."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
@@ -298,19 +320,21 @@ class MaskedDropout(torch.autograd.Function):
 # --8<-- [end:autograd]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The check of a random output, and registration
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:check]
 def check_dropout(out: torch.Tensor, args: tuple, dtype: torch.dtype, sigmas: float = 6.0) -> None:
-    """Raise AssertionError unless ``out`` is a possible dropout of ``args = (x, p, seed)``: every element is
-    0 or x / (1 - p) (to within two roundings of ``dtype``), and the number kept is within ``sigmas`` standard
-    deviations of the binomial mean n (1 - p). Elements where x is 0 tell nothing and are left out."""
+    """Raise AssertionError unless ``out`` is a possible dropout of ``args = (x, p, seed)``: every
+    element is 0 or x / (1 - p) (to within two roundings of ``dtype``), and the number kept is
+    within ``sigmas`` standard deviations of the binomial mean n (1 - p). Elements where x is 0 tell
+    nothing and are left out."""
     x, p, _ = args
     assert isinstance(out, torch.Tensor), f"dropout returned {type(out).__name__}, not a tensor"
     assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device, (
-        f"output {tuple(out.shape)} {out.dtype} {out.device}, input {tuple(x.shape)} {x.dtype} {x.device}")
+        f"output {tuple(out.shape)} {out.dtype} {out.device}, input {tuple(x.shape)} {x.dtype} "
+        f"{x.device}")
     o, xd = out.double().flatten(), x.double().flatten()
     informative = xd != 0
     o, xd = o[informative], xd[informative]
@@ -319,21 +343,24 @@ def check_dropout(out: torch.Tensor, args: tuple, dtype: torch.dtype, sigmas: fl
     kept = o != 0
     tol = 2 * torch.finfo(dtype).eps * scaled.abs()
     bad = kept & ((o - scaled).abs() > tol)
-    assert not bad.any(), (f"{int(bad.sum())} elements are neither 0 nor x/(1-p), e.g. {o[bad][:3].tolist()} "
-                           f"for x/(1-p) = {scaled[bad][:3].tolist()}")
+    assert not bad.any(), (f"{int(bad.sum())} elements are neither 0 nor x/(1-p), e.g. "
+                           f"{o[bad][:3].tolist()} for x/(1-p) = {scaled[bad][:3].tolist()}")
     n, k = o.numel(), int(kept.sum())
     mean, sd = n * (1 - p), math.sqrt(n * p * (1 - p))
     assert abs(k - mean) <= sigmas * sd + 1e-9, (
-        f"kept {k} of {n} with p={p}: expected {mean:.1f} +- {sd:.1f} (binomial), off by {abs(k - mean) / sd:.1f} sd")
+        f"kept {k} of {n} with p={p}: expected {mean:.1f} +- {sd:.1f} (binomial), off by "
+        f"{abs(k - mean) / sd:.1f} sd")
 # --8<-- [end:check]
 
 
 # --8<-- [start:stats]
 def chi_square_uniform(u: np.ndarray, bins: int = 64) -> tuple[float, float]:
-    """Pearson's chi-square statistic of ``u`` against the uniform distribution on [0, 1) in ``bins`` equal
-    bins, and the value a uniform sample exceeds with probability about 1e-6 (Wilson-Hilferty approximation of
-    the chi-square quantile with bins - 1 degrees of freedom, z = 4.75)."""
-    counts = np.bincount(np.minimum((np.asarray(u, dtype=np.float64) * bins).astype(np.int64), bins - 1),
+    """Pearson's chi-square statistic of ``u`` against the uniform distribution on [0, 1) in
+    ``bins`` equal bins, and the value a uniform sample exceeds with probability about 1e-6
+    (Wilson-Hilferty approximation of the chi-square quantile with bins - 1 degrees of freedom, z
+    = 4.75)."""
+    counts = np.bincount(np.minimum((np.asarray(u, dtype=np.float64) * bins).astype(np.int64),
+                                    bins - 1),
                          minlength=bins)
     expected = len(u) / bins
     stat = float(((counts - expected) ** 2 / expected).sum())
@@ -342,8 +369,9 @@ def chi_square_uniform(u: np.ndarray, bins: int = 64) -> tuple[float, float]:
 
 
 def ks_uniform(u: np.ndarray) -> tuple[float, float]:
-    """The Kolmogorov-Smirnov distance between the sample's distribution and U(0, 1), and the distance a
-    uniform sample exceeds with probability about 1e-6 (the asymptotic bound sqrt(ln(2 / 1e-6) / (2n)))."""
+    """The Kolmogorov-Smirnov distance between the sample's distribution and U(0, 1), and the
+    distance a uniform sample exceeds with probability about 1e-6 (the asymptotic bound sqrt(ln(2 /
+    1e-6) / (2n)))."""
     u = np.sort(np.asarray(u, dtype=np.float64))
     n = len(u)
     i = np.arange(1, n + 1)
@@ -352,8 +380,9 @@ def ks_uniform(u: np.ndarray) -> tuple[float, float]:
 
 
 def lag_correlation(bits: np.ndarray, lag: int = 1) -> float:
-    """Pearson correlation between element i and element i + lag of a 0/1 sequence (0 for independent bits,
-    +-1 for a pattern that repeats or alternates). Its standard deviation for independent bits is 1/sqrt(n)."""
+    """Pearson correlation between element i and element i + lag of a 0/1 sequence (0 for
+    independent bits, +-1 for a pattern that repeats or alternates). Its standard deviation for
+    independent bits is 1/sqrt(n)."""
     b = np.asarray(bits, dtype=np.float64)
     a, c = b[:-lag], b[lag:]
     return float(((a - a.mean()) * (c - c.mean())).mean() / (a.std() * c.std()))
@@ -364,8 +393,8 @@ P = 0.1  # the dropout rate of GPT-2 and BERT
 
 
 def _make_inputs(size, dtype, device, gen):
-    """x with |x| in [0.5, 1.5) and a random sign (no zeros: a zero output must mean "dropped"), p = 0.1, and a
-    seed drawn from ``gen``."""
+    """x with |x| in [0.5, 1.5) and a random sign (no zeros: a zero output must mean "dropped"), p =
+    0.1, and a seed drawn from ``gen``."""
     g = device_generator(gen, device)
     n = size["n"]
     mag = torch.rand(n, generator=g, device=device) + 0.5
@@ -375,7 +404,8 @@ def _make_inputs(size, dtype, device, gen):
 
 
 def _bytes(size, dtype) -> int:
-    return 2 * size["n"] * dtype.itemsize  # x read, y written; no mask (the low-memory design's traffic)
+    # x read, y written; no mask (the low-memory design's traffic)
+    return 2 * size["n"] * dtype.itemsize
 
 
 HEADLINE = {"n": 2**28}  # 1 GiB in and 1 GiB out in fp32: about 40x the H200's L2
@@ -386,9 +416,10 @@ _SRC = (_check_args,)
 dropout = register(Op(
     name="dropout", part=4, chapter="part4/dropout.md", title="Dropout",
     reference=dropout_ref, make_inputs=_make_inputs, bytes_moved=_bytes, flops=lambda s, d: s["n"],
-    metric="GB/s", ceiling="copy", headline=HEADLINE, sweep=SWEEP, dtypes=FLOAT_TYPES, test_sizes=TEST_SIZES,
-    bench_dtypes=(torch.float32, torch.bfloat16), check=check_dropout))
-dropout.add(Impl("v0", dropout_torch, "PyTorch", "F.dropout(x, p, training=True), writes a bool mask"))
+    metric="GB/s", ceiling="copy", headline=HEADLINE, sweep=SWEEP, dtypes=FLOAT_TYPES,
+    test_sizes=TEST_SIZES, bench_dtypes=(torch.float32, torch.bfloat16), check=check_dropout))
+dropout.add(Impl("v0", dropout_torch, "PyTorch",
+                 "F.dropout(x, p, training=True), writes a bool mask"))
 dropout.add(Impl("v1", dropout_masked, "Triton", "tl.rand per element, writes a uint8 mask",
                  (_dropout_kernel, dropout_with_mask, *_SRC), device="any"))
 dropout.add(Impl("v2", seeded_dropout, "Triton", "tl.rand per element, no mask (seeded)",

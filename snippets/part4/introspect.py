@@ -1,22 +1,25 @@
-"""What the Triton compiler made of a kernel: compile for a GPU target without a GPU, and read the result.
+"""What the Triton compiler made of a kernel: compile for a GPU target without a GPU, and read
+the result.
 
-``triton.compile`` needs no GPU when it is given a target: it runs the whole pipeline (Python AST -> TTIR ->
-TTGIR -> LLVM IR -> PTX -> cubin) on the host, so the intermediate forms, the shared memory a program needs and,
-through ``ptxas -v``, the registers and spills of each thread can be read on any machine. On a GPU the same
-facts come from a launch: ``compiled = kernel[grid](...)`` returns the compiled kernel, with ``n_regs``,
-``n_spills``, ``metadata.shared`` and ``asm["ptx"]`` (``scripts/capture_triton.py`` prints them for the book's
-kernels).
+``triton.compile`` needs no GPU when it is given a target: it runs the whole pipeline (Python AST ->
+TTIR -> TTGIR -> LLVM IR -> PTX -> cubin) on the host, so the intermediate forms, the shared memory
+a program needs and, through ``ptxas -v``, the registers and spills of each thread can be read on
+any machine. On a GPU the same facts come from a launch: ``compiled = kernel[grid](...)`` returns
+the compiled kernel, with ``n_regs``, ``n_spills``, ``metadata.shared`` and ``asm["ptx"]``
+(``scripts/capture_triton.py`` prints them for the book's kernels).
 
-- :func:`signature_of` turns example arguments into the signature and the divisibility facts that Triton's JIT
-  would specialise a launch on;
-- :func:`compile_for` compiles a kernel for one target and configuration and returns a :class:`Compiled`;
-- :func:`load_store_widths`, :func:`tensor_core_ops`, :func:`async_copies`, :func:`shared_memory_ops` and
-  :func:`layouts` find in the PTX and TTGIR what a reader looks for first.
+- :func:`signature_of` turns example arguments into the signature and the divisibility facts that
+  Triton's JIT would specialise a launch on;
+- :func:`compile_for` compiles a kernel for one target and configuration and returns
+  a :class:`Compiled`;
+- :func:`load_store_widths`, :func:`tensor_core_ops`, :func:`async_copies`,
+  :func:`shared_memory_ops` and :func:`layouts` find in the PTX and TTGIR what a reader looks
+  for first.
 
-Under ``TRITON_INTERPRET=1`` every ``@triton.jit`` function in the process, Triton's own ``tl.cdiv`` and
-``tl.sum`` included, is an interpreted function that the compiler cannot use, so :func:`compile_for` then
-compiles in a fresh Python process without the variable (a couple of seconds more), importing the kernel from
-its module.
+Under ``TRITON_INTERPRET=1`` every ``@triton.jit`` function in the process, Triton's own ``tl.cdiv``
+and ``tl.sum`` included, is an interpreted function that the compiler cannot use, so
+:func:`compile_for` then compiles in a fresh Python process without the variable (a couple of
+seconds more), importing the kernel from its module.
 """
 
 from __future__ import annotations
@@ -43,13 +46,14 @@ TRITON_TYPES = {
     torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
     torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv",
 }
-DIVISIBILITY = 16  # what the JIT checks: a pointer whose address, or an integer whose value, is a multiple of 16
+# what the JIT checks: a pointer whose address, or an integer whose value, is a multiple of 16
+DIVISIBILITY = 16
 
 
 class CompileError(Exception):
     """A kernel that Triton refused to compile. ``kind`` is the name of Triton's exception class
-    (``CompilationError``, ``CompileTimeAssertionFailure``, ...) and ``str(error)`` its message, with the
-    source line it points at."""
+    (``CompilationError``, ``CompileTimeAssertionFailure``, ...) and ``str(error)`` its message,
+    with the source line it points at."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -59,15 +63,18 @@ class CompileError(Exception):
 # --8<-- [start:compiled]
 @dataclass(frozen=True)
 class Compiled:
-    """One compiled variant of a kernel: its intermediate forms and the resources one program (CTA) needs."""
+    """One compiled variant of a kernel: its intermediate forms and the resources one program
+    (CTA) needs."""
 
     name: str
     arch: int
     num_warps: int
     num_stages: int
-    shared: int                 # bytes of shared memory per program (metadata.shared): the compiler's buffers
+    # bytes of shared memory per program (metadata.shared): the compiler's buffers
+    shared: int
     ttir: str                   # Triton IR: the kernel as block operations, no layouts yet
-    ttgir: str                  # TritonGPU IR: every block has a layout over threads, warps and shared memory
+    # TritonGPU IR: every block has a layout over threads, warps and shared memory
+    ttgir: str
     llir: str                   # LLVM IR
     ptx: str                    # the virtual assembly that ptxas turns into the cubin
     registers: int | None       # per thread, from ptxas -v
@@ -84,29 +91,34 @@ class Compiled:
 
 # --8<-- [start:launched]
 def launched_resources(compiled) -> dict[str, int]:
-    """What the GPU path reports for the object a launch returns (``compiled = kernel[grid](...)``): registers
-    and spills per thread as the driver loaded the cubin, shared memory per program, and the launch options."""
-    compiled._init_handles()  # loads the cubin if the launch has not already (it has, after a launch)
+    """What the GPU path reports for the object a launch returns (``compiled = kernel[grid](...)``):
+    registers and spills per thread as the driver loaded the cubin, shared memory per program, and
+    the launch options."""
+    # loads the cubin if the launch has not already (it has, after a launch)
+    compiled._init_handles()
     md = compiled.metadata
     return dict(n_regs=compiled.n_regs, n_spills=compiled.n_spills, shared=md.shared,
                 num_warps=md.num_warps, num_stages=md.num_stages)
 # --8<-- [end:launched]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # From example arguments to a signature: the JIT's specialisation rules
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:signature_of]
-def signature_of(kernel, *args, **constexprs) -> tuple[dict[str, str], dict[str, Any], tuple[str, ...]]:
-    """The signature, constexprs and divisible arguments a launch ``kernel[grid](*args, **constexprs)`` is
-    specialised on, by the rules of Triton's JIT: a tensor becomes a pointer to its element type, divisible if
-    its address is a multiple of 16 bytes; an int becomes i32 (i64 if it does not fit), divisible if its value
-    is a multiple of 16, and an int equal to 1 becomes a constant; a float becomes fp32. Each new combination
-    of these facts (and of constexpr values) is a new compilation."""
+def signature_of(kernel, *args, **constexprs) -> tuple[dict[str, str], dict[str, Any],
+                                                       tuple[str, ...]]:
+    """The signature, constexprs and divisible arguments a launch
+    ``kernel[grid](*args, **constexprs)`` is specialised on, by the rules of Triton's JIT: a tensor
+    becomes a pointer to its element type, divisible if its address is a multiple of 16 bytes; an
+    int becomes i32 (i64 if it does not fit), divisible if its value is a multiple of 16, and an int
+    equal to 1 becomes a constant; a float becomes fp32. Each new combination of these facts (and of
+    constexpr values) is a new compilation."""
     names = list(kernel.arg_names)
     if len(args) + len(constexprs) > len(names):
-        raise TypeError(f"{kernel.__name__} takes {len(names)} arguments, got {len(args) + len(constexprs)}")
+        raise TypeError(f"{kernel.__name__} takes {len(names)} arguments, got "
+                        f"{len(args) + len(constexprs)}")
     signature, consts, divisible = {}, dict(constexprs), []
     for name, arg in zip(names, args):
         if isinstance(arg, torch.Tensor):
@@ -119,7 +131,8 @@ def signature_of(kernel, *args, **constexprs) -> tuple[dict[str, str], dict[str,
             signature[name] = "i1"
         elif isinstance(arg, int):
             if arg == 1:
-                consts[name] = 1  # specialised away: the kernel is compiled with the value 1 built in
+                # specialised away: the kernel is compiled with the value 1 built in
+                consts[name] = 1
                 continue
             signature[name] = "i32" if -2**31 <= arg < 2**31 else "i64"
             if arg % DIVISIBILITY == 0:
@@ -135,9 +148,9 @@ def signature_of(kernel, *args, **constexprs) -> tuple[dict[str, str], dict[str,
 # --8<-- [end:signature_of]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Compiling
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -150,19 +163,21 @@ def _jit_function(kernel):
 
 
 # --8<-- [start:compile_for]
-def compile_for(kernel, signature: Mapping[str, str], constexprs: Mapping[str, Any] | None = None, *,
-                arch: int = 90, num_warps: int = 4, num_stages: int = 3,
+def compile_for(kernel, signature: Mapping[str, str], constexprs: Mapping[str, Any] | None = None,
+                *, arch: int = 90, num_warps: int = 4, num_stages: int = 3,
                 divisible: Iterable[str] | None = None, debug: bool = False) -> Compiled:
     """Compile ``kernel`` for NVIDIA compute capability ``arch`` (90: H100/H200) without a GPU.
 
-    ``signature`` maps each runtime argument to its Triton type ("*fp32", "i32", ...); ``constexprs`` gives
-    the value of each ``tl.constexpr`` argument; ``divisible`` names the arguments the compiler may assume to
-    be multiples of 16 (bytes for pointers, value for integers). It defaults to every pointer: torch's
-    allocations always start on such an address, so a launch on whole tensors gets the same assumption.
-    ``debug=True`` keeps ``tl.device_assert`` checks (as ``TRITON_DEBUG=1`` does at launch).
+    ``signature`` maps each runtime argument to its Triton type ("*fp32", "i32", ...);
+    ``constexprs`` gives the value of each ``tl.constexpr`` argument; ``divisible`` names the
+    arguments the compiler may assume to be multiples of 16 (bytes for pointers, value for
+    integers). It defaults to every pointer: torch's allocations always start on such an address, so
+    a launch on whole tensors gets the same assumption. ``debug=True`` keeps ``tl.device_assert``
+    checks (as ``TRITON_DEBUG=1`` does at launch).
     """
     job = _job(kernel, signature, constexprs or {}, arch, num_warps, num_stages, divisible, debug)
-    if _jit_function(kernel) is None:  # interpreted: compile in a process where Triton is not interpreting
+    # interpreted: compile in a process where Triton is not interpreting
+    if _jit_function(kernel) is None:
         result = _compile_elsewhere([job])[0]
         if isinstance(result, CompileError):
             raise result
@@ -175,10 +190,11 @@ COMPILE_DEFAULTS = dict(arch=90, num_warps=4, num_stages=3, divisible=None, debu
 
 
 def compile_many(jobs: Iterable[tuple], raise_errors: bool = True) -> list[Compiled | CompileError]:
-    """:func:`compile_for` for several ``(kernel, signature, constexprs, options)`` tuples (``options``: a dict
-    of compile_for's keyword arguments). Under the interpreter they share one helper process, so five variants
-    cost one start-up instead of five. With ``raise_errors=False`` a kernel that does not compile gives its
-    :class:`CompileError` in the list instead of raising it."""
+    """:func:`compile_for` for several ``(kernel, signature, constexprs, options)`` tuples
+    (``options``: a dict of compile_for's keyword arguments). Under the interpreter they share one
+    helper process, so five variants cost one start-up instead of five. With ``raise_errors=False``
+    a kernel that does not compile gives its :class:`CompileError` in the list instead of
+    raising it."""
     jobs = list(jobs)
     built = [_job(k, s, c or {}, **{**COMPILE_DEFAULTS, **o}) for k, s, c, o in jobs]
     if any(_jit_function(k) is None for k, *_ in jobs):
@@ -201,40 +217,45 @@ def _job(kernel, signature, constexprs, arch, num_warps, num_stages, divisible, 
     names = list(kernel.arg_names)
     unknown = [n for n in (*signature, *constexprs) if n not in names]
     if unknown:
-        raise TypeError(f"{kernel.__name__} has no argument {', '.join(unknown)}; its arguments are "
-                        f"{', '.join(names)}")
+        raise TypeError(f"{kernel.__name__} has no argument {', '.join(unknown)}; its arguments "
+                        f"are {', '.join(names)}")
     missing = [n for n in names if n not in signature and n not in constexprs]
     if missing:
-        raise TypeError(f"{kernel.__name__}: give a type or a constexpr value for {', '.join(missing)}")
+        raise TypeError(f"{kernel.__name__}: give a type or a constexpr value for "
+                        f"{', '.join(missing)}")
     if divisible is None:
         divisible = [n for n, t in signature.items() if t.startswith("*")]
     fn = getattr(kernel, "fn", kernel)
-    return dict(module=fn.__module__, name=fn.__name__, signature=dict(signature), constexprs=dict(constexprs),
-                arch=arch, num_warps=num_warps, num_stages=num_stages, divisible=list(divisible), debug=debug)
+    return dict(module=fn.__module__, name=fn.__name__, signature=dict(signature),
+                constexprs=dict(constexprs), arch=arch, num_warps=num_warps, num_stages=num_stages,
+                divisible=list(divisible), debug=debug)
 
 
 def triton_compile(kernel, signature: Mapping[str, str], constexprs: Mapping[str, Any],
-                   divisible: Iterable[str], *, arch: int = 90, num_warps: int = 4, num_stages: int = 3,
-                   debug: bool = False):
-    """Compile a JITFunction in this process (TRITON_INTERPRET unset) and return Triton's own CompiledKernel
-    (``.asm`` holds ttir, ttgir, llir, ptx and cubin; ``.metadata.shared`` the shared memory). Arguments named
-    in ``constexprs`` are compiled in with their values, whatever ``signature`` says of them; ``divisible``
-    names the arguments the compiler may assume to be multiples of 16. Errors from Triton's compiler come out as
-    :class:`CompileError`. :func:`compile_for` is the same with a :class:`Compiled` summary and the ptxas
-    report, from any process."""
+                   divisible: Iterable[str], *, arch: int = 90, num_warps: int = 4,
+                   num_stages: int = 3, debug: bool = False):
+    """Compile a JITFunction in this process (TRITON_INTERPRET unset) and return Triton's own
+    CompiledKernel (``.asm`` holds ttir, ttgir, llir, ptx and cubin; ``.metadata.shared`` the shared
+    memory). Arguments named in ``constexprs`` are compiled in with their values, whatever
+    ``signature`` says of them; ``divisible`` names the arguments the compiler may assume to be
+    multiples of 16. Errors from Triton's compiler come out as :class:`CompileError`.
+    :func:`compile_for` is the same with a :class:`Compiled` summary and the ptxas report, from
+    any process."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     names = list(kernel.arg_names)
     full = {n: ("constexpr" if n in constexprs else signature[n]) for n in names}
-    # {(argument index,): [["tt.divisibility", 16]]}: the form the JIT builds from its specialisation
+    # {(argument index,): [["tt.divisibility", 16]]}: the form the JIT builds from
+    # its specialisation
     attrs = {(names.index(n),): [["tt.divisibility", DIVISIBILITY]] for n in divisible}
     src = ASTSource(fn=kernel, signature=full, constexprs=dict(constexprs), attrs=attrs)
     try:
         return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=num_warps, num_stages=num_stages, debug=debug))
-    except Exception as e:  # CompilationError and its subclasses; their module moved between versions
+    # CompilationError and its subclasses; their module moved between versions
+    except Exception as e:
         if type(e).__module__.startswith("triton"):
             raise CompileError(type(e).__name__, str(e)) from e
         raise
@@ -242,25 +263,29 @@ def triton_compile(kernel, signature: Mapping[str, str], constexprs: Mapping[str
 
 def _compile_job(kernel, job: dict) -> Compiled:
     """Compile in this process (``kernel`` is a JITFunction)."""
-    ck = triton_compile(kernel, job["signature"], job["constexprs"], job["divisible"], arch=job["arch"],
-                        num_warps=job["num_warps"], num_stages=job["num_stages"], debug=job["debug"])
+    ck = triton_compile(kernel, job["signature"], job["constexprs"], job["divisible"],
+                        arch=job["arch"], num_warps=job["num_warps"], num_stages=job["num_stages"],
+                        debug=job["debug"])
     ptx = ck.asm["ptx"]
     report = ptxas_report(ptx, job["arch"])
     fn = parse_ptxas(report).get(ck.metadata.name, {})
     return Compiled(name=ck.metadata.name, arch=job["arch"], num_warps=ck.metadata.num_warps,
-                    num_stages=ck.metadata.num_stages, shared=ck.metadata.shared, ttir=ck.asm["ttir"],
-                    ttgir=ck.asm["ttgir"], llir=ck.asm["llir"], ptx=ptx, registers=fn.get("registers"),
-                    spill_stores=fn.get("spill_store_bytes"), spill_loads=fn.get("spill_load_bytes"),
-                    ptxas_report=report)
+                    num_stages=ck.metadata.num_stages, shared=ck.metadata.shared,
+                    ttir=ck.asm["ttir"], ttgir=ck.asm["ttgir"], llir=ck.asm["llir"], ptx=ptx,
+                    registers=fn.get("registers"), spill_stores=fn.get("spill_store_bytes"),
+                    spill_loads=fn.get("spill_load_bytes"), ptxas_report=report)
 
 
 def _compile_elsewhere(jobs: list[dict]) -> list[Compiled | CompileError]:
-    """Run the jobs in ``python -m snippets.part4.introspect`` without TRITON_INTERPRET; results as JSON."""
+    """Run the jobs in ``python -m snippets.part4.introspect`` without TRITON_INTERPRET; results
+    as JSON."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the default; set, so Triton 3.9 does not warn about it
-    proc = subprocess.run([sys.executable, "-m", "snippets.part4.introspect"], input=json.dumps(jobs),
-                          capture_output=True, text=True, env=env, cwd=REPO_ROOT)
+    # the default; set, so Triton 3.9 does not warn about it
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    proc = subprocess.run([sys.executable, "-m", "snippets.part4.introspect"],
+                          input=json.dumps(jobs), capture_output=True, text=True, env=env,
+                          cwd=REPO_ROOT)
     if proc.returncode != 0:
         raise RuntimeError(f"the compile process failed:\n{proc.stderr[-4000:]}")
     results = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -283,14 +308,15 @@ def _worker() -> None:
     print(json.dumps(results))
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # ptxas: registers and spills
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def _ptxas_candidates(arch: int) -> list[str]:
-    """ptxas binaries to try, best first: the one Triton itself uses for ``arch`` (bundled with Triton; which
-    one, and how it is found, changed between Triton versions), the others Triton bundles, then the CUDA
-    toolkit's. PTX declares a version that older ptxas builds refuse, so the first that accepts it wins."""
+    """ptxas binaries to try, best first: the one Triton itself uses for ``arch`` (bundled with
+    Triton; which one, and how it is found, changed between Triton versions), the others Triton
+    bundles, then the CUDA toolkit's. PTX declares a version that older ptxas builds refuse, so the
+    first that accepts it wins."""
     found = []
     try:
         from triton.backends.nvidia import compiler as nv
@@ -314,7 +340,8 @@ def _ptxas_candidates(arch: int) -> list[str]:
 
 # --8<-- [start:ptxas]
 def ptxas_report(ptx: str, arch: int = 90) -> str:
-    """``ptxas -v`` on ``ptx``: the assembler's report of registers, spills and barriers per kernel."""
+    """``ptxas -v`` on ``ptx``: the assembler's report of registers, spills and barriers
+    per kernel."""
     target = re.search(r"^\.target\s+(sm_\w+)", ptx, re.M)
     gpu = target.group(1) if target else f"sm_{arch}"  # sm_90a: Hopper with wgmma and setmaxnreg
     with tempfile.TemporaryDirectory() as tmp:
@@ -322,7 +349,8 @@ def ptxas_report(ptx: str, arch: int = 90) -> str:
         src.write_text(ptx)
         errors = []
         for ptxas in _ptxas_candidates(arch):
-            proc = subprocess.run([ptxas, "-v", f"--gpu-name={gpu}", str(src), "-o", str(Path(tmp) / "k.cubin")],
+            proc = subprocess.run([ptxas, "-v", f"--gpu-name={gpu}", str(src), "-o",
+                                   str(Path(tmp) / "k.cubin")],
                                   capture_output=True, text=True)
             if proc.returncode == 0:
                 return proc.stderr + proc.stdout
@@ -332,15 +360,17 @@ def ptxas_report(ptx: str, arch: int = 90) -> str:
 
 _ENTRY_RE = re.compile(r"Compiling entry function '([^']+)'")
 _PROPS_RE = re.compile(r"Function properties for (\S+)")
-_FRAME_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_FRAME_RE = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED_RE = re.compile(r"Used (\d+) registers")
 
 
 def parse_ptxas(report: str) -> dict[str, dict[str, int]]:
-    """Per kernel: ``registers`` (per thread) and ``spill_store_bytes`` / ``spill_load_bytes``. ptxas prints
-    "Compiling entry function 'k'", then "Function properties for f" followed by "N bytes stack frame, S bytes
-    spill stores, L bytes spill loads" (f may be a device function called by k), then "Used R registers" for
-    k. Triton inlines every function, so its kernels have one entry each; the CUDA reports have more."""
+    """Per kernel: ``registers`` (per thread) and ``spill_store_bytes`` / ``spill_load_bytes``.
+    ptxas prints "Compiling entry function 'k'", then "Function properties for f" followed by "N
+    bytes stack frame, S bytes spill stores, L bytes spill loads" (f may be a device function called
+    by k), then "Used R registers" for k. Triton inlines every function, so its kernels have one
+    entry each; the CUDA reports have more."""
     kernels: dict[str, dict[str, int]] = {}
     entry = props = None
     for line in report.splitlines():
@@ -358,21 +388,24 @@ def parse_ptxas(report: str) -> dict[str, dict[str, int]]:
 # --8<-- [end:ptxas]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Reading PTX and TTGIR
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:finders]
 def _ops(ptx: str, pattern: str) -> Counter:
-    """How often each instruction matching ``pattern`` (its opcode with all its .modifiers) occurs."""
+    """How often each instruction matching ``pattern`` (its opcode with all its
+    .modifiers) occurs."""
     return Counter(re.findall(rf"(?<![\w.])((?:{pattern})(?:\.[\w:]+)*)", ptx))
 
 
 def load_store_widths(ptx: str, space: str = "global") -> dict[str, set[int]]:
     """Bits moved per thread by each ld/st instruction on ``space`` ("global" or "shared"):
-    ``{"ld": {128}, "st": {128}}`` means every load and store is a 16-byte vector (ld.global.v4.b32)."""
+    ``{"ld": {128}, "st": {128}}`` means every load and store is a 16-byte
+    vector (ld.global.v4.b32)."""
     widths: dict[str, set[int]] = {"ld": set(), "st": set()}
-    for op, vec, bits in re.findall(rf"\b(ld|st)\.{space}(?:\.\w+)*?(?:\.v(\d))?\.[bfsu](\d+)\b", ptx):
+    for op, vec, bits in re.findall(rf"\b(ld|st)\.{space}(?:\.\w+)*?(?:\.v(\d))?\.[bfsu](\d+)\b",
+                                    ptx):
         widths[op].add(int(vec or 1) * int(bits))
     return widths
 
@@ -384,27 +417,29 @@ def tensor_core_ops(ptx: str) -> Counter:
 
 
 def async_copies(ptx: str) -> Counter:
-    """Copies that bypass registers: cp.async (Ampere: global -> shared, per thread) and cp.async.bulk
-    (Hopper's Tensor Memory Accelerator, TMA: one thread starts a whole tile's copy)."""
+    """Copies that bypass registers: cp.async (Ampere: global -> shared, per thread) and
+    cp.async.bulk (Hopper's Tensor Memory Accelerator, TMA: one thread starts a whole
+    tile's copy)."""
     return _ops(ptx, r"cp\.async(?:\.bulk)?")
 
 
 def shared_memory_ops(ptx: str) -> Counter:
-    """Instructions that touch shared memory: ld/st.shared, ldmatrix (a warp loads MMA fragments from it),
-    and the cp.async copies into it."""
+    """Instructions that touch shared memory: ld/st.shared, ldmatrix (a warp loads MMA fragments
+    from it), and the cp.async copies into it."""
     return _ops(ptx, r"ld\.shared|st\.shared|ldmatrix|stmatrix|cp\.async")
 
 
 def layouts(ttgir: str) -> dict[str, str]:
-    """The layouts the TTGIR defines, by alias: ``#blocked`` (registers: which thread holds which elements),
-    ``#shared`` (a swizzled shared-memory buffer), ``#mma`` (the tensor-core accumulator), ..."""
+    """The layouts the TTGIR defines, by alias: ``#blocked`` (registers: which thread holds which
+    elements), ``#shared`` (a swizzled shared-memory buffer), ``#mma`` (the tensor-core
+    accumulator), ..."""
     return dict(re.findall(r"^(#(?!loc)\w+) = (#ttg\.\w+<.*>)\s*$", ttgir, re.M))
 # --8<-- [end:finders]
 
 
 def excerpt(text: str, pattern: str, context: int = 0, limit: int = 3) -> str:
-    """The first ``limit`` lines of ``text`` matching ``pattern`` (with ``context`` lines after each), trimmed
-    of Triton's ``loc(...)`` source locations: a short quote of IR for a chapter."""
+    """The first ``limit`` lines of ``text`` matching ``pattern`` (with ``context`` lines after
+    each), trimmed of Triton's ``loc(...)`` source locations: a short quote of IR for a chapter."""
     lines = text.splitlines()
     out = []
     for i, line in enumerate(lines):

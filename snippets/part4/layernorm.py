@@ -1,35 +1,43 @@
-"""Layer normalisation over the last dimension, forward and backward, in Triton (and the forward in CUDA C).
+"""Layer normalisation over the last dimension, forward and backward, in Triton (and the forward in
+CUDA C).
 
-``y = (x - mean) * rstd * w + b`` for each row of ``x`` (M, N), with ``mean`` and ``rstd = 1 / sqrt(var + eps)``
-taken over the row's N elements, ``eps = 1e-5``. Two ops are registered.
+``y = (x - mean) * rstd * w + b`` for each row of ``x`` (M, N), with ``mean`` and
+``rstd = 1 / sqrt(var + eps)`` taken over the row's N elements, ``eps = 1e-5``. Two ops
+are registered.
 
 Versions of ``layernorm`` (the forward; never renumbered):
 
 - v0  ``torch.nn.functional.layer_norm``, eager: the library baseline.
 - v1  the same call through ``torch.compile``: Inductor writes a fused Triton kernel for it.
 - v2  Liger-Kernel's Triton forward (``liger_kernel.ops.layer_norm.layer_norm_forward``).
-- v3  Triton, this chapter's kernel: one program per row (several rows for short rows), the whole row in
-      registers, statistics in fp32 by two passes over the registers, one read of x and one write of y.
-- v4  CUDA C (csrc/part4/layernorm.cu), the same algorithm by hand: one block per row, 16-byte loads, warp
-      shuffles and one shared-memory exchange per statistic. It exists to compare the two languages on one op.
+- v3  Triton, this chapter's kernel: one program per row (several rows for short rows), the whole
+      row in registers, statistics in fp32 by two passes over the registers, one read of x and one
+      write of y.
+- v4  CUDA C (csrc/part4/layernorm.cu), the same algorithm by hand: one block per row, 16-byte
+      loads, warp shuffles and one shared-memory exchange per statistic. It exists to compare the
+      two languages on one op.
 
-Versions of ``layernorm_fwd_bwd`` (a training step's forward and backward; each returns (dx, dw, db)):
+Versions of ``layernorm_fwd_bwd`` (a training step's forward and backward; each returns (dx,
+dw, db)):
 
 - v0  eager PyTorch autograd: ``F.layer_norm`` then ``torch.autograd.grad``.
-- v1  like v0 with the forward through ``torch.compile``: AOTAutograd compiles a forward and a backward.
+- v1  like v0 with the forward through ``torch.compile``: AOTAutograd compiles a forward and
+  a backward.
 - v2  Liger-Kernel's ``LigerLayerNormFunction``.
-- v3  Triton, :class:`LayerNormFunction`: v3's forward kernel also saves mean and rstd (fp32); the backward
-      kernel computes dx row by row and sums dw, db for a group of rows into an fp32 (GROUPS, N) buffer, and a
-      second small kernel adds the GROUPS partial rows: three launches, no atomics, the same bits every run.
+- v3  Triton, :class:`LayerNormFunction`: v3's forward kernel also saves mean and rstd (fp32); the
+      backward kernel computes dx row by row and sums dw, db for a group of rows into an fp32
+      (GROUPS, N) buffer, and a second small kernel adds the GROUPS partial rows: three launches, no
+      atomics, the same bits every run.
 
-Inputs are ``x`` of shape (..., N) (leading dimensions are flattened into rows, as ``nn.LayerNorm`` does), and
-``w``, ``b`` of shape (N,), all of one dtype (fp32, fp16 or bf16) on one device, contiguous; the output has
-x's dtype and shape. Statistics and every sum are computed in fp32 (in fp64 for fp64 inputs, which only the
-gradient check uses). Cost: the forward reads x, w, b and writes y; the backward reads x, dy, w and writes dx,
-dw, db (see ``_bytes`` and ``_bytes_fwd_bwd``).
+Inputs are ``x`` of shape (..., N) (leading dimensions are flattened into rows, as ``nn.LayerNorm``
+does), and ``w``, ``b`` of shape (N,), all of one dtype (fp32, fp16 or bf16) on one device,
+contiguous; the output has x's dtype and shape. Statistics and every sum are computed in fp32 (in
+fp64 for fp64 inputs, which only the gradient check uses). Cost: the forward reads x, w, b and
+writes y; the backward reads x, dy, w and writes dx, dw, db (see ``_bytes`` and ``_bytes_fwd_bwd``).
 
-The goals, bf16 16384 x 4096 on an H200: the forward at least as fast as Liger-Kernel's (3.56 TB/s there), and
-forward + backward at most the 0.333 ms that eager PyTorch takes (both measured on an H200 with torch 2.11).
+The goals, bf16 16384 x 4096 on an H200: the forward at least as fast as Liger-Kernel's (3.56 TB/s
+there), and forward + backward at most the 0.333 ms that eager PyTorch takes (both measured on an
+H200 with torch 2.11).
 """
 
 from __future__ import annotations
@@ -51,25 +59,28 @@ from snippets.registry import Impl, Op, device_generator, register
 EPS = 1e-5
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 CU_FILE = "part4/layernorm.cu"
-# The whole row lives in registers (v3 and v4). 65536 fp32 over 16 warps is 128 registers per thread, about
-# what a thread can hold with its other values; a longer row would spill and needs a loop over the row
-# (an exercise of the chapter).
+# The whole row lives in registers (v3 and v4). 65536 fp32 over 16 warps is 128 registers per
+# thread, about what a thread can hold with its other values; a longer row would spill and needs a
+# loop over the row (an exercise of the chapter).
 MAX_N = 65536
 
 
 # --8<-- [start:reference]
-def layernorm_ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """y = (x - mean) / sqrt(var + eps) * w + b over the last dimension, var the biased (1/N) variance.
-    Reads x (M*N), w and b (N each), writes y (M*N): (2*M*N + 2*N) * itemsize bytes, about 8 FLOPs an element."""
+def layernorm_ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                  eps: float = EPS) -> torch.Tensor:
+    """y = (x - mean) / sqrt(var + eps) * w + b over the last dimension, var the biased (1/N)
+    variance. Reads x (M*N), w and b (N each), writes y (M*N): (2*M*N + 2*N) * itemsize bytes, about
+    8 FLOPs an element."""
     mean = x.mean(dim=-1, keepdim=True)
     var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
     return (x - mean) / torch.sqrt(var + eps) * w + b
 
 
 def layernorm_fwd_bwd_ref(x, w, b, dy, eps: float = EPS):
-    """The gradients of sum(y * dy) for y = layernorm(x, w, b), by the closed-form backward (derived in the
-    chapter): with xhat = (x - mean) * rstd and g = dy * w,
-        dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum over rows of dy * xhat,  db = sum of dy."""
+    """The gradients of sum(y * dy) for y = layernorm(x, w, b), by the closed-form backward (derived
+    in the chapter): with xhat = (x - mean) * rstd and g = dy * w,
+        dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum over rows of dy * xhat,  db =
+        sum of dy."""
     mean = x.mean(dim=-1, keepdim=True)
     rstd = 1.0 / torch.sqrt(((x - mean) ** 2).mean(dim=-1, keepdim=True) + eps)
     xhat = (x - mean) * rstd
@@ -80,9 +91,9 @@ def layernorm_fwd_bwd_ref(x, w, b, dy, eps: float = EPS):
 # --8<-- [end:reference]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Library baselines
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def layernorm_torch(x, w, b):
     """v0: PyTorch's fused layer-norm kernel (one launch)."""
@@ -93,20 +104,22 @@ _layernorm_compiled = compiled(layernorm_torch)
 
 
 def layernorm_compiled(x, w, b):
-    """v1: ``F.layer_norm`` through torch.compile: Inductor generates one Triton kernel for the row."""
+    """v1: ``F.layer_norm`` through torch.compile: Inductor generates one Triton kernel for
+    the row."""
     return _layernorm_compiled(x, w, b)
 
 
 def layernorm_fwd_bwd_torch(x, w, b, dy):
-    """v0: eager autograd. Timed: making x, w, b leaves that require grad, ``F.layer_norm`` (which also keeps
-    mean and rstd for the backward), and ``torch.autograd.grad`` (PyTorch's backward kernels for dx and for
-    dw/db), autograd's own bookkeeping included, as in a training step."""
+    """v0: eager autograd. Timed: making x, w, b leaves that require grad, ``F.layer_norm`` (which
+    also keeps mean and rstd for the backward), and ``torch.autograd.grad`` (PyTorch's backward
+    kernels for dx and for dw/db), autograd's own bookkeeping included, as in a training step."""
     return grads_through(layernorm_torch, (x, w, b), dy)
 
 
 def layernorm_fwd_bwd_compiled(x, w, b, dy):
-    """v1: like v0, with the forward compiled: AOTAutograd traces the forward and the backward and Inductor
-    writes a kernel (or a few) for each; ``torch.autograd.grad`` runs the compiled backward."""
+    """v1: like v0, with the forward compiled: AOTAutograd traces the forward and the backward and
+    Inductor writes a kernel (or a few) for each; ``torch.autograd.grad`` runs the
+    compiled backward."""
     return grads_through(_layernorm_compiled, (x, w, b), dy)
 
 
@@ -118,32 +131,38 @@ def _liger():
 
 
 def layernorm_liger(x, w, b):
-    """v2: Liger-Kernel's forward kernel, called directly (no autograd node): one program per row, the row in
-    registers, mean and rstd stored for a backward."""
+    """v2: Liger-Kernel's forward kernel, called directly (no autograd node): one program per row,
+    the row in registers, mean and rstd stored for a backward."""
     return _liger().layer_norm_forward(x, w, b, EPS)[0]
 
 
 def layernorm_fwd_bwd_liger(x, w, b, dy):
     """v2: Liger-Kernel's autograd function, forward and backward, as ``LigerLayerNorm`` runs it."""
-    return grads_through(lambda x, w, b: _liger().LigerLayerNormFunction.apply(x, w, b, EPS), (x, w, b), dy)
+    return grads_through(lambda x, w, b: _liger().LigerLayerNormFunction.apply(x, w, b, EPS),
+                         (x, w, b), dy)
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Triton
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:configs]
 @dataclass(frozen=True)
 class Config:
     """Launch parameters for one row length (BLOCK_N, the row rounded up to a power of two).
 
-    rows: rows per forward program. Short rows are packed several to a program so that each thread still
-        holds two 16-byte vectors of x and each program moves enough bytes to be worth its launch slot.
-    fwd_warps: warps per forward program: 16 elements (two 16-byte bf16 vectors) per thread at 4096 and below,
+    rows: rows per forward program. Short rows are packed several to a program so that each
+    thread still
+        holds two 16-byte vectors of x and each program moves enough bytes to be worth its
+        launch slot.
+    fwd_warps: warps per forward program: 16 elements (two 16-byte bf16 vectors) per thread at 4096
+    and below,
         so a program's loads are all issued before its first reduction waits on them.
-    bwd_warps: warps per backward program, which holds x, dy, w and the dw, db sums: five row-long fp32
+    bwd_warps: warps per backward program, which holds x, dy, w and the dw, db sums: five
+    row-long fp32
         values per element.
-    groups_per_sm: backward programs per SM. Each writes 2*N fp32 partial sums, so more groups mean more
+    groups_per_sm: backward programs per SM. Each writes 2*N fp32 partial sums, so more groups
+    mean more
         partial traffic but more rows in flight to hide the latency of each row's two reductions.
     """
 
@@ -153,11 +172,12 @@ class Config:
     groups_per_sm: int
 
 
-# Chosen in tuning runs on an H200 (Triton 3.6) at 16384 x 4096 bf16: the forward with 1 row and 8 warps a program is ahead
-# of Liger-Kernel's; the backward with 8 warps and 2 groups per SM beat 1 and 4 groups per SM and 4 or 16 warps.
-# The other rows are not tuned: warps keep 16 to 32 elements per thread (the backward, with five row-long values
-# per thread, gets twice the forward's warps past 4096), and groups_per_sm falls as N grows to keep the
-# (GROUPS, N) partial buffers near 1/20 of the backward's traffic.
+# Chosen in tuning runs on an H200 (Triton 3.6) at 16384 x 4096 bf16: the forward with 1 row and 8
+# warps a program is ahead of Liger-Kernel's; the backward with 8 warps and 2 groups per SM beat 1
+# and 4 groups per SM and 4 or 16 warps. The other rows are not tuned: warps keep 16 to 32 elements
+# per thread (the backward, with five row-long values per thread, gets twice the forward's warps
+# past 4096), and groups_per_sm falls as N grows to keep the (GROUPS, N) partial buffers near 1/20
+# of the backward's traffic.
 CONFIGS = {  # BLOCK_N -> Config; shorter rows use the 1024 entry with more rows per program
     1024: Config(rows=4, fwd_warps=8, bwd_warps=4, groups_per_sm=4),
     2048: Config(rows=2, fwd_warps=8, bwd_warps=4, groups_per_sm=4),
@@ -170,8 +190,8 @@ CONFIGS = {  # BLOCK_N -> Config; shorter rows use the 1024 entry with more rows
 
 
 def config_for(n: int, configs: dict[int, Config] | None = None) -> tuple[int, Config]:
-    """(BLOCK_N, Config) for rows of length ``n``, from ``configs`` (this module's CONFIGS by default; the
-    RMSNorm of Part 5 passes its own table)."""
+    """(BLOCK_N, Config) for rows of length ``n``, from ``configs`` (this module's CONFIGS by
+    default; the RMSNorm of Part 5 passes its own table)."""
     configs = CONFIGS if configs is None else configs
     block_n = triton.next_power_of_2(n)
     if block_n < 1024:  # keep about 4096 elements per program: 4 rows of 1024, 64 rows of 64, ...
@@ -187,8 +207,9 @@ def config_for(n: int, configs: dict[int, Config] | None = None) -> tuple[int, C
 def _layernorm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, eps,
                           BLOCK_N: tl.constexpr, ROWS: tl.constexpr, STATS: tl.constexpr,
                           COMPUTE: tl.constexpr):
-    # A (ROWS, BLOCK_N) tile: ROWS whole rows, each padded to a power of two. N is a multiple of 16 in every
-    # benchmarked shape, and Triton specialises on that, so `cols < N` masks whole 16-byte vectors.
+    # A (ROWS, BLOCK_N) tile: ROWS whole rows, each padded to a power of two. N is a multiple of 16
+    # in every benchmarked shape, and Triton specialises on that, so `cols < N` masks whole
+    # 16-byte vectors.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < M
@@ -196,10 +217,12 @@ def _layernorm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, 
     mask = row_ok[:, None] & col_ok[None, :]
     offs = rows.to(tl.int64)[:, None] * N + cols[None, :]  # int64: M * N may pass 2**31
 
-    # One read of x; everything after happens in registers, in fp32 (bf16/fp16 are only a storage format).
+    # One read of x; everything after happens in registers, in fp32 (bf16/fp16 are only a
+    # storage format).
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
-    # Two passes over the registers: the mean, then the mean square of x - mean. Subtracting first keeps the
-    # variance exact-ish when |mean| >> std, where E[x^2] - E[x]^2 would cancel catastrophically.
+    # Two passes over the registers: the mean, then the mean square of x - mean. Subtracting first
+    # keeps the variance exact-ish when |mean| >> std, where E[x^2] - E[x]^2 would
+    # cancel catastrophically.
     mean = tl.sum(x, axis=1) / N
     xc = tl.where(mask, x - mean[:, None], 0.0)  # padding must not add (0 - mean)^2 to the variance
     var = tl.sum(xc * xc, axis=1) / N
@@ -218,10 +241,11 @@ def _layernorm_fwd_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, M, N, 
 
 # --8<-- [start:bwd_kernel]
 @triton.jit
-def _layernorm_bwd_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
-                          M, N, rows_per_group,
+def _layernorm_bwd_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr,
+                          db_part_ptr, M, N, rows_per_group,
                           BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr):
-    # Program `group` owns rows [group * rows_per_group, ...) and one row of each partial-sum buffer.
+    # Program `group` owns rows [group * rows_per_group, ...) and one row of each
+    # partial-sum buffer.
     group = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -254,7 +278,8 @@ def _layernorm_bwd_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_p
 @triton.jit
 def _layernorm_dwdb_kernel(dw_part_ptr, db_part_ptr, dw_ptr, db_ptr, GROUPS, N,
                            BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr):
-    # Column block `pid` of the (GROUPS, N) partials, summed down the groups in a fixed order: deterministic.
+    # Column block `pid` of the (GROUPS, N) partials, summed down the groups in a fixed
+    # order: deterministic.
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < N
     dw = tl.zeros([BLOCK_G, BLOCK_C], dtype=COMPUTE)
@@ -272,19 +297,22 @@ def _layernorm_dwdb_kernel(dw_part_ptr, db_part_ptr, dw_ptr, db_ptr, GROUPS, N,
 
 # --8<-- [start:checks]
 def check_rows(x, params: dict[str, torch.Tensor], dtypes, device: str) -> tuple[int, int]:
-    """x (..., N) and per-column parameters of shape (N,) (``{"w": w, "b": b}``), one dtype and device,
-    contiguous, 1 <= N <= MAX_N; returns (M, N), with the leading dimensions of x flattened into M rows (M may be
-    0: an empty batch gives an empty output). Shared with Part 5's RMSNorm."""
-    check_tensors(("x", *params), (x, *params.values()), dtypes=dtypes, device=device, same_shape=False)
+    """x (..., N) and per-column parameters of shape (N,) (``{"w": w, "b": b}``), one dtype and
+    device, contiguous, 1 <= N <= MAX_N; returns (M, N), with the leading dimensions of x flattened
+    into M rows (M may be 0: an empty batch gives an empty output). Shared with Part 5's RMSNorm."""
+    check_tensors(("x", *params), (x, *params.values()), dtypes=dtypes, device=device,
+                  same_shape=False)
     if x.dim() == 0:
-        raise ValueError(f"x must have at least one dimension (the normalised one), got shape {tuple(x.shape)}")
+        raise ValueError("x must have at least one dimension (the normalised one), got shape "
+                         f"{tuple(x.shape)}")
     n = x.shape[-1]
     for name, t in params.items():
         if t.shape != (n,):
-            raise ValueError(f"{name} must have shape ({n},), the last dimension of x {tuple(x.shape)}; "
-                             f"got {tuple(t.shape)}")
+            raise ValueError(f"{name} must have shape ({n},), the last dimension of x "
+                             f"{tuple(x.shape)}; got {tuple(t.shape)}")
     if n == 0:
-        raise ValueError(f"x has rows of length 0 (shape {tuple(x.shape)}): there is nothing to normalise")
+        raise ValueError(f"x has rows of length 0 (shape {tuple(x.shape)}): there is nothing to "
+                         "normalise")
     if n > MAX_N:
         raise ValueError(f"rows of length {n} do not fit in registers: at most {MAX_N} elements")
     return x.numel() // n, n
@@ -303,7 +331,8 @@ def compute_dtype(dtype: torch.dtype):
 
 # --8<-- [start:fwd_host]
 def _layernorm_fwd(x, w, b, eps: float, stats: bool):
-    """Launch the forward on checked inputs; returns y and, if ``stats``, mean and rstd (fp32, one per row)."""
+    """Launch the forward on checked inputs; returns y and, if ``stats``, mean and rstd (fp32, one
+    per row)."""
     m, n = x.numel() // x.shape[-1], x.shape[-1]
     y = torch.empty_like(x)
     stat_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -311,14 +340,16 @@ def _layernorm_fwd(x, w, b, eps: float, stats: bool):
     rstd = torch.empty_like(mean)
     if m > 0:
         block_n, cfg = config_for(n)
-        rows = min(cfg.rows, triton.next_power_of_2(m))  # a 3-row input does not need a 64-row program
+        # a 3-row input does not need a 64-row program
+        rows = min(cfg.rows, triton.next_power_of_2(m))
         _layernorm_fwd_kernel[(triton.cdiv(m, rows),)](
             x, w, b, y, mean, rstd, m, n, eps, BLOCK_N=block_n, ROWS=rows, STATS=stats,
             COMPUTE=compute_dtype(x.dtype), num_warps=cfg.fwd_warps)
     return y, mean, rstd
 
 
-def layernorm_triton(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+def layernorm_triton(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                     eps: float = EPS) -> torch.Tensor:
     """v3: layer norm of each row of x (..., N), in one launch; y has x's dtype and shape."""
     _check_inputs(x, w, b, FLOAT_TYPES, triton_device())
     return _layernorm_fwd(x, w, b, float(eps), stats=False)[0]
@@ -327,22 +358,25 @@ def layernorm_triton(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: flo
 
 # --8<-- [start:bwd_host]
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of the GPU (4 under the interpreter, so that tests see several groups)."""
+    """Streaming multiprocessors of the GPU (4 under the interpreter, so that tests see
+    several groups)."""
     if device.type != "cuda":
         return 4
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def backward_groups(m: int, n: int, device: torch.device, configs: dict[int, Config] | None = None) -> int:
-    """How many groups of rows the backward splits M rows into: enough programs to keep every SM busy
-    (groups_per_sm of them per SM, from ``configs``: this module's CONFIGS by default), never more than there
-    are rows."""
+def backward_groups(m: int, n: int, device: torch.device,
+                    configs: dict[int, Config] | None = None) -> int:
+    """How many groups of rows the backward splits M rows into: enough programs to keep every SM
+    busy (groups_per_sm of them per SM, from ``configs``: this module's CONFIGS by default), never
+    more than there are rows."""
     _, cfg = config_for(n, configs)
     return max(1, min(m, sm_count(device) * cfg.groups_per_sm))
 
 
 def _layernorm_bwd(dy, x, w, mean, rstd):
-    """dx, dw, db from the saved x, w, mean and rstd: the row kernel, then the partial-sum kernel."""
+    """dx, dw, db from the saved x, w, mean and rstd: the row kernel, then the
+    partial-sum kernel."""
     n = x.shape[-1]
     m = x.numel() // n
     dx = torch.empty_like(x)
@@ -361,19 +395,21 @@ def _layernorm_bwd(dy, x, w, mean, rstd):
     _layernorm_bwd_kernel[(groups,)](
         x, w, dy, mean, rstd, dx, dw_part, db_part, m, n, rows_per_group,
         BLOCK_N=block_n, COMPUTE=compute, num_warps=cfg.bwd_warps)
-    # 64 columns per program: N / 64 programs (64 at N = 4096), each adding GROUPS x 64 values of both buffers.
+    # 64 columns per program: N / 64 programs (64 at N = 4096), each adding GROUPS x 64 values of
+    # both buffers.
     block_c = min(64, block_n)
     _layernorm_dwdb_kernel[(triton.cdiv(n, block_c),)](
-        dw_part, db_part, dw, db, groups, n, BLOCK_G=32, BLOCK_C=block_c, COMPUTE=compute, num_warps=4)
+        dw_part, db_part, dw, db, groups, n, BLOCK_G=32, BLOCK_C=block_c, COMPUTE=compute,
+        num_warps=4)
     return dx, dw, db
 # --8<-- [end:bwd_host]
 
 
 # --8<-- [start:function]
 class LayerNormFunction(torch.autograd.Function):
-    """Layer norm that trains: the forward saves x, w and the per-row mean and rstd (8 bytes a row) so that
-    the backward does not recompute them. float64 is accepted as well, so that torch.autograd.gradcheck can
-    check the backward at the precision it needs."""
+    """Layer norm that trains: the forward saves x, w and the per-row mean and rstd (8 bytes a row)
+    so that the backward does not recompute them. float64 is accepted as well, so that
+    torch.autograd.gradcheck can check the backward at the precision it needs."""
 
     @staticmethod
     def forward(ctx, x, w, b, eps=EPS):
@@ -385,21 +421,23 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, w, mean, rstd = ctx.saved_tensors
-        dy = dy.contiguous()  # autograd may pass a broadcast view (the gradient of y.sum() is expanded ones)
+        # autograd may pass a broadcast view (the gradient of y.sum() is expanded ones)
+        dy = dy.contiguous()
         dx, dw, db = _layernorm_bwd(dy, x, w, mean, rstd)
         return dx, dw, db, None
 
 
 def layernorm_fwd_bwd_triton(x, w, b, dy):
-    """v3: LayerNormFunction through autograd, like v0: forward (1 launch), backward (2 launches)."""
+    """v3: LayerNormFunction through autograd, like v0: forward (1 launch), backward
+    (2 launches)."""
     check_tensors(("x", "dy"), (x, dy), dtypes=FLOAT_TYPES, device=triton_device())
     return grads_through(lambda x, w, b: LayerNormFunction.apply(x, w, b, EPS), (x, w, b), dy)
 # --8<-- [end:function]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # CUDA C (csrc/part4/layernorm.cu), launched through CuPy
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:cuda_launch]
 CUDA_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -408,22 +446,25 @@ CUDA_THREADS = 512   # the most threads per block: __launch_bounds__(512) in lay
 
 
 def cuda_launch_shape(n: int, itemsize: int) -> tuple[int, int]:
-    """(vectors per thread, threads per block) for rows of n elements: one block per row, each thread holding
-    ``vecs`` 16-byte vectors. The fewest vectors per thread that keep the block within CUDA_THREADS threads
-    (more threads and fewer vectors: more warps to hide latency). Raises ValueError past 4 vectors of 512."""
+    """(vectors per thread, threads per block) for rows of n elements: one block per row, each
+    thread holding ``vecs`` 16-byte vectors. The fewest vectors per thread that keep the block
+    within CUDA_THREADS threads (more threads and fewer vectors: more warps to hide latency). Raises
+    ValueError past 4 vectors of 512."""
     per_vec = 16 // itemsize
     n_vec = triton.cdiv(n, per_vec)
     for vecs in VECS:
         threads = 32 * triton.cdiv(triton.cdiv(n_vec, vecs), 32)
         if threads <= CUDA_THREADS:
             return vecs, threads
-    raise ValueError(f"rows of {n} elements of {itemsize} bytes do not fit one block of the CUDA kernel: at most "
-                     f"{VECS[-1] * CUDA_THREADS * per_vec}")
+    raise ValueError(f"rows of {n} elements of {itemsize} bytes do not fit one block of the CUDA "
+                     f"kernel: at most {VECS[-1] * CUDA_THREADS * per_vec}")
 
 
-def layernorm_cuda(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """v4: the CUDA C forward, one block per row. Rows whose length is a multiple of 16 bytes and that start
-    16-byte aligned are read and written with 16-byte vectors; others element by element (same kernel)."""
+def layernorm_cuda(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                   eps: float = EPS) -> torch.Tensor:
+    """v4: the CUDA C forward, one block per row. Rows whose length is a multiple of 16 bytes and
+    that start 16-byte aligned are read and written with 16-byte vectors; others element by element
+    (same kernel)."""
     cuda.require_gpu()
     m, n = _check_inputs(x, w, b, FLOAT_TYPES, "cuda")
     y = torch.empty_like(x)
@@ -437,12 +478,13 @@ def layernorm_cuda(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float
 # --8<-- [end:cuda_launch]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Registration
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def _make_inputs(size, dtype, device, gen):
-    """x ~ N(1, 2^2) rows (a non-zero mean, so centring matters), w ~ 1 + N(0, 0.1^2), b ~ N(0, 0.1^2)."""
+    """x ~ N(1, 2^2) rows (a non-zero mean, so centring matters), w ~ 1 + N(0, 0.1^2), b ~
+    N(0, 0.1^2)."""
     g = device_generator(gen, device)
     m, n = size["m"], size["n"]
     x = torch.randn(m, n, generator=g, device=device) * 2.0 + 1.0
@@ -465,57 +507,69 @@ def _bytes(size, dtype) -> int:
 
 
 def _bytes_fwd_bwd(size, dtype) -> int:
-    """Forward: read x, w, b, write y (2MN + 2N). Backward: read x, dy, w, write dx, dw, db (3MN + 3N).
-    mean and rstd are left out: the backward could recompute them from the x it reads anyway."""
+    """Forward: read x, w, b, write y (2MN + 2N). Backward: read x, dy, w, write dx, dw, db (3MN +
+    3N). mean and rstd are left out: the backward could recompute them from the x it
+    reads anyway."""
     m, n = size["m"], size["n"]
     return (5 * m * n + 5 * n) * dtype.itemsize
 
 
 HEADLINE = {"m": 16384, "n": 4096}  # bf16: 128 MiB of x and as much of y, 5x the H200's L2
-# M * N fixed at 2^26: every point moves the same bytes, so the curve shows only what the row length changes
-# (elements per program, programs per SM, reduction depth). A fixed M would shrink N = 1024 to 32 MiB of bf16,
-# which the H200's L2 nearly holds.
+# M * N fixed at 2^26: every point moves the same bytes, so the curve shows only what the row length
+# changes (elements per program, programs per SM, reduction depth). A fixed M would shrink N = 1024
+# to 32 MiB of bf16, which the H200's L2 nearly holds.
 SWEEP = [{"m": 2**26 // n, "n": n} for n in (1024, 2048, 4096, 8192, 16384)]
 TEST_SIZES = [{"m": 1, "n": 1}, {"m": 3, "n": 17}, {"m": 17, "n": 123}, {"m": 33, "n": 1000},
               {"m": 5, "n": 4097}, {"m": 123, "n": 781}]
-# Against a float64 reference, with every sum in fp32: the outputs are rounded once to their type, at most
-# half an ulp (2^-11 fp16, 2^-8 bf16, relative), and fp32 sums over N <= 4097 columns or M <= 123 rows add a
-# few fp32 ulp. fp16 allows 4 of its ulps; bf16 allows 2 of its ulps, because Triton's CPU interpreter rounds
-# fp32 to bf16 by truncation (a whole ulp) where the GPU rounds to nearest. fp32: dw and db sum 123 rows of
-# terms near 1, and PyTorch's CPU layer_norm is within 2e-5 of the float64 answer there.
-TOLERANCES = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+# Against a float64 reference, with every sum in fp32: the outputs are rounded once to their type,
+# at most half an ulp (2^-11 fp16, 2^-8 bf16, relative), and fp32 sums over N <= 4097 columns or M
+# <= 123 rows add a few fp32 ulp. fp16 allows 4 of its ulps; bf16 allows 2 of its ulps, because
+# Triton's CPU interpreter rounds fp32 to bf16 by truncation (a whole ulp) where the GPU rounds to
+# nearest. fp32: dw and db sum 123 rows of terms near 1, and PyTorch's CPU layer_norm is within 2e-5
+# of the float64 answer there.
+TOLERANCES = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3),
+              torch.bfloat16: (1.6e-2, 1.6e-2)}
 TRITON_SOURCES = (_layernorm_fwd_kernel, _layernorm_fwd, _check_inputs, config_for)
-BWD_SOURCES = (*TRITON_SOURCES, _layernorm_bwd_kernel, _layernorm_dwdb_kernel, _layernorm_bwd, backward_groups,
-               LayerNormFunction.forward, LayerNormFunction.backward, grads_through)
+BWD_SOURCES = (*TRITON_SOURCES, _layernorm_bwd_kernel, _layernorm_dwdb_kernel, _layernorm_bwd,
+               backward_groups, LayerNormFunction.forward, LayerNormFunction.backward,
+               grads_through)
 
 layernorm = register(Op(
     name="layernorm", part=4, chapter="part4/layernorm.md", title="LayerNorm forward",
-    reference=layernorm_ref, make_inputs=_make_inputs, bytes_moved=_bytes, flops=lambda s, d: 8 * s["m"] * s["n"],
-    metric="GB/s", ceiling="copy", headline=HEADLINE, sweep=SWEEP, dtypes=FLOAT_TYPES,
-    bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES, tolerances=TOLERANCES))
-layernorm.add(Impl("v0", layernorm_torch, "PyTorch", "torch.nn.functional.layer_norm", (F.layer_norm,),
-                   device="any"))
-layernorm.add(Impl("v1", layernorm_compiled, "Triton", "torch.compile(F.layer_norm)", (layernorm_torch,),
-                   device="cuda", requires=needs_gpu, origin="library"))
-layernorm.add(Impl("v2", layernorm_liger, "Triton", "Liger-Kernel 0.8.5 layer_norm_forward", (_liger,),
-                   device="cuda", requires=liger_missing, origin="library"))
+    reference=layernorm_ref, make_inputs=_make_inputs, bytes_moved=_bytes,
+    flops=lambda s, d: 8 * s["m"] * s["n"], metric="GB/s", ceiling="copy", headline=HEADLINE,
+    sweep=SWEEP, dtypes=FLOAT_TYPES, bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES,
+    tolerances=TOLERANCES))
+layernorm.add(Impl("v0", layernorm_torch, "PyTorch", "torch.nn.functional.layer_norm",
+                   (F.layer_norm,), device="any"))
+layernorm.add(Impl("v1", layernorm_compiled, "Triton", "torch.compile(F.layer_norm)",
+                   (layernorm_torch,), device="cuda", requires=needs_gpu, origin="library"))
+layernorm.add(Impl("v2", layernorm_liger, "Triton", "Liger-Kernel 0.8.5 layer_norm_forward",
+                   (_liger,), device="cuda", requires=liger_missing, origin="library"))
 layernorm.add(Impl("v3", layernorm_triton, "Triton", "row in registers, fp32 two-pass statistics",
                    TRITON_SOURCES, device="any"))
 layernorm.add(Impl("v4", layernorm_cuda, "CUDA", "block per row, 16-byte vectors, shuffles",
                    (cuda.source_path(CU_FILE), _check_inputs, cuda_launch_shape), device="cuda"))
 
 layernorm_fwd_bwd = register(Op(
-    name="layernorm_fwd_bwd", part=4, chapter="part4/layernorm.md", title="LayerNorm forward + backward",
-    reference=layernorm_fwd_bwd_ref, make_inputs=_make_inputs_fwd_bwd, bytes_moved=_bytes_fwd_bwd,
-    flops=lambda s, d: 21 * s["m"] * s["n"], metric="GB/s", ceiling="copy", headline=HEADLINE, sweep=SWEEP,
-    dtypes=FLOAT_TYPES, bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES, tolerances=TOLERANCES))
-# v0 runs on the GPU only: PyTorch's CPU backward sums dw and db in fp16/bf16 for those inputs (relative errors
-# of 4e-2 and 2e-1 at 123 rows), while its CUDA backward, the one benchmarked, sums in fp32.
-layernorm_fwd_bwd.add(Impl("v0", layernorm_fwd_bwd_torch, "PyTorch", "F.layer_norm + torch.autograd.grad",
-                           (F.layer_norm, grads_through), device="cuda"))
-layernorm_fwd_bwd.add(Impl("v1", layernorm_fwd_bwd_compiled, "Triton", "torch.compile forward and backward",
-                           (layernorm_torch, grads_through), device="cuda", requires=needs_gpu, origin="library"))
-layernorm_fwd_bwd.add(Impl("v2", layernorm_fwd_bwd_liger, "Triton", "Liger-Kernel 0.8.5 LigerLayerNormFunction",
-                           (_liger, grads_through), device="cuda", requires=liger_missing, origin="library"))
+    name="layernorm_fwd_bwd", part=4, chapter="part4/layernorm.md",
+    title="LayerNorm forward + backward", reference=layernorm_fwd_bwd_ref,
+    make_inputs=_make_inputs_fwd_bwd, bytes_moved=_bytes_fwd_bwd,
+    flops=lambda s, d: 21 * s["m"] * s["n"], metric="GB/s", ceiling="copy", headline=HEADLINE,
+    sweep=SWEEP, dtypes=FLOAT_TYPES, bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES,
+    tolerances=TOLERANCES))
+# v0 runs on the GPU only: PyTorch's CPU backward sums dw and db in fp16/bf16 for those inputs
+# (relative errors of 4e-2 and 2e-1 at 123 rows), while its CUDA backward, the one benchmarked, sums
+# in fp32.
+layernorm_fwd_bwd.add(Impl("v0", layernorm_fwd_bwd_torch, "PyTorch",
+                           "F.layer_norm + torch.autograd.grad", (F.layer_norm, grads_through),
+                           device="cuda"))
+layernorm_fwd_bwd.add(Impl("v1", layernorm_fwd_bwd_compiled, "Triton",
+                           "torch.compile forward and backward", (layernorm_torch, grads_through),
+                           device="cuda", requires=needs_gpu, origin="library"))
+layernorm_fwd_bwd.add(Impl("v2", layernorm_fwd_bwd_liger, "Triton",
+                           "Liger-Kernel 0.8.5 LigerLayerNormFunction", (_liger, grads_through),
+                           device="cuda", requires=liger_missing, origin="library"))
 layernorm_fwd_bwd.add(Impl("v3", layernorm_fwd_bwd_triton, "Triton",
-                           "LayerNormFunction: saved stats, (GROUPS, N) partial dW/dB", BWD_SOURCES, device="any"))
+                           "LayerNormFunction: saved stats, (GROUPS, N) partial dW/dB", BWD_SOURCES,
+                           device="any"))

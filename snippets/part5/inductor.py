@@ -1,20 +1,20 @@
-"""What torch.compile fuses: compile a small block of the book, capture the code Inductor writes for it, and
-list the kernels and the calls that code makes.
+"""What torch.compile fuses: compile a small block of the book, capture the code Inductor writes for
+it, and list the kernels and the calls that code makes.
 
-``capture(fn, *args)`` compiles ``fn`` (static shapes, like the book's ``compiled`` baselines), runs it once
-and returns the generated Python module of every graph it compiled (one per graph: a graph break makes two).
-``schedule(code)`` reads one module: the kernels Inductor generated (Triton on a GPU, C++ on a CPU) and, in the
-order the wrapper runs them, every kernel launch, every call of an external kernel (cuBLAS through
-``extern_kernels.mm`` / ``addmm`` / ``bmm``) and every op it could not compile and calls as it is (a custom op,
-an ATen fallback). A generated kernel's name says what it is: ``triton_poi_fused_add_gelu_0`` is a pointwise
-kernel that fused add and gelu; ``per`` is a persistent reduction (the whole row in registers), ``red`` a
-looped reduction, ``tem`` a template (a matmul written by Inductor, with its epilogue fused), ``cpp`` the CPU
-backend's C++.
+``capture(fn, *args)`` compiles ``fn`` (static shapes, like the book's ``compiled`` baselines), runs
+it once and returns the generated Python module of every graph it compiled (one per graph: a graph
+break makes two). ``schedule(code)`` reads one module: the kernels Inductor generated (Triton on a
+GPU, C++ on a CPU) and, in the order the wrapper runs them, every kernel launch, every call of an
+external kernel (cuBLAS through ``extern_kernels.mm`` / ``addmm`` / ``bmm``) and every op it could
+not compile and calls as it is (a custom op, an ATen fallback). A generated kernel's name says what
+it is: ``triton_poi_fused_add_gelu_0`` is a pointwise kernel that fused add and gelu; ``per`` is a
+persistent reduction (the whole row in registers), ``red`` a looped reduction, ``tem`` a template (a
+matmul written by Inductor, with its epilogue fused), ``cpp`` the CPU backend's C++.
 
-The fusion decisions (which nodes go in one kernel) are made on the graph, before code generation, by the
-same scheduler for both backends; a CPU run therefore shows them too, with C++ in place of Triton. What the
-chapter shows of the Triton code is captured on the GPU by ``scripts/capture_inductor.py`` from the blocks in
-``BLOCKS``.
+The fusion decisions (which nodes go in one kernel) are made on the graph, before code generation,
+by the same scheduler for both backends; a CPU run therefore shows them too, with C++ in place of
+Triton. What the chapter shows of the Triton code is captured on the GPU by
+``scripts/capture_inductor.py`` from the blocks in ``BLOCKS``.
 """
 
 from __future__ import annotations
@@ -27,14 +27,17 @@ import torch
 import torch.nn.functional as F
 
 # --8<-- [start:names]
-# Inductor's kernel names: backend, category, the ATen ops fused (joined by "_", in the order Inductor lists
-# them), a running index. "fused_" is there even for a kernel of one op; names without it occur when
-# descriptive names are turned off (torch._inductor.config.triton.descriptive_names = False).
-KERNEL_DEF = re.compile(r"^(?P<name>\w+) = async_compile\.(?P<how>triton|cpp_pybinding|cpp|cuda|halide)\(", re.M)
-KERNEL_NAME = re.compile(r"^(?P<backend>triton|cpp|cuda|halide)_(?:(?P<kind>poi|red|per|tem|for|mm|bmm)_)?"
-                         r"(?:fused_(?P<ops>\w*?)_)?(?P<index>\d+)$")
-KINDS = {"poi": "pointwise", "red": "reduction (looped)", "per": "reduction (persistent)", "tem": "template",
-         "for": "foreach", "mm": "matmul", "bmm": "batched matmul", None: ""}
+# Inductor's kernel names: backend, category, the ATen ops fused (joined by "_", in the order
+# Inductor lists them), a running index. "fused_" is there even for a kernel of one op; names
+# without it occur when descriptive names are turned off
+# (torch._inductor.config.triton.descriptive_names = False).
+KERNEL_DEF = re.compile(r"^(?P<name>\w+) = "
+                        r"async_compile\.(?P<how>triton|cpp_pybinding|cpp|cuda|halide)\(", re.M)
+KERNEL_NAME = re.compile(
+    r"^(?P<backend>triton|cpp|cuda|halide)_(?:(?P<kind>poi|red|per|tem|for|mm|bmm)_)?"
+    r"(?:fused_(?P<ops>\w*?)_)?(?P<index>\d+)$")
+KINDS = {"poi": "pointwise", "red": "reduction (looped)", "per": "reduction (persistent)",
+         "tem": "template", "for": "foreach", "mm": "matmul", "bmm": "batched matmul", None: ""}
 EXTERN = re.compile(r"\bextern_kernels\.(\w+)\(")
 OP_CALL = re.compile(r"\btorch\.ops\.(\w+)\.(\w+)\.(\w+)\(")
 ATEN_COMMENT = re.compile(r"Original ATen: \[([^\]]*)\]")
@@ -44,8 +47,9 @@ ATEN_COMMENT = re.compile(r"Original ATen: \[([^\]]*)\]")
 @dataclass(frozen=True)
 class Kernel:
     """One generated kernel: its name, backend ("triton", "cpp"), kind ("pointwise", "reduction
-    (persistent)", "template", ...), the fused ops as its name lists them ("add_gelu"), and the ATen ops
-    of the comment above its definition where the wrapper has one (Triton does; C++ does not)."""
+    (persistent)", "template", ...), the fused ops as its name lists them ("add_gelu"), and the ATen
+    ops of the comment above its definition where the wrapper has one (Triton does; C++
+    does not)."""
 
     name: str
     backend: str
@@ -75,7 +79,8 @@ class Schedule:
         return [what for kind, what in self.steps if kind == "op"]
 
     def describe(self) -> str:
-        """One line per step: kernel name, kind and fused ops; external kernels and called ops by name."""
+        """One line per step: kernel name, kind and fused ops; external kernels and called ops
+        by name."""
         lines = []
         for kind, what in self.steps:
             if kind == "kernel":
@@ -89,7 +94,8 @@ class Schedule:
 
 # --8<-- [start:parse]
 def parse_name(name: str) -> tuple[str, str, str]:
-    """(backend, kind, fused ops) of a generated kernel's name; ("", "", "") for a name of another form."""
+    """(backend, kind, fused ops) of a generated kernel's name; ("", "", "") for a name of
+    another form."""
     m = KERNEL_NAME.match(name)
     if not m:
         return "", "", ""
@@ -97,7 +103,8 @@ def parse_name(name: str) -> tuple[str, str, str]:
 
 
 def _kernel_source(code: str, start: int) -> str:
-    """The kernel's own text: the string literal after its definition (from ``@triton.jit`` on, for Triton)."""
+    """The kernel's own text: the string literal after its definition (from ``@triton.jit`` on,
+    for Triton)."""
     open_at = code.find("'''", start)
     close_at = code.find("'''", open_at + 3)
     body = code[open_at + 3:close_at] if open_at >= 0 and close_at > open_at else ""
@@ -106,7 +113,8 @@ def _kernel_source(code: str, start: int) -> str:
 
 
 def _aten_above(code: str, start: int) -> tuple[str, ...]:
-    """The ATen ops in the comment block right above a kernel's definition (the GPU wrapper writes one)."""
+    """The ATen ops in the comment block right above a kernel's definition (the GPU wrapper
+    writes one)."""
     block = []
     for line in reversed(code[:start].splitlines()):
         if not line.startswith("#"):
@@ -139,8 +147,8 @@ def schedule(code: str) -> Schedule:
     out = Schedule()
     for m in KERNEL_DEF.finditer(code):
         backend, kind, ops = parse_name(m["name"])
-        out.kernels[m["name"]] = Kernel(m["name"], backend or m["how"], kind, ops, _aten_above(code, m.start()),
-                                        _kernel_source(code, m.end()))
+        out.kernels[m["name"]] = Kernel(m["name"], backend or m["how"], kind, ops,
+                                        _aten_above(code, m.start()), _kernel_source(code, m.end()))
     for line in _call_body(code):
         stripped = line.strip()
         if stripped.startswith("#"):
@@ -174,9 +182,9 @@ class Capture:
 
 
 def capture(fn: Callable, *args, **compile_kwargs) -> Capture:
-    """Compile ``fn`` with torch.compile (``dynamic=False`` unless given) and run it on ``args``, keeping the
-    code Inductor generates. Dynamo's caches are reset first, so that ``fn`` is compiled again even if an
-    earlier call compiled it (a cached graph would generate no code to capture)."""
+    """Compile ``fn`` with torch.compile (``dynamic=False`` unless given) and run it on ``args``,
+    keeping the code Inductor generates. Dynamo's caches are reset first, so that ``fn`` is compiled
+    again even if an earlier call compiled it (a cached graph would generate no code to capture)."""
     from torch._inductor.utils import run_and_get_code
 
     compile_kwargs.setdefault("dynamic", False)
@@ -186,9 +194,9 @@ def capture(fn: Callable, *args, **compile_kwargs) -> Capture:
 # --8<-- [end:capture]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The blocks of the book, written as a model would write them in PyTorch
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:blocks]
 def bias_gelu_dropout_residual(x, bias, residual):
@@ -216,7 +224,8 @@ def swiglu(gate, up):
 
 
 def linear_gelu(x, w, b):
-    """A linear layer (nn.Linear's layout) and its activation: can the bias and GELU join the matmul?"""
+    """A linear layer (nn.Linear's layout) and its activation: can the bias and GELU join
+    the matmul?"""
     return F.gelu(F.linear(x, w, b))
 
 
@@ -230,7 +239,8 @@ def _rows(t, n, dtype, device, gen):
     return torch.randn(t, n, generator=gen, device=device).to(dtype)
 
 
-def block_inputs(name: str, device: str, dtype: torch.dtype, rows: int = 4096, width: int = 4096) -> tuple:
+def block_inputs(name: str, device: str, dtype: torch.dtype, rows: int = 4096,
+                 width: int = 4096) -> tuple:
     """Inputs of a block: ``rows`` x ``width`` activations (and weights of the matching width)."""
     g = torch.Generator(device=device).manual_seed(0)
     x = _rows(rows, width, dtype, device, g)
@@ -248,15 +258,17 @@ def block_inputs(name: str, device: str, dtype: torch.dtype, rows: int = 4096, w
     if name in ("linear_gelu", "linear_gelu_autotune"):
         return x, _rows(width, width, dtype, device, g) / width**0.5, vec()
     if name == "lora":
-        return (x, _rows(width, width, dtype, device, g) / width**0.5, _rows(16, width, dtype, device, g) / width**0.5,
+        return (x, _rows(width, width, dtype, device, g) / width**0.5,
+                _rows(16, width, dtype, device, g) / width**0.5,
                 _rows(width, 16, dtype, device, g) / 4)
     raise KeyError(f"unknown block {name!r}; known: {', '.join(BLOCKS)}")
 
 
-# name -> (function, torch.compile keyword arguments). linear_gelu_autotune asks for max-autotune with Triton
-# templates as the only GEMM backend: the one way to see Inductor write the matmul itself (with cuBLAS also
-# allowed, max-autotune keeps whichever it times faster). Whether the GELU joins the template's epilogue is up to
-# its epilogue-fusion benchmark; the capture on the H200 shows the bias in the template and the GELU apart.
+# name -> (function, torch.compile keyword arguments). linear_gelu_autotune asks for max-autotune
+# with Triton templates as the only GEMM backend: the one way to see Inductor write the matmul
+# itself (with cuBLAS also allowed, max-autotune keeps whichever it times faster). Whether the GELU
+# joins the template's epilogue is up to its epilogue-fusion benchmark; the capture on the H200
+# shows the bias in the template and the GELU apart.
 BLOCKS: dict[str, tuple[Callable, dict]] = {
     "bias_gelu_dropout_residual": (bias_gelu_dropout_residual, {}),
     "softmax": (softmax, {}),
@@ -271,12 +283,13 @@ BLOCKS: dict[str, tuple[Callable, dict]] = {
 
 
 def report(name: str, cap: Capture, max_source_lines: int = 80) -> str:
-    """A text report of one captured block: per graph, the steps of the wrapper, then each generated kernel's
-    source (cut to ``max_source_lines`` lines)."""
+    """A text report of one captured block: per graph, the steps of the wrapper, then each generated
+    kernel's source (cut to ``max_source_lines`` lines)."""
     lines = [f"block: {name}; torch {torch.__version__}; {len(cap.code)} graph(s)"]
     for i, (code, sched) in enumerate(zip(cap.code, cap.schedules)):
-        lines.append(f"\ngraph {i}: {len(sched.kernels)} generated kernel(s), {len(sched.externs())} external "
-                     f"call(s), {len(sched.ops_called())} op(s) called as they are; in order:")
+        lines.append(f"\ngraph {i}: {len(sched.kernels)} generated kernel(s), "
+                     f"{len(sched.externs())} external call(s), {len(sched.ops_called())} op(s) "
+                     "called as they are; in order:")
         lines.append(sched.describe())
         for k in sched.kernels.values():
             src = k.source.splitlines()

@@ -1,35 +1,39 @@
 """RMS normalisation over the last dimension, forward and backward, in Triton.
 
-``y = x * rstd * w`` for each row of ``x`` (M, N), with ``rstd = 1 / sqrt(mean(x^2) + eps)`` over the row's N
-elements and ``eps = 1e-6`` (Llama's value). LayerNorm without the mean and without the bias: one statistic
-instead of two, one learned vector instead of two. Two ops are registered.
+``y = x * rstd * w`` for each row of ``x`` (M, N), with ``rstd = 1 / sqrt(mean(x^2) + eps)`` over
+the row's N elements and ``eps = 1e-6`` (Llama's value). LayerNorm without the mean and without the
+bias: one statistic instead of two, one learned vector instead of two. Two ops are registered.
 
 Versions of ``rmsnorm`` (the forward; never renumbered):
 
 - v0  ``torch.nn.functional.rms_norm``, eager: the library baseline.
 - v1  the same call through ``torch.compile``: Inductor writes one Triton kernel per row block.
-- v2  Liger-Kernel's Triton forward (``liger_kernel.ops.rms_norm.rms_norm_forward``), in its fp32 ("gemma")
-      casting mode, the one whose arithmetic matches this file's.
-- v3  Triton, this chapter's kernel: the row in registers, one read of x, the sum of squares in fp32, one
-      write of y. Part 4's LayerNorm forward (snippets/part4/layernorm.py) with the mean and the bias removed.
+- v2  Liger-Kernel's Triton forward (``liger_kernel.ops.rms_norm.rms_norm_forward``), in its fp32
+      ("gemma") casting mode, the one whose arithmetic matches this file's.
+- v3  Triton, this chapter's kernel: the row in registers, one read of x, the sum of squares in
+      fp32, one write of y. Part 4's LayerNorm forward (snippets/part4/layernorm.py) with the mean
+      and the bias removed.
 
 Versions of ``rmsnorm_fwd_bwd`` (a training step's forward and backward; each returns (dx, dw)):
 
 - v0  eager PyTorch autograd: ``F.rms_norm`` then ``torch.autograd.grad``.
 - v1  like v0 with the forward through ``torch.compile``: AOTAutograd compiles the backward as well.
-- v2  Liger-Kernel's ``LigerRMSNormFunction`` ("gemma" casting, dx written over dy as its module does).
-- v3  Triton, :class:`RMSNormFunction`: the forward also saves rstd (fp32, 4 bytes a row); the backward kernel
-      computes dx row by row and sums dw for a group of rows into an fp32 (GROUPS, N) buffer, and a second
-      small kernel adds the GROUPS partial rows in a fixed order: three launches, no atomics, the same bits
-      every run. The design of Part 4's LayerNorm backward, with one partial buffer instead of two.
+- v2  Liger-Kernel's ``LigerRMSNormFunction`` ("gemma" casting, dx written over dy as its
+  module does).
+- v3  Triton, :class:`RMSNormFunction`: the forward also saves rstd (fp32, 4 bytes a row); the
+      backward kernel computes dx row by row and sums dw for a group of rows into an fp32 (GROUPS,
+      N) buffer, and a second small kernel adds the GROUPS partial rows in a fixed order: three
+      launches, no atomics, the same bits every run. The design of Part 4's LayerNorm backward, with
+      one partial buffer instead of two.
 
-Inputs are ``x`` of shape (..., N) (leading dimensions are flattened into rows) and ``w`` of shape (N,), one
-dtype (fp32, fp16 or bf16) on one device, contiguous; the output has x's dtype and shape. Every sum is taken in
-fp32 (in fp64 for fp64 inputs, which only the gradient check uses). Cost: ``_bytes`` and ``_bytes_fwd_bwd``.
+Inputs are ``x`` of shape (..., N) (leading dimensions are flattened into rows) and ``w`` of shape
+(N,), one dtype (fp32, fp16 or bf16) on one device, contiguous; the output has x's dtype and shape.
+Every sum is taken in fp32 (in fp64 for fp64 inputs, which only the gradient check uses). Cost:
+``_bytes`` and ``_bytes_fwd_bwd``.
 
-The goals, bf16 16384 x 4096 on an H200 with torch 2.11: the forward at least as fast as Liger-Kernel's
-(3.95 TB/s there; torch.compile 3.55 TB/s), forward + backward in at most Liger-Kernel's 0.255 ms
-(torch.compile 0.271 ms).
+The goals, bf16 16384 x 4096 on an H200 with torch 2.11: the forward at least as fast as
+Liger-Kernel's (3.95 TB/s there; torch.compile 3.55 TB/s), forward + backward in at most
+Liger-Kernel's 0.255 ms (torch.compile 0.271 ms).
 """
 
 from __future__ import annotations
@@ -50,22 +54,24 @@ from snippets.registry import Impl, Op, device_generator, register
 
 EPS = 1e-6
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
-# The whole row lives in registers: 65536 fp32 over 16 warps is 128 registers a thread (Part 4's LayerNorm limit,
-# which check_rows enforces).
+# The whole row lives in registers: 65536 fp32 over 16 warps is 128 registers a thread (Part 4's
+# LayerNorm limit, which check_rows enforces).
 MAX_N = layernorm.MAX_N
 
 
 # --8<-- [start:reference]
 def rmsnorm_ref(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     """y = x / sqrt(mean(x^2) + eps) * w over the last dimension.
-    Reads x (M*N) and w (N), writes y (M*N): (2*M*N + N) * itemsize bytes, about 4 FLOPs an element."""
+    Reads x (M*N) and w (N), writes y (M*N): (2*M*N + N) * itemsize bytes, about 4 FLOPs
+    an element."""
     rstd = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
     return x * rstd * w
 
 
 def rmsnorm_fwd_bwd_ref(x, w, dy, eps: float = EPS):
-    """The gradients of sum(y * dy) for y = rmsnorm(x, w), by the closed form derived in the chapter: with
-    xhat = x * rstd and g = dy * w,   dx = rstd * (g - xhat * mean(g * xhat)),   dw = sum over rows of dy * xhat."""
+    """The gradients of sum(y * dy) for y = rmsnorm(x, w), by the closed form derived in the
+    chapter: with xhat = x * rstd and g = dy * w,   dx = rstd * (g - xhat * mean(g * xhat)),   dw =
+    sum over rows of dy * xhat."""
     rstd = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
     xhat = x * rstd
     g = dy * w
@@ -74,9 +80,9 @@ def rmsnorm_fwd_bwd_ref(x, w, dy, eps: float = EPS):
 # --8<-- [end:reference]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Library baselines
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def rmsnorm_torch(x, w):
     """v0: PyTorch's ``rms_norm`` (a fused CUDA kernel in recent releases)."""
@@ -87,18 +93,20 @@ _rmsnorm_compiled = compiled(rmsnorm_torch)
 
 
 def rmsnorm_compiled(x, w):
-    """v1: ``F.rms_norm`` through torch.compile: Inductor generates one Triton kernel for the row."""
+    """v1: ``F.rms_norm`` through torch.compile: Inductor generates one Triton kernel for
+    the row."""
     return _rmsnorm_compiled(x, w)
 
 
 def rmsnorm_fwd_bwd_torch(x, w, dy):
-    """v0: eager autograd through ``F.rms_norm``: its forward (which keeps what its backward needs) and its
-    backward kernels, autograd's bookkeeping included, as in a training step."""
+    """v0: eager autograd through ``F.rms_norm``: its forward (which keeps what its backward needs)
+    and its backward kernels, autograd's bookkeeping included, as in a training step."""
     return grads_through(rmsnorm_torch, (x, w), dy)
 
 
 def rmsnorm_fwd_bwd_compiled(x, w, dy):
-    """v1: like v0 with the forward compiled: AOTAutograd traces forward and backward, Inductor writes both."""
+    """v1: like v0 with the forward compiled: AOTAutograd traces forward and backward, Inductor
+    writes both."""
     return grads_through(_rmsnorm_compiled, (x, w), dy)
 
 
@@ -109,37 +117,39 @@ def _liger():
     return rms_norm
 
 
-# Liger-Kernel's casting modes: "llama" rounds x * rstd to bf16 before multiplying by w, and its backward sums
-# dw from bf16 products (about 2^-9 of relative error per term, which over 16384 rows leaves some dw entries
-# farther from the float64 answer than bf16's own rounding); "gemma" computes everything in fp32, like v3.
-# Gemma's mode adds an offset to w (1.0 in Gemma); offset 0.0 is plain RMSNorm.
+# Liger-Kernel's casting modes: "llama" rounds x * rstd to bf16 before multiplying by w, and its
+# backward sums dw from bf16 products (about 2^-9 of relative error per term, which over 16384 rows
+# leaves some dw entries farther from the float64 answer than bf16's own rounding); "gemma" computes
+# everything in fp32, like v3. Gemma's mode adds an offset to w (1.0 in Gemma); offset 0.0 is
+# plain RMSNorm.
 LIGER_MODE = "gemma"
 
 
 def rmsnorm_liger(x, w):
-    """v2: Liger-Kernel's forward kernel, called directly (no autograd node): a program per row (or a block of
-    16 short rows), the row in registers, rstd stored for a backward."""
+    """v2: Liger-Kernel's forward kernel, called directly (no autograd node): a program per row (or
+    a block of 16 short rows), the row in registers, rstd stored for a backward."""
     return _liger().rms_norm_forward(x, w, EPS, 0.0, LIGER_MODE, None)[0]
 
 
 def rmsnorm_fwd_bwd_liger(x, w, dy):
-    """v2: ``LigerRMSNormFunction`` as ``LigerRMSNorm`` runs it, with its default ``in_place=True``: the
-    backward writes dx over dy (the incoming gradient has no other use in a model), so the caller's dy is
-    overwritten."""
+    """v2: ``LigerRMSNormFunction`` as ``LigerRMSNorm`` runs it, with its default ``in_place=True``:
+    the backward writes dx over dy (the incoming gradient has no other use in a model), so the
+    caller's dy is overwritten."""
     fn = _liger().LigerRMSNormFunction
     return grads_through(lambda x, w: fn.apply(x, w, EPS, 0.0, LIGER_MODE, True), (x, w), dy)
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Triton
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:configs]
-# Launch parameters per row length: Part 4's LayerNorm Config (rows per forward program, forward and backward
-# warps, backward groups per SM). Part 4's LayerNorm table, measured there on an H200 at 16384 x 4096 bf16 (1 row and 8 warps a forward
-# program; 8 warps and 2 groups per SM for the backward). RMSNorm holds one row-long value fewer per element in
-# each kernel and does one reduction fewer per row, so the same shapes apply; one partial buffer instead of two
-# halves the partial traffic, which leaves room for 4 groups per SM at 4096 (more rows in flight per SM).
+# Launch parameters per row length: Part 4's LayerNorm Config (rows per forward program, forward and
+# backward warps, backward groups per SM). Part 4's LayerNorm table, measured there on an H200 at
+# 16384 x 4096 bf16 (1 row and 8 warps a forward program; 8 warps and 2 groups per SM for the
+# backward). RMSNorm holds one row-long value fewer per element in each kernel and does one
+# reduction fewer per row, so the same shapes apply; one partial buffer instead of two halves the
+# partial traffic, which leaves room for 4 groups per SM at 4096 (more rows in flight per SM).
 CONFIGS = {  # BLOCK_N -> Config; shorter rows use the 1024 entry with more rows per program
     1024: Config(rows=4, fwd_warps=8, bwd_warps=4, groups_per_sm=4),
     2048: Config(rows=2, fwd_warps=8, bwd_warps=4, groups_per_sm=4),
@@ -152,7 +162,8 @@ CONFIGS = {  # BLOCK_N -> Config; shorter rows use the 1024 entry with more rows
 
 
 def config_for(n: int) -> tuple[int, Config]:
-    """(BLOCK_N, Config) for rows of length ``n``, from this module's table (LayerNorm's rule for short rows)."""
+    """(BLOCK_N, Config) for rows of length ``n``, from this module's table (LayerNorm's rule for
+    short rows)."""
     return layernorm_config_for(n, CONFIGS)
 # --8<-- [end:configs]
 
@@ -160,9 +171,11 @@ def config_for(n: int) -> tuple[int, Config]:
 # --8<-- [start:fwd_kernel]
 @triton.jit
 def _rmsnorm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, eps,
-                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, STATS: tl.constexpr, COMPUTE: tl.constexpr):
-    # A (ROWS, BLOCK_N) tile of whole rows. N is a multiple of 16 in every benchmarked shape, and Triton
-    # specialises on that, so the mask `cols < N` covers whole 16-byte vectors and the loads stay vectorised.
+                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, STATS: tl.constexpr,
+                        COMPUTE: tl.constexpr):
+    # A (ROWS, BLOCK_N) tile of whole rows. N is a multiple of 16 in every benchmarked shape, and
+    # Triton specialises on that, so the mask `cols < N` covers whole 16-byte vectors and the loads
+    # stay vectorised.
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < M
@@ -170,11 +183,13 @@ def _rmsnorm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, eps,
     mask = row_ok[:, None] & col_ok[None, :]
     offs = rows.to(tl.int64)[:, None] * N + cols[None, :]  # int64: M * N may pass 2**31
 
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)  # the one read of x; fp32 from here on
-    # One reduction: the padding was loaded as 0 and adds nothing to the sum of squares (no tl.where needed,
-    # unlike LayerNorm, whose centring turns padded zeros into -mean).
+    # the one read of x; fp32 from here on
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
+    # One reduction: the padding was loaded as 0 and adds nothing to the sum of squares (no tl.where
+    # needed, unlike LayerNorm, whose centring turns padded zeros into -mean).
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(COMPUTE)  # the same N values for every row: L2 hits
+    # the same N values for every row: L2 hits
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(COMPUTE)
     y = x * rstd[:, None] * w[None, :]
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)  # rounded once, to x's dtype
     if STATS:  # a training forward: 4 bytes a row, against 2 * N * itemsize for x and y
@@ -186,11 +201,13 @@ def _rmsnorm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, M, N, eps,
 @triton.jit
 def _rmsnorm_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_part_ptr, M, N, rows_per_group,
                         BLOCK_N: tl.constexpr, COMPUTE: tl.constexpr):
-    # Program `group` owns rows [group * rows_per_group, ...) and row `group` of the partial-sum buffer.
+    # Program `group` owns rows [group * rows_per_group, ...) and row `group` of the
+    # partial-sum buffer.
     group = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(COMPUTE)  # once per program, not once per row
+    # once per program, not once per row
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(COMPUTE)
     dw_acc = tl.zeros([BLOCK_N], dtype=COMPUTE)  # this group's share of dw, in registers
     first = group * rows_per_group
     last = tl.minimum(first + rows_per_group, M)
@@ -214,8 +231,9 @@ def _rmsnorm_bwd_kernel(x_ptr, w_ptr, dy_ptr, rstd_ptr, dx_ptr, dw_part_ptr, M, 
 @triton.jit
 def _column_sum_kernel(part_ptr, out_ptr, GROUPS, N,
                        BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr):
-    # Columns [pid * BLOCK_C, ...) of the (GROUPS, N) partials, summed down the groups in a fixed order:
-    # the same bits every run. Part 4's _layernorm_dwdb_kernel does this for two buffers at once.
+    # Columns [pid * BLOCK_C, ...) of the (GROUPS, N) partials, summed down the groups in a fixed
+    # order: the same bits every run. Part 4's _layernorm_dwdb_kernel does this for two buffers
+    # at once.
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < N
     acc = tl.zeros([BLOCK_G, BLOCK_C], dtype=COMPUTE)
@@ -229,21 +247,25 @@ def _column_sum_kernel(part_ptr, out_ptr, GROUPS, N,
 
 # --8<-- [start:checks]
 def _check_inputs(x, w, dtypes, device: str) -> tuple[int, int]:
-    """RMSNorm's inputs: x (..., N) and w (N,), with Part 4 LayerNorm's rules (layernorm.check_rows)."""
+    """RMSNorm's inputs: x (..., N) and w (N,), with Part 4 LayerNorm's
+    rules (layernorm.check_rows)."""
     return layernorm.check_rows(x, {"w": w}, dtypes, device)
 # --8<-- [end:checks]
 
 
 # --8<-- [start:fwd_host]
 def _rmsnorm_fwd(x, w, eps: float, stats: bool):
-    """Launch the forward on checked inputs; returns y and, if ``stats``, rstd (fp32, one per row)."""
+    """Launch the forward on checked inputs; returns y and, if ``stats``, rstd (fp32, one
+    per row)."""
     m, n = x.numel() // x.shape[-1], x.shape[-1]
     y = torch.empty_like(x)
-    rstd = torch.empty(m if stats else 0, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
+    rstd = torch.empty(m if stats else 0,
+                       dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
                        device=x.device)
     if m > 0:
         block_n, cfg = config_for(n)
-        rows = min(cfg.rows, triton.next_power_of_2(m))  # a 3-row input does not need a 64-row program
+        # a 3-row input does not need a 64-row program
+        rows = min(cfg.rows, triton.next_power_of_2(m))
         _rmsnorm_fwd_kernel[(triton.cdiv(m, rows),)](
             x, w, y, rstd, m, n, eps, BLOCK_N=block_n, ROWS=rows, STATS=stats,
             COMPUTE=compute_dtype(x.dtype), num_warps=cfg.fwd_warps)
@@ -259,8 +281,8 @@ def rmsnorm_triton(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.
 
 # --8<-- [start:bwd_host]
 def backward_groups(m: int, n: int, device: torch.device) -> int:
-    """How many groups of rows the backward splits M rows into: groups_per_sm programs per SM (from this
-    module's table), at most M."""
+    """How many groups of rows the backward splits M rows into: groups_per_sm programs per SM (from
+    this module's table), at most M."""
     return layernorm.backward_groups(m, n, device, CONFIGS)
 
 
@@ -282,16 +304,16 @@ def _rmsnorm_bwd(dy, x, w, rstd):
                                    BLOCK_N=block_n, COMPUTE=compute, num_warps=cfg.bwd_warps)
     # 64 columns a program: N / 64 programs (64 at N = 4096), each adding GROUPS x 64 partial sums.
     block_c = min(64, block_n)
-    _column_sum_kernel[(triton.cdiv(n, block_c),)](dw_part, dw, groups, n, BLOCK_G=32, BLOCK_C=block_c,
-                                                   COMPUTE=compute, num_warps=4)
+    _column_sum_kernel[(triton.cdiv(n, block_c),)](dw_part, dw, groups, n, BLOCK_G=32,
+                                                   BLOCK_C=block_c, COMPUTE=compute, num_warps=4)
     return dx, dw
 # --8<-- [end:bwd_host]
 
 
 # --8<-- [start:function]
 class RMSNormFunction(torch.autograd.Function):
-    """RMS norm that trains: the forward saves x, w and the per-row rstd in fp32 (4 bytes a row); nothing the
-    size of x beyond x itself. float64 is accepted too, for torch.autograd.gradcheck."""
+    """RMS norm that trains: the forward saves x, w and the per-row rstd in fp32 (4 bytes a row);
+    nothing the size of x beyond x itself. float64 is accepted too, for torch.autograd.gradcheck."""
 
     @staticmethod
     def forward(ctx, x, w, eps=EPS):
@@ -303,7 +325,8 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, w, rstd = ctx.saved_tensors
-        dy = dy.contiguous()  # autograd may pass a broadcast view (the gradient of y.sum() is expanded ones)
+        # autograd may pass a broadcast view (the gradient of y.sum() is expanded ones)
+        dy = dy.contiguous()
         dx, dw = _rmsnorm_bwd(dy, x, w, rstd)
         return dx, dw, None
 
@@ -315,9 +338,9 @@ def rmsnorm_fwd_bwd_triton(x, w, dy):
 # --8<-- [end:function]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Registration
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def _make_inputs(size, dtype, device, gen):
     """x ~ N(0, 1) rows (a hidden state), w ~ 1 + N(0, 0.1^2)."""
@@ -342,51 +365,59 @@ def _bytes(size, dtype) -> int:
 
 
 def _bytes_fwd_bwd(size, dtype) -> int:
-    """Forward: read x, w, write y (2MN + N). Backward: read x, dy, w, write dx, dw (3MN + 2N). rstd is left
-    out: the backward could recompute it from the x it reads anyway."""
+    """Forward: read x, w, write y (2MN + N). Backward: read x, dy, w, write dx, dw (3MN + 2N). rstd
+    is left out: the backward could recompute it from the x it reads anyway."""
     m, n = size["m"], size["n"]
     return (5 * m * n + 3 * n) * dtype.itemsize
 
 
-# Part 4's LayerNorm sizes: the headline (bf16: 128 MiB of x and as much of y, 5x the H200's L2), the sweep with
-# M * N fixed at 2^26 (every point moves the same bytes, so the curve shows only what the row length changes)
-# and the odd test shapes.
+# Part 4's LayerNorm sizes: the headline (bf16: 128 MiB of x and as much of y, 5x the H200's L2),
+# the sweep with M * N fixed at 2^26 (every point moves the same bytes, so the curve shows only what
+# the row length changes) and the odd test shapes.
 HEADLINE, SWEEP, TEST_SIZES = layernorm.HEADLINE, layernorm.SWEEP, layernorm.TEST_SIZES
-# Against a float64 reference with every sum in fp32: outputs rounded once to their type (half an ulp: 2^-11
-# for fp16, 2^-8 relative for bf16) plus a few fp32 ulps from sums over N <= 4097 columns or M <= 123 rows;
-# fp16 allows 4 of its ulps, bf16 2. bf16 runs on the GPU only; the library versions round twice there (x * rstd
-# to bf16, then the product with w), which two bf16 ulps still cover.
-TOLERANCES = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+# Against a float64 reference with every sum in fp32: outputs rounded once to their type (half an
+# ulp: 2^-11 for fp16, 2^-8 relative for bf16) plus a few fp32 ulps from sums over N <= 4097 columns
+# or M <= 123 rows; fp16 allows 4 of its ulps, bf16 2. bf16 runs on the GPU only; the library
+# versions round twice there (x * rstd to bf16, then the product with w), which two bf16 ulps
+# still cover.
+TOLERANCES = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3),
+              torch.bfloat16: (1.6e-2, 1.6e-2)}
 TRITON_SOURCES = (_rmsnorm_fwd_kernel, _rmsnorm_fwd, _check_inputs, config_for)
-BWD_SOURCES = (*TRITON_SOURCES, _rmsnorm_bwd_kernel, _column_sum_kernel, _rmsnorm_bwd, backward_groups,
-               RMSNormFunction.forward, RMSNormFunction.backward, grads_through)
+BWD_SOURCES = (*TRITON_SOURCES, _rmsnorm_bwd_kernel, _column_sum_kernel, _rmsnorm_bwd,
+               backward_groups, RMSNormFunction.forward, RMSNormFunction.backward, grads_through)
 
 rmsnorm = register(Op(
     name="rmsnorm", part=5, chapter="part5/norms-activations.md", title="RMSNorm forward",
-    reference=rmsnorm_ref, make_inputs=_make_inputs, bytes_moved=_bytes, flops=lambda s, d: 4 * s["m"] * s["n"],
-    metric="GB/s", ceiling="copy", headline=HEADLINE, sweep=SWEEP, dtypes=FLOAT_TYPES,
-    bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES, tolerances=TOLERANCES))
-# v0 runs on the GPU only: PyTorch's CPU rms_norm computes fp16 in fp16 (3e-3 from the float64 answer at 781
-# columns), its CUDA kernel, the one benchmarked, in fp32.
-rmsnorm.add(Impl("v0", rmsnorm_torch, "PyTorch", "torch.nn.functional.rms_norm", (F.rms_norm,), device="cuda"))
+    reference=rmsnorm_ref, make_inputs=_make_inputs, bytes_moved=_bytes,
+    flops=lambda s, d: 4 * s["m"] * s["n"], metric="GB/s", ceiling="copy", headline=HEADLINE,
+    sweep=SWEEP, dtypes=FLOAT_TYPES, bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES,
+    tolerances=TOLERANCES))
+# v0 runs on the GPU only: PyTorch's CPU rms_norm computes fp16 in fp16 (3e-3 from the float64
+# answer at 781 columns), its CUDA kernel, the one benchmarked, in fp32.
+rmsnorm.add(Impl("v0", rmsnorm_torch, "PyTorch", "torch.nn.functional.rms_norm", (F.rms_norm,),
+                 device="cuda"))
 rmsnorm.add(Impl("v1", rmsnorm_compiled, "Triton", "torch.compile(F.rms_norm)", (rmsnorm_torch,),
                  device="cuda", requires=needs_gpu, origin="library"))
 rmsnorm.add(Impl("v2", rmsnorm_liger, "Triton", "Liger-Kernel 0.8.5 rms_norm_forward", (_liger,),
                  device="cuda", requires=liger_missing, origin="library"))
-rmsnorm.add(Impl("v3", rmsnorm_triton, "Triton", "row in registers, fp32 sum of squares", TRITON_SOURCES,
-                 device="any"))
+rmsnorm.add(Impl("v3", rmsnorm_triton, "Triton", "row in registers, fp32 sum of squares",
+                 TRITON_SOURCES, device="any"))
 
 rmsnorm_fwd_bwd = register(Op(
-    name="rmsnorm_fwd_bwd", part=5, chapter="part5/norms-activations.md", title="RMSNorm forward + backward",
-    reference=rmsnorm_fwd_bwd_ref, make_inputs=_make_inputs_fwd_bwd, bytes_moved=_bytes_fwd_bwd,
-    flops=lambda s, d: 12 * s["m"] * s["n"], metric="GB/s", ceiling="copy", headline=HEADLINE, sweep=SWEEP,
-    dtypes=FLOAT_TYPES, bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES, tolerances=TOLERANCES,
-    measure_memory=True))
+    name="rmsnorm_fwd_bwd", part=5, chapter="part5/norms-activations.md",
+    title="RMSNorm forward + backward", reference=rmsnorm_fwd_bwd_ref,
+    make_inputs=_make_inputs_fwd_bwd, bytes_moved=_bytes_fwd_bwd,
+    flops=lambda s, d: 12 * s["m"] * s["n"], metric="GB/s", ceiling="copy", headline=HEADLINE,
+    sweep=SWEEP, dtypes=FLOAT_TYPES, bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES,
+    tolerances=TOLERANCES, measure_memory=True))
 rmsnorm_fwd_bwd.add(Impl("v0", rmsnorm_fwd_bwd_torch, "PyTorch", "F.rms_norm + torch.autograd.grad",
                          (F.rms_norm, grads_through), device="cuda"))
-rmsnorm_fwd_bwd.add(Impl("v1", rmsnorm_fwd_bwd_compiled, "Triton", "torch.compile forward and backward",
-                         (rmsnorm_torch, grads_through), device="cuda", requires=needs_gpu, origin="library"))
-rmsnorm_fwd_bwd.add(Impl("v2", rmsnorm_fwd_bwd_liger, "Triton", "Liger-Kernel 0.8.5 LigerRMSNormFunction",
-                         (_liger, grads_through), device="cuda", requires=liger_missing, origin="library"))
+rmsnorm_fwd_bwd.add(Impl("v1", rmsnorm_fwd_bwd_compiled, "Triton",
+                         "torch.compile forward and backward", (rmsnorm_torch, grads_through),
+                         device="cuda", requires=needs_gpu, origin="library"))
+rmsnorm_fwd_bwd.add(Impl("v2", rmsnorm_fwd_bwd_liger, "Triton",
+                         "Liger-Kernel 0.8.5 LigerRMSNormFunction", (_liger, grads_through),
+                         device="cuda", requires=liger_missing, origin="library"))
 rmsnorm_fwd_bwd.add(Impl("v3", rmsnorm_fwd_bwd_triton, "Triton",
-                         "RMSNormFunction: saved fp32 rstd, (GROUPS, N) partial dW", BWD_SOURCES, device="any"))
+                         "RMSNormFunction: saved fp32 rstd, (GROUPS, N) partial dW", BWD_SOURCES,
+                         device="any"))

@@ -1,33 +1,39 @@
 """Gated activations of a transformer MLP, forward and backward, in Triton: SwiGLU and GeGLU.
 
-``c = act(a) * b`` element by element, where ``a`` is the gate projection and ``b`` the up projection of the
-MLP's input, both (M, N). SwiGLU (Llama, Mistral, Qwen) uses ``act = silu``, ``silu(a) = a * sigmoid(a)``;
-GeGLU (Gemma) uses the tanh approximation of GELU. Both are ``a * sigmoid(k(a))``: ``k(a) = a`` for SiLU and
-``k(a) = 2 * sqrt(2 / pi) * (a + 0.044715 * a^3)`` for GELU-tanh (since ``0.5 * (1 + tanh(z)) = sigmoid(2z)``),
-so one kernel with an ``ACT`` constexpr computes either. Two ops are registered, for SwiGLU; GeGLU is the
-same kernels with ``act="gelu_tanh"``, tested against ``F.gelu(a, approximate="tanh") * b``.
+``c = act(a) * b`` element by element, where ``a`` is the gate projection and ``b`` the up
+projection of the MLP's input, both (M, N). SwiGLU (Llama, Mistral, Qwen) uses ``act = silu``,
+``silu(a) = a * sigmoid(a)``; GeGLU (Gemma) uses the tanh approximation of GELU. Both are
+``a * sigmoid(k(a))``: ``k(a) = a`` for SiLU and ``k(a) = 2 * sqrt(2 / pi) * (a + 0.044715 * a^3)``
+for GELU-tanh (since ``0.5 * (1 + tanh(z)) = sigmoid(2z)``), so one kernel with an ``ACT`` constexpr
+computes either. Two ops are registered, for SwiGLU; GeGLU is the same kernels with
+``act="gelu_tanh"``, tested against ``F.gelu(a, approximate="tanh") * b``.
 
 Versions of ``swiglu`` (the forward; never renumbered):
 
-- v0  ``F.silu(a) * b``, eager: two kernels, with silu(a) written to memory and read back in between.
+- v0  ``F.silu(a) * b``, eager: two kernels, with silu(a) written to memory and read back
+  in between.
 - v1  the same expression through ``torch.compile``: Inductor fuses it into one element-wise kernel.
 - v2  Liger-Kernel's forward (``liger_kernel.ops.swiglu.swiglu_forward``).
-- v3  Triton, this chapter's kernel: a flat 1-D grid over the M * N elements, 4096 elements a program,
-      fp32 arithmetic, one read of a and b and one write of c.
+- v3  Triton, this chapter's kernel: a flat 1-D grid over the M * N elements, 4096 elements a
+      program, fp32 arithmetic, one read of a and b and one write of c.
 
 Versions of ``swiglu_fwd_bwd`` (a training step's forward and backward; each returns (da, db)):
 
-- v0  eager autograd: ``F.silu(a) * b`` then ``torch.autograd.grad``; autograd keeps silu(a) for the backward.
+- v0  eager autograd: ``F.silu(a) * b`` then ``torch.autograd.grad``; autograd keeps silu(a) for
+  the backward.
 - v1  like v0 with the forward through ``torch.compile``.
-- v2  Liger-Kernel's ``LigerSiLUMulFunction`` (which writes da and db over a and b, as it does in a model).
-- v3  Triton, :class:`GLUFunction`: the forward saves only its inputs a and b; the backward kernel reads a, b
-      and dc once, recomputes sigmoid(k(a)) in registers and writes da and db: one launch each way.
+- v2  Liger-Kernel's ``LigerSiLUMulFunction`` (which writes da and db over a and b, as it does in
+  a model).
+- v3  Triton, :class:`GLUFunction`: the forward saves only its inputs a and b; the backward kernel
+      reads a, b and dc once, recomputes sigmoid(k(a)) in registers and writes da and db: one launch
+      each way.
 
-Inputs are ``a`` and ``b`` of one shape (any number of dimensions), one dtype (fp32, fp16 or bf16), one device,
-contiguous. Cost: ``_bytes`` and ``_bytes_fwd_bwd``.
+Inputs are ``a`` and ``b`` of one shape (any number of dimensions), one dtype (fp32, fp16 or bf16),
+one device, contiguous. Cost: ``_bytes`` and ``_bytes_fwd_bwd``.
 
-The goals, bf16 16384 x 7168 on an H200 with torch 2.11: the forward at 4.23 TB/s and forward + backward in
-0.441 ms, what torch.compile and Liger-Kernel both reach there: at least as fast as either.
+The goals, bf16 16384 x 7168 on an H200 with torch 2.11: the forward at 4.23 TB/s and forward +
+backward in 0.441 ms, what torch.compile and Liger-Kernel both reach there: at least as fast
+as either.
 """
 
 from __future__ import annotations
@@ -71,15 +77,16 @@ def swiglu_fwd_bwd_ref(a, b, dc):
 
 
 def geglu_fwd_bwd_ref(a, b, dc):
-    """The gradients of sum(c * dc) for c = gelu_tanh(a) * b, through autograd on the formula (float64)."""
+    """The gradients of sum(c * dc) for c = gelu_tanh(a) * b, through autograd on the
+    formula (float64)."""
     leaves = [t.detach().clone().requires_grad_() for t in (a, b)]
     with torch.enable_grad():
         return torch.autograd.grad(geglu_ref(*leaves), leaves, dc)
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Library baselines
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def swiglu_torch(a, b):
     """v0: ``F.silu(a) * b``: one kernel writes silu(a), a second reads it back with b."""
@@ -95,12 +102,14 @@ def swiglu_compiled(a, b):
 
 
 def swiglu_fwd_bwd_torch(a, b, dc):
-    """v0: eager autograd. The forward keeps a (for silu's backward), silu(a) and b (for the product's)."""
+    """v0: eager autograd. The forward keeps a (for silu's backward), silu(a) and b (for
+    the product's)."""
     return grads_through(swiglu_torch, (a, b), dc)
 
 
 def swiglu_fwd_bwd_compiled(a, b, dc):
-    """v1: like v0 with the forward compiled: AOTAutograd decides what to save and Inductor fuses each pass."""
+    """v1: like v0 with the forward compiled: AOTAutograd decides what to save and Inductor fuses
+    each pass."""
     return grads_through(_swiglu_compiled, (a, b), dc)
 
 
@@ -112,26 +121,29 @@ def _liger():
 
 
 def swiglu_liger(a, b):
-    """v2: Liger-Kernel's forward kernel, called directly (no autograd node): one program per row."""
+    """v2: Liger-Kernel's forward kernel, called directly (no autograd node): one program
+    per row."""
     return _liger().swiglu_forward(a, b)[2]
 
 
 def swiglu_fwd_bwd_liger(a, b, dc):
-    """v2: ``LigerSiLUMulFunction`` as ``LigerSwiGLUMLP`` runs it. Its backward writes da and db over the saved
-    a and b (in a model they are activations nobody else reads), so the caller's a and b are overwritten."""
+    """v2: ``LigerSiLUMulFunction`` as ``LigerSwiGLUMLP`` runs it. Its backward writes da and db
+    over the saved a and b (in a model they are activations nobody else reads), so the caller's a
+    and b are overwritten."""
     return grads_through(_liger().LigerSiLUMulFunction.apply, (a, b), dc)
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Triton
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:configs]
-# Element-wise, so the only choices are how many elements a program takes and how many warps share them.
-# 4096 elements over 8 warps is 16 a thread: two 16-byte vectors of bf16 for each of a and b, all issued before
-# the first use, which is what keeps enough bytes in flight per SM. 117 million elements at the headline make
-# 28672 programs, about 217 waves of 132 SMs, so the ragged last wave costs under 1%. Not tuned on a GPU yet:
-# the kernel has no reduction to wait on, so these are the settings of Part 1's element-wise kernels.
+# Element-wise, so the only choices are how many elements a program takes and how many warps share
+# them. 4096 elements over 8 warps is 16 a thread: two 16-byte vectors of bf16 for each of a and b,
+# all issued before the first use, which is what keeps enough bytes in flight per SM. 117 million
+# elements at the headline make 28672 programs, about 217 waves of 132 SMs, so the ragged last wave
+# costs under 1%. Not tuned on a GPU yet: the kernel has no reduction to wait on, so these are the
+# settings of Part 1's element-wise kernels.
 CONFIG = {"BLOCK": 4096, "num_warps": 8}
 # --8<-- [end:configs]
 
@@ -139,7 +151,8 @@ CONFIG = {"BLOCK": 4096, "num_warps": 8}
 # --8<-- [start:fwd_kernel]
 @triton.jit
 def _gate(a, ACT: tl.constexpr):
-    """sigmoid(k(a)) for the activation act(a) = a * sigmoid(k(a)), and k'(a); a is fp32 (or fp64)."""
+    """sigmoid(k(a)) for the activation act(a) = a * sigmoid(k(a)), and k'(a); a is fp32
+    (or fp64)."""
     if ACT == 0:  # silu: k(a) = a
         return tl.sigmoid(a), 1.0
     else:  # gelu_tanh: k(a) = GELU_K * (a + GELU_C * a^3)
@@ -150,9 +163,10 @@ def _gate(a, ACT: tl.constexpr):
 @triton.jit
 def _glu_fwd_kernel(a_ptr, b_ptr, c_ptr, n_elements, BLOCK: tl.constexpr, ACT: tl.constexpr,
                     COMPUTE: tl.constexpr):
-    # A flat block of BLOCK elements: the op does not care about rows, and a 1-D block keeps every load a
-    # 16-byte vector whatever N is (only the last block of all is masked).
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # int64: M * N may pass 2**31
+    # A flat block of BLOCK elements: the op does not care about rows, and a 1-D block keeps every
+    # load a 16-byte vector whatever N is (only the last block of all is masked).
+    # int64: M * N may pass 2**31
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_elements
     a = tl.load(a_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
     b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
@@ -170,8 +184,8 @@ def _glu_bwd_kernel(a_ptr, b_ptr, dc_ptr, da_ptr, db_ptr, n_elements, BLOCK: tl.
     a = tl.load(a_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
     b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
     dc = tl.load(dc_ptr + offs, mask=mask, other=0.0).to(COMPUTE)
-    # Recompute the gate from a instead of saving it in the forward: a few FLOPs against 2 bytes an element
-    # written and read back (and M * N * itemsize bytes of memory held between the passes).
+    # Recompute the gate from a instead of saving it in the forward: a few FLOPs against 2 bytes an
+    # element written and read back (and M * N * itemsize bytes of memory held between the passes).
     s, dk = _gate(a, ACT)
     act = a * s
     dact = s + act * (1.0 - s) * dk  # d/da [a * sigmoid(k(a))] = s + a * s * (1 - s) * k'(a)
@@ -195,20 +209,23 @@ def _glu_fwd(a, b, act: str):
     c = torch.empty_like(a)
     if a.numel():
         _glu_fwd_kernel[_grid(a.numel())](a, b, c, a.numel(), BLOCK=CONFIG["BLOCK"], ACT=ACTS[act],
-                                          COMPUTE=compute_dtype(a.dtype), num_warps=CONFIG["num_warps"])
+                                          COMPUTE=compute_dtype(a.dtype),
+                                          num_warps=CONFIG["num_warps"])
     return c
 
 
 def _glu_bwd(a, b, dc, act: str):
     da, db = torch.empty_like(a), torch.empty_like(b)
     if a.numel():
-        _glu_bwd_kernel[_grid(a.numel())](a, b, dc, da, db, a.numel(), BLOCK=CONFIG["BLOCK"], ACT=ACTS[act],
-                                          COMPUTE=compute_dtype(a.dtype), num_warps=CONFIG["num_warps"])
+        _glu_bwd_kernel[_grid(a.numel())](a, b, dc, da, db, a.numel(), BLOCK=CONFIG["BLOCK"],
+                                          ACT=ACTS[act], COMPUTE=compute_dtype(a.dtype),
+                                          num_warps=CONFIG["num_warps"])
     return da, db
 
 
 def glu_triton(a: torch.Tensor, b: torch.Tensor, act: str = "silu") -> torch.Tensor:
-    """act(a) * b element by element, in one launch; ``act`` is "silu" (SwiGLU) or "gelu_tanh" (GeGLU)."""
+    """act(a) * b element by element, in one launch; ``act`` is "silu" (SwiGLU) or
+    "gelu_tanh" (GeGLU)."""
     _check_inputs(a, b, FLOAT_TYPES, act)
     return _glu_fwd(a, b, act)
 
@@ -226,8 +243,8 @@ def geglu_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # --8<-- [start:function]
 class GLUFunction(torch.autograd.Function):
-    """act(a) * b that trains. The forward saves a and b, the tensors it was given (no new memory); the backward
-    recomputes the gate. float64 is accepted too, for torch.autograd.gradcheck."""
+    """act(a) * b that trains. The forward saves a and b, the tensors it was given (no new memory);
+    the backward recomputes the gate. float64 is accepted too, for torch.autograd.gradcheck."""
 
     @staticmethod
     def forward(ctx, a, b, act="silu"):
@@ -250,9 +267,9 @@ def swiglu_fwd_bwd_triton(a, b, dc):
 # --8<-- [end:function]
 
 
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Registration
-# ----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 
 def _make_inputs(size, dtype, device, gen):
     """a, b ~ N(0, 1) of shape (M, N): gate and up projections."""
@@ -279,43 +296,51 @@ def _bytes_fwd_bwd(size, dtype) -> int:
     return 8 * size["m"] * size["n"] * dtype.itemsize
 
 
-HEADLINE = {"m": 16384, "n": 7168}  # bf16: 224 MiB each of a, b and c; 14336 is Llama-3 8B's MLP width / 2
+# bf16: 224 MiB each of a, b and c; 14336 is Llama-3 8B's MLP width / 2
+HEADLINE = {"m": 16384, "n": 7168}
 SWEEP = [{"m": 16384, "n": n} for n in (1024, 2048, 4096, 7168, 14336)]
 TEST_SIZES = [{"m": 1, "n": 1}, {"m": 3, "n": 17}, {"m": 17, "n": 123}, {"m": 123, "n": 781},
               {"m": 2, "n": 4097}]
-# Element-wise with fp32 arithmetic, rounded once: half an ulp of the output type plus a few fp32 ulps from
-# exp. bf16 (GPU only) allows two ulps because eager PyTorch rounds silu(a) to bf16 before the product and its
-# backward rounds dc * b before silu's backward.
-TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+# Element-wise with fp32 arithmetic, rounded once: half an ulp of the output type plus a few fp32
+# ulps from exp. bf16 (GPU only) allows two ulps because eager PyTorch rounds silu(a) to bf16 before
+# the product and its backward rounds dc * b before silu's backward.
+TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3),
+              torch.bfloat16: (1.6e-2, 1.6e-2)}
 TRITON_SOURCES = (_gate, _glu_fwd_kernel, _glu_fwd, _check_inputs, _grid)
-BWD_SOURCES = (*TRITON_SOURCES, _glu_bwd_kernel, _glu_bwd, GLUFunction.forward, GLUFunction.backward,
-               grads_through)
+BWD_SOURCES = (*TRITON_SOURCES, _glu_bwd_kernel, _glu_bwd, GLUFunction.forward,
+               GLUFunction.backward, grads_through)
 
 swiglu = register(Op(
     name="swiglu", part=5, chapter="part5/norms-activations.md", title="SwiGLU forward",
-    reference=swiglu_ref, make_inputs=_make_inputs, bytes_moved=_bytes, flops=lambda s, d: 6 * s["m"] * s["n"],
-    metric="GB/s", ceiling="copy", headline=HEADLINE, sweep=SWEEP, dtypes=FLOAT_TYPES,
-    bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES, tolerances=TOLERANCES))
+    reference=swiglu_ref, make_inputs=_make_inputs, bytes_moved=_bytes,
+    flops=lambda s, d: 6 * s["m"] * s["n"], metric="GB/s", ceiling="copy", headline=HEADLINE,
+    sweep=SWEEP, dtypes=FLOAT_TYPES, bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES,
+    tolerances=TOLERANCES))
 swiglu.add(Impl("v0", swiglu_torch, "PyTorch", "F.silu(a) * b", (F.silu,), device="any"))
 swiglu.add(Impl("v1", swiglu_compiled, "Triton", "torch.compile(F.silu(a) * b)", (swiglu_torch,),
                 device="cuda", requires=needs_gpu, origin="library"))
 swiglu.add(Impl("v2", swiglu_liger, "Triton", "Liger-Kernel 0.8.5 swiglu_forward", (_liger,),
                 device="cuda", requires=liger_missing, origin="library"))
-swiglu.add(Impl("v3", swiglu_triton, "Triton", "flat blocks of 4096, fp32 gate", TRITON_SOURCES, device="any"))
+swiglu.add(Impl("v3", swiglu_triton, "Triton", "flat blocks of 4096, fp32 gate", TRITON_SOURCES,
+                device="any"))
 
 swiglu_fwd_bwd = register(Op(
-    name="swiglu_fwd_bwd", part=5, chapter="part5/norms-activations.md", title="SwiGLU forward + backward",
-    reference=swiglu_fwd_bwd_ref, make_inputs=_make_inputs_fwd_bwd, bytes_moved=_bytes_fwd_bwd,
-    flops=lambda s, d: 16 * s["m"] * s["n"], metric="GB/s", ceiling="copy", headline=HEADLINE, sweep=SWEEP,
-    dtypes=FLOAT_TYPES, bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES, tolerances=TOLERANCES,
-    measure_memory=True))
-# v0 on the GPU only: on the CPU, autograd's fp16 backward rounds between its steps more than the fp16
-# tolerance allows; the CUDA path, the one benchmarked, is compared at bf16 there.
-swiglu_fwd_bwd.add(Impl("v0", swiglu_fwd_bwd_torch, "PyTorch", "F.silu(a) * b + torch.autograd.grad",
-                        (F.silu, grads_through), device="cuda"))
-swiglu_fwd_bwd.add(Impl("v1", swiglu_fwd_bwd_compiled, "Triton", "torch.compile forward and backward",
-                        (swiglu_torch, grads_through), device="cuda", requires=needs_gpu, origin="library"))
-swiglu_fwd_bwd.add(Impl("v2", swiglu_fwd_bwd_liger, "Triton", "Liger-Kernel 0.8.5 LigerSiLUMulFunction",
-                        (_liger, grads_through), device="cuda", requires=liger_missing, origin="library"))
-swiglu_fwd_bwd.add(Impl("v3", swiglu_fwd_bwd_triton, "Triton", "GLUFunction: one kernel writes da and db",
-                        BWD_SOURCES, device="any"))
+    name="swiglu_fwd_bwd", part=5, chapter="part5/norms-activations.md",
+    title="SwiGLU forward + backward", reference=swiglu_fwd_bwd_ref,
+    make_inputs=_make_inputs_fwd_bwd, bytes_moved=_bytes_fwd_bwd,
+    flops=lambda s, d: 16 * s["m"] * s["n"], metric="GB/s", ceiling="copy", headline=HEADLINE,
+    sweep=SWEEP, dtypes=FLOAT_TYPES, bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES,
+    tolerances=TOLERANCES, measure_memory=True))
+# v0 on the GPU only: on the CPU, autograd's fp16 backward rounds between its steps more than the
+# fp16 tolerance allows; the CUDA path, the one benchmarked, is compared at bf16 there.
+swiglu_fwd_bwd.add(Impl("v0", swiglu_fwd_bwd_torch, "PyTorch",
+                        "F.silu(a) * b + torch.autograd.grad", (F.silu, grads_through),
+                        device="cuda"))
+swiglu_fwd_bwd.add(Impl("v1", swiglu_fwd_bwd_compiled, "Triton",
+                        "torch.compile forward and backward", (swiglu_torch, grads_through),
+                        device="cuda", requires=needs_gpu, origin="library"))
+swiglu_fwd_bwd.add(Impl("v2", swiglu_fwd_bwd_liger, "Triton",
+                        "Liger-Kernel 0.8.5 LigerSiLUMulFunction", (_liger, grads_through),
+                        device="cuda", requires=liger_missing, origin="library"))
+swiglu_fwd_bwd.add(Impl("v3", swiglu_fwd_bwd_triton, "Triton",
+                        "GLUFunction: one kernel writes da and db", BWD_SOURCES, device="any"))

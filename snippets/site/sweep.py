@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 
 from snippets.bench.report import RESULTS_DIR
-from snippets.site.figures import GREY, LEGEND_PT, Drawn, figure_html, figure_key, legend_below, new_figure
+from snippets.site.figures import (GREY, LEGEND_PT, Drawn, figure_html, figure_key, legend_below,
+                                   new_figure)
 from snippets.site.fmt import _fmt_ms, _slug
 from snippets.site.tables import _machine, gpu_short
 
@@ -31,9 +32,9 @@ SWEEP_KNOBS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_sta
 
 
 def _heatmap(ax, rows: list[dict], y: str, x: str, norm, cmap, titles: dict[str, str]) -> bool:
-    """The best rate over every other knob for each (y, x) cell, its value written in the cell; cells with
-    no working config are hatched. Each cell is a rectangle of its own with a hover title. Returns whether
-    a cell is hatched."""
+    """The best rate over every other knob for each (y, x) cell, its value written in the cell;
+    cells with no working config are hatched. Each cell is a rectangle of its own with a hover
+    title. Returns whether a cell is hatched."""
     from matplotlib import patheffects
     from matplotlib.patches import Rectangle
 
@@ -57,8 +58,8 @@ def _heatmap(ax, rows: list[dict], y: str, x: str, norm, cmap, titles: dict[str,
                 text = f"{y} {vy}, {x} {vx}: {v:,.1f} TFLOP/s (the best configuration of the cell)"
                 r, g, b, _ = cmap(norm(v))
                 ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
-                # as a path, not text: the page's stylesheet recolours SVG text for its light or dark
-                # theme, and this ink must follow the cell's colour instead
+                # as a path, not text: the page's stylesheet recolours SVG text for its light or
+                # dark theme, and this ink must follow the cell's colour instead
                 ax.text(j, i, f"{v:,.0f}", ha="center", va="center", fontsize=9, color=ink,
                         path_effects=[patheffects.Normal()])
             gid = f"cell{len(titles)}"
@@ -78,8 +79,10 @@ def _heatmap(ax, rows: list[dict], y: str, x: str, norm, cmap, titles: dict[str,
 
 
 def sweep_figure(name: str, gpu: str, data: dict) -> Drawn:
-    """Two heatmaps, one above the other (each as wide as the page): the best rate per BLOCK_M x BLOCK_N,
-    and per num_stages x num_warps for the tile the sweep explored most (ties: the faster tile)."""
+    """Two heatmaps, one above the other (each as wide as the page): the best rate per BLOCK_M x
+    BLOCK_N, and per num_stages x num_warps for the tile the sweep explored most (ties: the faster
+    tile), on one colour scale."""
+    import matplotlib
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
     from matplotlib.patches import Patch
@@ -88,32 +91,32 @@ def sweep_figure(name: str, gpu: str, data: dict) -> Drawn:
     ok = [r["tflops"] for r in rows if r["status"] == "ok"]
     tiles: dict[tuple, list[dict]] = {}
     for r in rows:
-        tiles.setdefault(tuple(r[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")), []).append(r)
+        tile = tuple(r[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
+        tiles.setdefault(tile, []).append(r)
     tile, same_tile = max(tiles.items(), key=lambda t: (len(t[1]), max(
         (r["tflops"] for r in t[1] if r["status"] == "ok"), default=0.0)))
-    import matplotlib
-
     cmap, norm = matplotlib.colormaps["viridis"], Normalize(min(ok), max(ok))
     fig, axes = new_figure(6.4, nrows=2)
     titles: dict[str, str] = {}
     hatched = _heatmap(axes[0], rows, "BLOCK_M", "BLOCK_N", norm, cmap, titles)
     axes[0].set_title("best over BLOCK_K, warps and stages", fontsize=LEGEND_PT)
     hatched |= _heatmap(axes[1], same_tile, "num_stages", "num_warps", norm, cmap, titles)
-    axes[1].set_title(f"{tile[0]} x {tile[1]} x {tile[2]} tile, GROUP_M = {tile[3]}", fontsize=LEGEND_PT)
+    axes[1].set_title(f"{tile[0]} x {tile[1]} x {tile[2]} tile, GROUP_M = {tile[3]}",
+                      fontsize=LEGEND_PT)
     cb = fig.colorbar(ScalarMappable(norm, cmap), ax=list(axes), fraction=0.05, pad=0.02, aspect=30)
     cb.set_label("TFLOP/s (best configuration of the cell)")
     cb.ax.tick_params(colors=GREY, labelcolor=GREY)
     cb.outline.set_edgecolor(GREY)
     prob = data["problem"]
-    fig.suptitle(f"Autotuning sweep: {gpu}, M = {prob['m']:,}, N = {prob['n']:,}, K = {prob['k']:,}, "
-                 f"{prob['dtype']}")
+    fig.suptitle(f"Autotuning sweep: {gpu}, M = {prob['m']:,}, N = {prob['n']:,}, "
+                 f"K = {prob['k']:,}, {prob['dtype']}")
     leg = None
     if hatched:
         leg = legend_below(fig, [Patch(fill=False, hatch="xx", edgecolor=GREY)],
                            ["hatched: no configuration of the cell compiled and passed the check"])
-    label = (f"Autotuning sweep {name} on the {gpu_short(gpu)}: two heatmaps of the best TFLOP/s, per "
-             f"BLOCK_M and BLOCK_N, and per num_stages and num_warps for the {tile[0]} x {tile[1]} x "
-             f"{tile[2]} tile; every cell's value is written in it")
+    label = (f"Autotuning sweep {name} on the {gpu_short(gpu)}: two heatmaps of the best TFLOP/s, "
+             f"per BLOCK_M and BLOCK_N, and per num_stages and num_warps for the {tile[0]} x "
+             f"{tile[1]} x {tile[2]} tile; every cell's value is written in it")
     return Drawn(fig, figure_key("sweep", name, gpu), label, titles, leg)
 
 

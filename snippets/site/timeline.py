@@ -1,6 +1,7 @@
-"""``bench:timeline``: a GPU timeline captured on the runner, drawn from the files snippets.bench.timeline
-loads: one lane per (run, stream), a bar per copy or kernel (colour and hatch by its kind; hover a bar for
-its name, start and duration), every run's time counted from its own first GPU event."""
+"""``bench:timeline``: a GPU timeline captured on the runner, drawn from the files
+snippets.bench.timeline loads: one lane per (run, stream), a bar per copy or kernel (colour and
+hatch by its kind; hover a bar for its name, start and duration), every run's time counted from its
+own first GPU event."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 
 from snippets.bench.harness import RESULTS_DIR
 from snippets.bench.timeline import KINDS, lanes, load_timeline
-from snippets.site.figures import (GREY, Drawn, figure_html, figure_key, legend_below, new_figure, num,
-                                   style_axes)
+from snippets.site.figures import (GREY, Drawn, figure_html, figure_key, legend_below, new_figure,
+                                   num, style_axes)
 from snippets.site.tables import gpu_short
 
 # Colour and hatch of each kind of event: two copies and a kernel told apart without colour too.
@@ -18,8 +19,8 @@ LOOKS = {"h2d": ("#1f77b4", ""), "kernel": ("#ff7f0e", "///"), "d2h": ("#2ca02c"
 
 
 def _missing(name: str) -> str:
-    return (f'!!! warning "Not captured yet"\n    No GPU timeline `{name}` is committed; the GPU runner '
-            f"writes it to `benchmarks/results/outputs/<gpu>/{name}.json`.\n")
+    return (f'!!! warning "Not captured yet"\n    No GPU timeline `{name}` is committed; the GPU '
+            f"runner writes it to `benchmarks/results/outputs/<gpu>/{name}.json`.\n")
 
 
 def timeline_figure(path: Path, name: str) -> tuple[Drawn, dict, float, str]:
@@ -36,8 +37,8 @@ def timeline_figure(path: Path, name: str) -> tuple[Drawn, dict, float, str]:
         for e in evs:
             colour, hatch = LOOKS[e["kind"]]
             start, dur = e["start_us"] * scale, e["dur_us"] * scale
-            (bar,) = ax.barh([y], [dur], 0.76, left=[start], color=colour, edgecolor="white", lw=0.4,
-                             hatch=hatch or None, hatchcolor="white").patches
+            (bar,) = ax.barh([y], [dur], 0.76, left=[start], color=colour, edgecolor="white",
+                             lw=0.4, hatch=hatch or None, hatchcolor="white").patches
             gid = f"ev{len(titles)}"
             bar.set_gid(gid)
             titles[gid] = (f"{label}, stream {stream}: {KINDS[e['kind']]} {e['name']}, "
@@ -56,26 +57,30 @@ def timeline_figure(path: Path, name: str) -> tuple[Drawn, dict, float, str]:
     handles = [Patch(facecolor=LOOKS[k][0], edgecolor="white", hatch=LOOKS[k][1] or None,
                      hatchcolor="white") for k in KINDS]
     leg = legend_below(fig, handles, list(KINDS.values()))
-    label = (f"Timeline of {name} on the {gpu_short(gpu)}: host to device copies, kernels and device to "
-             f"host copies as bars over time ({unit}), one lane per stream of each run "
+    label = (f"Timeline of {name} on the {gpu_short(gpu)}: host to device copies, kernels and "
+             f"device to host copies as bars over time ({unit}), one lane per stream of each run "
              f"({', '.join(data['runs'])})")
-    return Drawn(fig, figure_key("timeline", name, path.parent.name), label, titles, leg), data, scale, unit
+    drawn = Drawn(fig, figure_key("timeline", name, path.parent.name), label, titles, leg)
+    return drawn, data, scale, unit
 
 
 def _figure(path: Path, name: str) -> str:
     drawn, data, scale, unit = timeline_figure(path, name)
     gpu = data.get("gpu", path.parent.name)
-    spans = "; ".join(f"{label}: {max((e['start_us'] + e['dur_us'] for e in evs), default=0) * scale:,.2f} "
-                      f"{unit}" for label, evs in data["runs"].items())
-    engines = f" ({data['copy_engines']} copy engines)" if data.get("copy_engines") is not None else ""
-    cap = (f"Captured on {gpu}{engines} with torch {data.get('torch', '?')}, {data.get('captured', '?')} "
-           f"(<code>benchmarks/results/outputs/{path.parent.name}/{name}.json</code>). From the first GPU "
-           f"event to the end of the last: {spans}. Hover a bar for its name and times.")
+    ends = {label: max((e["start_us"] + e["dur_us"] for e in evs), default=0) * scale
+            for label, evs in data["runs"].items()}
+    spans = "; ".join(f"{label}: {end:,.2f} {unit}" for label, end in ends.items())
+    engines = (f" ({data['copy_engines']} copy engines)" if data.get("copy_engines") is not None
+               else "")
+    cap = (f"Captured on {gpu}{engines} with torch {data.get('torch', '?')}, "
+           f"{data.get('captured', '?')} (<code>benchmarks/results/outputs/{path.parent.name}/"
+           f"{name}.json</code>). From the first GPU event to the end of the last: {spans}. "
+           "Hover a bar for its name and times.")
     return figure_html(drawn.svg(), cap)
 
 
 def render_timeline(name: str, results_dir: Path = RESULTS_DIR) -> str:
-    """One figure per ``results_dir/outputs/<gpu>/<name>.json``, or a "Not captured yet" admonition."""
+    """A figure per ``results_dir/outputs/<gpu>/<name>.json``, or a "Not captured yet" warning."""
     if not re.fullmatch(r"[\w-]+", name):
         raise ValueError(f"bench:timeline name must be a plain file stem, got {name!r}")
     paths = sorted((Path(results_dir) / "outputs").glob(f"*/{name}.json"))
