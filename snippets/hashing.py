@@ -30,7 +30,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 ALWAYS = ("snippets.bench.timing", "snippets.bench.harness")  # the timer and the harness that measures
 _CUDA_NAME = re.compile(r"""["']([\w./-]+\.(?:cu|cuh|h))["']""")
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
-_C_COMMENT = re.compile(r'//[^\n]*|/\*.*?\*/|("(?:\\.|[^"\\])*")', re.DOTALL)
+# C/C++ tokens after line splicing: what the compiler reads, so layout (wrapping, indentation, comments,
+# a string literal split in two) changes nothing and any change of a token does
+_C_TOKEN = re.compile(r"""
+    (?P<space>[ \t\r\f\v]+) | (?P<nl>\n) | (?P<comment>//[^\n]*|/\*.*?\*/)
+  | (?P<str>(?:u8|[uUL])?"(?:\\.|[^"\\\n])*") | (?P<chr>(?:u8|[uUL])?'(?:\\.|[^'\\\n])*')
+  | (?P<num>\.?\d(?:[eEpP][+-]|[\w.])*) | (?P<id>[A-Za-z_]\w*)
+  | (?P<op>\.\.\.|<<=|>>=|->\*?|\+\+|--|<<|>>|<=|>=|==|!=|&&|\|\||[-+*/%&|^]=|::|\#\#|.)
+""", re.VERBOSE | re.DOTALL)
 
 
 def module_path(name: str, root: Path = REPO_ROOT) -> Path | None:
@@ -114,9 +121,29 @@ def closure(modules: Iterable[str], root: Path = REPO_ROOT) -> list[str]:
 
 
 def cuda_text(path: Path) -> str:
-    """A CUDA file without comments or blank space: what the compiler sees, give or take whitespace."""
-    text = _C_COMMENT.sub(lambda m: m.group(1) or " ", path.read_text())
-    return " ".join(text.split())
+    """A CUDA file as the compiler's tokens, one space apart: lines joined where they end in a backslash,
+    comments dropped, adjacent string literals merged, and a line break kept only where it ends a
+    preprocessor directive (the one place a line break means something)."""
+    text = path.read_text().replace("\\\r\n", "").replace("\\\n", "")
+    tokens: list[str] = []
+    line_start, directive = True, False
+    for m in _C_TOKEN.finditer(text):
+        kind, tok = m.lastgroup, m.group()
+        if kind == "nl":
+            if directive:
+                tokens.append("\\n")
+            line_start, directive = True, False
+            continue
+        if kind in ("space", "comment"):  # a comment is a space, even one that spans lines
+            continue
+        if line_start:
+            directive = tok == "#"
+            line_start = False
+        if kind == "str" and tok.startswith('"') and tokens and tokens[-1].startswith('"'):
+            tokens[-1] = tokens[-1][:-1] + tok[1:]  # "ab" "cd" is "abcd"
+            continue
+        tokens.append(tok)
+    return " ".join(tokens)
 
 
 def cuda_files(modules: Iterable[str], paths: Iterable[Path], root: Path = REPO_ROOT) -> list[Path]:
@@ -158,7 +185,11 @@ def derived_hash(modules: Iterable[str], paths: Iterable[Path] = (), names: Iter
     for name in mods:
         h.update(f"py {name}\n".encode())
         h.update(_module_facts(module_path(name, root))[0].encode())
-    for f in cuda_files(mods, paths, root):
+    paths = [Path(p) for p in paths]
+    for f in sorted(p.resolve() for p in paths if p.suffix == ".py" and p.is_file()):  # a listed Python file
+        h.update(f"py {f.relative_to(root.resolve()).as_posix()}\n".encode())
+        h.update(_module_facts(f)[0].encode())
+    for f in cuda_files(mods, [p for p in paths if p.suffix != ".py"], root):
         h.update(f"cu {f.relative_to(root.resolve()).as_posix()}\n".encode())
         h.update(cuda_text(f).encode())
     for n in sorted(names):

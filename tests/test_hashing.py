@@ -132,3 +132,29 @@ def test_the_normalised_code_is_the_same_on_every_python():
     text = hashing._dump(ast.parse("def f(x):\n    return x + 1\n"))
     assert "type_params" not in text and "decorator_list" not in text and "returns" not in text
     assert text.startswith("Module(body=[FunctionDef(name='f'")
+
+
+def _tokens(tmp_path: Path, text: str) -> str:
+    f = tmp_path / "k.cu"
+    f.write_text(text)
+    return hashing.cuda_text(f)
+
+
+@pytest.mark.parametrize("a, b", [
+    ("#define SUM(a, b) ((a) + (b))\nint x;\n", "#define SUM(a, b) \\\n    ((a) +   \\\n (b))\nint x;\n"),
+    ('printf("n = %d, t = %f\\n", n, t);', 'printf("n = %d, "\n       "t = %f\\n", n, t);'),
+    ("a[i] = b[i]+c; // sum\n", "a[i] =\n  b[i] /* the load */ + c;\n"),
+])
+def test_cuda_layout_changes_nothing(tmp_path, a, b):
+    assert _tokens(tmp_path, a) == _tokens(tmp_path, b)
+
+
+@pytest.mark.parametrize("a, b", [
+    ("#define N 1\nint x = N;\n", "#define N 1 int x = N;\n"),   # code moved into the directive's line
+    ("y = a - -b;", "y = a--b;"),                                # two tokens become one
+    ("x = 1.0f;", "x = 1.5f;"),
+    ('printf("%d", n);', 'printf("%d ", n);'),                   # inside a literal, spaces count
+    ("if (i < n) k<<<g, b>>>(p);", "if (i <= n) k<<<g, b>>>(p);"),
+])
+def test_cuda_token_changes_count(tmp_path, a, b):
+    assert _tokens(tmp_path, a) != _tokens(tmp_path, b)

@@ -4,8 +4,9 @@
 //   ./device_query      # every device
 //   ./device_query 0    # device 0 only
 //
-// Output is one `key: value` line per fact, with stable key names, so scripts and tests can parse it
-// (split each line at its first ':'). Devices are separated by a blank line and start with a `device:` line.
+// Output is one `key: value` line per fact, with stable key names, so scripts and tests can parse
+// it (split each line at its first ':'). Devices are separated by a blank line and start with a
+// `device:` line.
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -14,7 +15,8 @@
 #include "check.cuh"
 
 // One aligned `key: value` line. The key column is padded so the values line up for a human reader.
-// The format attribute lets the host compiler check each call's arguments against its format, as for printf.
+// The format attribute lets the host compiler check each call's arguments against its format, as
+// for printf.
 __attribute__((format(printf, 2, 3))) static void print_kv(const char* key, const char* fmt, ...) {
     std::printf("%-28s ", key);
     va_list args;
@@ -24,8 +26,9 @@ __attribute__((format(printf, 2, 3))) static void print_kv(const char* key, cons
     std::printf("\n");
 }
 
-// An integer attribute of `device`. cudaDeviceGetAttribute is the stable interface for these: CUDA 13 removed
-// several cudaDeviceProp fields (clockRate, memoryClockRate among them) but kept the attributes.
+// An integer attribute of `device`. cudaDeviceGetAttribute is the stable interface for these: CUDA
+// 13 removed several cudaDeviceProp fields (clockRate, memoryClockRate among them) but kept
+// the attributes.
 static int attribute(cudaDeviceAttr attr, int device) {
     int value = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
@@ -36,8 +39,8 @@ static void query_device(int device) {
     // --8<-- [start:query]
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    // Free memory is a property of the moment, not of the device: make `device` current (this creates its
-    // context, which itself takes a few hundred MiB) and ask.
+    // Free memory is a property of the moment, not of the device: make `device` current (this
+    // creates its context, which itself takes a few hundred MiB) and ask.
     CUDA_CHECK(cudaSetDevice(device));
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -49,10 +52,12 @@ static void query_device(int device) {
     print_kv("name:", "%s", prop.name);
     print_kv("compute_capability:", "%d.%d", prop.major, prop.minor);  // sm_90 is 9.0, sm_80 is 8.0
     print_kv("sm_count:", "%d", prop.multiProcessorCount);
-    print_kv("max_threads_per_sm:", "%d", prop.maxThreadsPerMultiProcessor);  // resident, across all blocks
+    // resident, across all blocks
+    print_kv("max_threads_per_sm:", "%d", prop.maxThreadsPerMultiProcessor);
     print_kv("max_threads_per_block:", "%d", prop.maxThreadsPerBlock);
     print_kv("warp_size:", "%d", prop.warpSize);
-    print_kv("regs_per_sm:", "%d", prop.regsPerMultiprocessor);  // 32-bit registers, shared by resident threads
+    // 32-bit registers, shared by resident threads
+    print_kv("regs_per_sm:", "%d", prop.regsPerMultiprocessor);
     print_kv("regs_per_block:", "%d", prop.regsPerBlock);
     print_kv("smem_per_sm_bytes:", "%zu", prop.sharedMemPerMultiprocessor);
     // A block gets 48 KiB of shared memory by default; more (up to the opt-in limit) only after
@@ -72,14 +77,16 @@ static void query_device(int device) {
     //
     //   peak = 2 * mem_clock_hz * (bus_width_bits / 8) / 1e9
     //
-    // 2 because DRAM transfers data on both edges of the clock (double data rate), and bus_width_bits / 8 is
-    // the bytes moved per transfer across the whole bus. Example: an H200 reports 3201 MHz and 6016 bits,
-    // giving 2 * 3.201e9 * 752 B = 4814 GB/s, its datasheet's 4.8 TB/s.
+    // 2 because DRAM transfers data on both edges of the clock (double data rate), and
+    // bus_width_bits / 8 is the bytes moved per transfer across the whole bus. Example: an H200
+    // reports 3201 MHz and 6016 bits, giving 2 * 3.201e9 * 752 B = 4814 GB/s, its datasheet's
+    // 4.8 TB/s.
     //
-    // Caveat: the clock that the driver reports is a convention, and for HBM it is not always the one that the
-    // datasheet's figure is computed from, so on some GPUs this formula is off from the datasheet by a factor.
-    // Either way no kernel reaches it: the book's roofline uses the bandwidth of a large device-to-device copy,
-    // measured on the GPU at hand, and quotes this number only for comparison.
+    // Caveat: the clock that the driver reports is a convention, and for HBM it is not always the
+    // one that the datasheet's figure is computed from, so on some GPUs this formula is off from
+    // the datasheet by a factor. Either way no kernel reaches it: the book's roofline uses the
+    // bandwidth of a large device-to-device copy, measured on the GPU at hand, and quotes this
+    // number only for comparison.
     if (mem_clock_khz > 0 && bus_width_bits > 0) {
         double peak_gbps = 2.0 * (mem_clock_khz * 1000.0) * (bus_width_bits / 8.0) / 1e9;
         print_kv("peak_dram_gbps:", "%.1f", peak_gbps);
@@ -91,7 +98,8 @@ static void query_device(int device) {
 
 int main(int argc, char** argv) {
     int count = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&count));  // fails (and says why) when there is no GPU or no driver
+    // fails (and says why) when there is no GPU or no driver
+    CUDA_CHECK(cudaGetDeviceCount(&count));
 
     int first = 0, last = count - 1;
     if (argc > 1) {

@@ -2,18 +2,21 @@
 // snippets/part2/coalescing.py (CuPy/NVRTC).
 //
 // strided_copy_v1  one thread per output element, 4-byte loads and stores     (the plain gather)
-// copy_vec4        like v1 for stride 1, but 16-byte float4 loads and stores  (a quarter of the instructions)
+// copy_vec4        like v1 for stride 1, but 16-byte float4 loads and stores  (a quarter of
+//                  the instructions)
 //
-// The stores are always dense and coalesced; only the loads change with stride and offset. The Python wrapper
-// checks that every index is inside x, and uses copy_vec4 only when stride is 1 and both the source
-// (x + offset) and out are 16-byte aligned.
+// The stores are always dense and coalesced; only the loads change with stride and offset. The
+// Python wrapper checks that every index is inside x, and uses copy_vec4 only when stride is 1 and
+// both the source (x + offset) and out are 16-byte aligned.
 
 // --8<-- [start:strided]
-extern "C" __global__ void strided_copy_v1(const float* x, float* out, long long n, long long stride,
-                                           long long offset) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // 64-bit: n * stride can pass 2^31
+extern "C" __global__ void strided_copy_v1(const float* x, float* out, long long n,
+                                           long long stride, long long offset) {
+    // 64-bit: n * stride can pass 2^31
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        // Lane k of a warp reads x[offset + (i0 + k) * stride]: 32 addresses, 4 * stride bytes apart.
+        // Lane k of a warp reads x[offset + (i0 + k) * stride]: 32 addresses, 4 * stride
+        // bytes apart.
         out[i] = x[offset + i * stride];
     }
 }

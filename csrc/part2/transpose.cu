@@ -1,31 +1,37 @@
-// Matrix transpose, out = x^T, for a contiguous row-major fp32 matrix x of m rows and n columns; out is
-// contiguous, n x m. Loaded from Python by snippets/part2/transpose.py (CuPy/NVRTC), one launcher for all.
+// Matrix transpose, out = x^T, for a contiguous row-major fp32 matrix x of m rows and n columns;
+// out is contiguous, n x m. Loaded from Python by snippets/part2/transpose.py (CuPy/NVRTC), one
+// launcher for all.
 //
-// transpose_v1  one thread per element; a warp reads 32 consecutive floats of a row of x (coalesced) and
-//               writes them down a column of out, 4*m bytes apart (strided)
+// transpose_v1  one thread per element; a warp reads 32 consecutive floats of a row of x
+//               (coalesced) and writes them down a column of out, 4*m bytes apart (strided)
 // transpose_v2  like v1 with the mapping swapped: writes coalesced, reads strided
-// transpose_v3  a 32x32 tile goes through shared memory: read coalesced, __syncthreads, write coalesced;
-//               the column read of the [32][32] tile is a 32-way bank conflict
+// transpose_v3  a 32x32 tile goes through shared memory: read coalesced, __syncthreads, write
+//               coalesced; the column read of the [32][32] tile is a 32-way bank conflict
 // transpose_v4  like v3, tile rows padded to 33 floats: the column read spreads over all 32 banks
-// transpose_v5  like v3, no padding but an XOR swizzle (column c of row r stored at c ^ r): no conflicts
+// transpose_v5  like v3, no padding but an XOR swizzle (column c of row r stored at c ^ r):
+//               no conflicts
 // transpose_v6  like v4, 32x8 threads per 32x32 tile: each thread moves 4 elements
-// transpose_v7  like v6, but 16-byte float4 global loads and stores, 8x8 threads per tile, 16 elements
-//               each; needs m and n multiples of 4 and a 16-byte-aligned x (the launcher checks)
+// transpose_v7  like v6, but 16-byte float4 global loads and stores, 8x8 threads per tile, 16
+//               elements each; needs m and n multiples of 4 and a 16-byte-aligned x (the
+//               launcher checks)
 //
-// Grid: one-dimensional, one block per tile; block b owns tile row b / tiles_n and tile column b % tiles_n.
-// A 2-D grid would cap the number of tile rows at gridDim.y <= 65535; a 1-D grid allows 2^31 - 1 tiles.
-// Every kernel checks bounds element by element, so any m, n >= 1 is correct (partial tiles at the edges).
-// m, n and every row or column index are 64-bit: a dimension may come close to 2^31, and m * n can exceed it.
-// Only the tile counts are 32-bit (there are fewer tiles than 2^31 blocks), so the division
-// blockIdx.x / tiles_n that locates a thread's tile is a 32-bit one.
+// Grid: one-dimensional, one block per tile; block b owns tile row b / tiles_n and tile column b %
+// tiles_n. A 2-D grid would cap the number of tile rows at gridDim.y <= 65535; a 1-D grid allows
+// 2^31 - 1 tiles. Every kernel checks bounds element by element, so any m, n >= 1 is correct
+// (partial tiles at the edges). m, n and every row or column index are 64-bit: a dimension may come
+// close to 2^31, and m * n can exceed it. Only the tile counts are 32-bit (there are fewer tiles
+// than 2^31 blocks), so the division blockIdx.x / tiles_n that locates a thread's tile is a
+// 32-bit one.
 
 // --8<-- [start:naive]
-// v1: a block of 32 x 8 threads covers 8 rows and 32 columns of x; threadIdx.x runs along a row of x.
-extern "C" __global__ void transpose_v1(const float* __restrict__ x, float* __restrict__ out, long long m,
-                                        long long n) {
+// v1: a block of 32 x 8 threads covers 8 rows and 32 columns of x; threadIdx.x runs along a row
+// of x.
+extern "C" __global__ void transpose_v1(const float* __restrict__ x, float* __restrict__ out,
+                                        long long m, long long n) {
     const unsigned tiles_n = (n + 31) / 32;
-    const long long col = (long long)(blockIdx.x % tiles_n) * 32 + threadIdx.x;  // consecutive threads:
-    const long long row = (long long)(blockIdx.x / tiles_n) * 8 + threadIdx.y;   // consecutive columns of x
+    // consecutive threads: consecutive columns of x
+    const long long col = (long long)(blockIdx.x % tiles_n) * 32 + threadIdx.x;
+    const long long row = (long long)(blockIdx.x / tiles_n) * 8 + threadIdx.y;
     if (row < m && col < n) {
         // read x[row][col]: the warp's 32 addresses are consecutive (one 128-byte line)
         // write out[col][row]: the warp's 32 addresses are m floats apart (32 different lines)
@@ -33,13 +39,14 @@ extern "C" __global__ void transpose_v1(const float* __restrict__ x, float* __re
     }
 }
 
-// v2: like v1 with the roles of the two indices swapped: a block covers 32 rows and 8 columns of x, and
-// threadIdx.x runs down a column of x, which is along a row of out.
-extern "C" __global__ void transpose_v2(const float* __restrict__ x, float* __restrict__ out, long long m,
-                                        long long n) {
+// v2: like v1 with the roles of the two indices swapped: a block covers 32 rows and 8 columns of x,
+// and threadIdx.x runs down a column of x, which is along a row of out.
+extern "C" __global__ void transpose_v2(const float* __restrict__ x, float* __restrict__ out,
+                                        long long m, long long n) {
     const unsigned tiles_m = (m + 31) / 32;
-    const long long row = (long long)(blockIdx.x % tiles_m) * 32 + threadIdx.x;  // consecutive threads:
-    const long long col = (long long)(blockIdx.x / tiles_m) * 8 + threadIdx.y;   // consecutive rows of x
+    // consecutive threads: consecutive rows of x
+    const long long row = (long long)(blockIdx.x % tiles_m) * 32 + threadIdx.x;
+    const long long col = (long long)(blockIdx.x / tiles_m) * 8 + threadIdx.y;
     if (row < m && col < n) {
         // read x[row][col]: n floats apart (strided); write out[col][row]: consecutive (coalesced)
         out[col * m + row] = x[row * n + col];
@@ -48,37 +55,45 @@ extern "C" __global__ void transpose_v2(const float* __restrict__ x, float* __re
 // --8<-- [end:naive]
 
 // --8<-- [start:tiled]
-constexpr int TILE = 32;  // one warp spans a tile row: 32 floats = 128 bytes = one pass over the 32 banks
+// one warp spans a tile row: 32 floats = 128 bytes = one pass over the 32 banks
+constexpr int TILE = 32;
 
 // One TILE x TILE tile per block of TILE x ROWS threads: each thread moves TILE / ROWS elements.
-// The tile goes through shared memory with rows of TILE + PAD floats; SWIZZLE stores column c of row r at
-// column c ^ r instead (XOR with a row index below 32 permutes the 32 columns of that row).
+// The tile goes through shared memory with rows of TILE + PAD floats; SWIZZLE stores column c of
+// row r at column c ^ r instead (XOR with a row index below 32 permutes the 32 columns of
+// that row).
 template <int ROWS, int PAD, bool SWIZZLE>
-__device__ __forceinline__ void transpose_tiled(const float* __restrict__ x, float* __restrict__ out,
-                                                long long m, long long n) {
-    static_assert(TILE % ROWS == 0, "each thread moves TILE / ROWS elements: ROWS must divide TILE");
+__device__ __forceinline__ void transpose_tiled(const float* __restrict__ x,
+                                                float* __restrict__ out, long long m, long long n) {
+    static_assert(TILE % ROWS == 0,
+                  "each thread moves TILE / ROWS elements: ROWS must divide TILE");
     static_assert(!(SWIZZLE && PAD), "the swizzle replaces the padding; use one or the other");
-    static_assert(!SWIZZLE || TILE == 32, "c ^ r permutes a row's columns onto the 32 banks only for 32-wide rows");
+    static_assert(!SWIZZLE || TILE == 32,
+                  "c ^ r permutes a row's columns onto the 32 banks only for 32-wide rows");
     __shared__ float sT[TILE][TILE + PAD];  // (TILE, TILE + PAD)
 
     const unsigned tiles_n = (n + TILE - 1) / TILE;
-    const long long r0 = (long long)(blockIdx.x / tiles_n) * TILE;  // this tile: rows r0 .. r0 + TILE - 1
-    const long long c0 = (long long)(blockIdx.x % tiles_n) * TILE;  // and columns c0 .. c0 + TILE - 1 of x
+    // this tile: rows r0 .. r0 + TILE - 1 and columns c0 .. c0 + TILE - 1 of x
+    const long long r0 = (long long)(blockIdx.x / tiles_n) * TILE;
+    const long long c0 = (long long)(blockIdx.x % tiles_n) * TILE;
     const float* gX = x + r0 * n + c0;  // (TILE, TILE) tile of x, row stride n
     float* gOut = out + c0 * m + r0;    // (TILE, TILE) tile of out, row stride m
     const int tx = threadIdx.x, ty = threadIdx.y;
-    auto col = [](int r, int c) { return SWIZZLE ? (c ^ r) : c; };  // where column c of row r is stored
+    // where column c of row r is stored
+    auto col = [](int r, int c) { return SWIZZLE ? (c ^ r) : c; };
 
-    // 1. global -> shared. Warp ty reads row i of the tile: 32 consecutive floats of x (coalesced), and
-    //    writes row i of sT: 32 consecutive words, 32 different banks.
+    // 1. global -> shared. Warp ty reads row i of the tile: 32 consecutive floats of x (coalesced),
+    //    and writes row i of sT: 32 consecutive words, 32 different banks.
 #pragma unroll
     for (int k = 0; k < TILE / ROWS; ++k) {
         const int i = ty + k * ROWS;
         if (r0 + i < m && c0 + tx < n) sT[i][col(i, tx)] = gX[i * n + tx];
     }
-    __syncthreads();  // every element of the tile is in sT before any thread reads another thread's element
-    // 2. shared -> global. Row i of the out tile is column i of sT: warp ty reads sT[0..31][i] and writes
-    //    32 consecutive floats of out (coalesced). The column read is where the bank conflicts are.
+    // every element of the tile is in sT before any thread reads another thread's element
+    __syncthreads();
+    // 2. shared -> global. Row i of the out tile is column i of sT: warp ty reads sT[0..31][i] and
+    //    writes 32 consecutive floats of out (coalesced). The column read is where the bank
+    //    conflicts are.
 #pragma unroll
     for (int k = 0; k < TILE / ROWS; ++k) {
         const int i = ty + k * ROWS;
@@ -89,41 +104,49 @@ __device__ __forceinline__ void transpose_tiled(const float* __restrict__ x, flo
 
 // --8<-- [start:tiled_versions]
 // The block is TILE x ROWS threads; the launcher's config for each version must match ROWS.
-extern "C" __global__ void transpose_v3(const float* __restrict__ x, float* __restrict__ out, long long m,
-                                        long long n) {
-    transpose_tiled</*ROWS=*/32, /*PAD=*/0, /*SWIZZLE=*/false>(x, out, m, n);  // sT[32][32]
+extern "C" __global__ void transpose_v3(const float* __restrict__ x, float* __restrict__ out,
+                                        long long m, long long n) {
+    // sT[32][32]
+    transpose_tiled</*ROWS=*/32, /*PAD=*/0, /*SWIZZLE=*/false>(x, out, m, n);
 }
-extern "C" __global__ void transpose_v4(const float* __restrict__ x, float* __restrict__ out, long long m,
-                                        long long n) {
-    transpose_tiled</*ROWS=*/32, /*PAD=*/1, /*SWIZZLE=*/false>(x, out, m, n);  // sT[32][33]
+extern "C" __global__ void transpose_v4(const float* __restrict__ x, float* __restrict__ out,
+                                        long long m, long long n) {
+    // sT[32][33]
+    transpose_tiled</*ROWS=*/32, /*PAD=*/1, /*SWIZZLE=*/false>(x, out, m, n);
 }
-extern "C" __global__ void transpose_v5(const float* __restrict__ x, float* __restrict__ out, long long m,
-                                        long long n) {
-    transpose_tiled</*ROWS=*/32, /*PAD=*/0, /*SWIZZLE=*/true>(x, out, m, n);   // sT[32][32], swizzled
+extern "C" __global__ void transpose_v5(const float* __restrict__ x, float* __restrict__ out,
+                                        long long m, long long n) {
+    // sT[32][32], swizzled
+    transpose_tiled</*ROWS=*/32, /*PAD=*/0, /*SWIZZLE=*/true>(x, out, m, n);
 }
-extern "C" __global__ void transpose_v6(const float* __restrict__ x, float* __restrict__ out, long long m,
-                                        long long n) {
-    transpose_tiled</*ROWS=*/8, /*PAD=*/1, /*SWIZZLE=*/false>(x, out, m, n);   // 4 elements per thread
+extern "C" __global__ void transpose_v6(const float* __restrict__ x, float* __restrict__ out,
+                                        long long m, long long n) {
+    // 4 elements per thread
+    transpose_tiled</*ROWS=*/8, /*PAD=*/1, /*SWIZZLE=*/false>(x, out, m, n);
 }
 // --8<-- [end:tiled_versions]
 
 // --8<-- [start:vec4]
 // v7: a 32 x 32 tile per block of 8 x VROWS threads; every global access is a 16-byte float4.
-// Thread (tx, ty) loads 4 consecutive floats of a row of x (columns 4tx .. 4tx+3), and later stores 4
-// consecutive floats of a row of out, which come from 4 consecutive rows of sT (rows 4tx .. 4tx+3).
-// A warp is 4 rows of 8 threads, so each warp instruction touches 4 full 128-byte rows.
-// Shared memory stays scalar with rows of 33 floats: 33 = 1 (mod 32) puts word (r, c) in bank (r + c) % 32.
-//   store sT[r][4tx + j]: r takes 4 consecutive values and 4tx the 8 multiples of 4: 32 different banks;
+// Thread (tx, ty) loads 4 consecutive floats of a row of x (columns 4tx .. 4tx+3), and later stores
+// 4 consecutive floats of a row of out, which come from 4 consecutive rows of sT (rows 4tx ..
+// 4tx+3). A warp is 4 rows of 8 threads, so each warp instruction touches 4 full 128-byte rows.
+// Shared memory stays scalar with rows of 33 floats: 33 = 1 (mod 32) puts word (r, c) in bank
+// (r + c) % 32.
+//   store sT[r][4tx + j]: r takes 4 consecutive values and 4tx the 8 multiples of 4: 32 different
+//                         banks;
 //   load  sT[4tx + j][c]: the same sum with the roles swapped: 32 different banks.
-// Requires: n % 4 == 0 and m % 4 == 0 (so every row of x and of out starts on a 16-byte boundary) and x, out
-// 16-byte aligned. A float4 is then either wholly inside the matrix or wholly outside it.
+// Requires: n % 4 == 0 and m % 4 == 0 (so every row of x and of out starts on a 16-byte boundary)
+// and x, out 16-byte aligned. A float4 is then either wholly inside the matrix or wholly
+// outside it.
 constexpr int VROWS = 8;  // 8 x 8 = 64 threads; each moves TILE / VROWS = 4 float4s, 16 elements
 
-extern "C" __global__ void transpose_v7(const float* __restrict__ x, float* __restrict__ out, long long m,
-                                        long long n) {
-    static_assert(TILE == 32, "8 threads x 4 floats span one tile row; the bank argument needs 32-wide rows");
+extern "C" __global__ void transpose_v7(const float* __restrict__ x, float* __restrict__ out,
+                                        long long m, long long n) {
+    static_assert(TILE == 32,
+                  "8 threads x 4 floats span one tile row; the bank argument needs 32-wide rows");
     static_assert(TILE % VROWS == 0 && VROWS % 4 == 0,
-                  "each warp must cover 4 whole tile rows (32 threads / 8 per row) for the bank argument");
+        "each warp must cover 4 whole tile rows (32 threads / 8 per row) for the bank argument");
     __shared__ float sT[TILE][TILE + 1];  // (TILE, TILE + 1)
 
     const unsigned tiles_n = (n + TILE - 1) / TILE;
@@ -137,14 +160,18 @@ extern "C" __global__ void transpose_v7(const float* __restrict__ x, float* __re
 #pragma unroll
     for (int k = 0; k < TILE / VROWS; ++k) {
         const int i = ty + k * VROWS;
-        rX[k] = make_float4(0.f, 0.f, 0.f, 0.f);  // outside the matrix: a defined value, never stored
-        if (r0 + i < m && c0 + 4 * tx < n) rX[k] = *reinterpret_cast<const float4*>(gX + i * n + 4 * tx);
+        // outside the matrix: a defined value, never stored
+        rX[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r0 + i < m && c0 + 4 * tx < n)
+            rX[k] = *reinterpret_cast<const float4*>(gX + i * n + 4 * tx);
     }
 #pragma unroll
     for (int k = 0; k < TILE / VROWS; ++k) {
         const int i = ty + k * VROWS;
-        sT[i][4 * tx + 0] = rX[k].x;  // unguarded: the zeros of a float4 outside the matrix land in sT, and
-        sT[i][4 * tx + 1] = rX[k].y;  // the store below skips exactly the elements that came from outside
+        // unguarded: the zeros of a float4 outside the matrix land in sT, and the store below skips
+        // exactly the elements that came from outside
+        sT[i][4 * tx + 0] = rX[k].x;
+        sT[i][4 * tx + 1] = rX[k].y;
         sT[i][4 * tx + 2] = rX[k].z;
         sT[i][4 * tx + 3] = rX[k].w;
     }
@@ -153,7 +180,8 @@ extern "C" __global__ void transpose_v7(const float* __restrict__ x, float* __re
     for (int k = 0; k < TILE / VROWS; ++k) {
         const int i = ty + k * VROWS;  // row i of the out tile = column i of sT
         if (c0 + i < n && r0 + 4 * tx < m) {
-            const float4 v = make_float4(sT[4 * tx + 0][i], sT[4 * tx + 1][i], sT[4 * tx + 2][i], sT[4 * tx + 3][i]);
+            const float4 v = make_float4(sT[4 * tx + 0][i], sT[4 * tx + 1][i], sT[4 * tx + 2][i],
+                                         sT[4 * tx + 3][i]);
             *reinterpret_cast<float4*>(gOut + i * m + 4 * tx) = v;
         }
     }

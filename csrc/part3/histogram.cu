@@ -1,14 +1,15 @@
 // Histogram kernels of Part 3, loaded from Python by snippets/part3/histogram.py (CuPy/NVRTC).
 //
-// hist_global   v1  one global atomicAdd per element                         (every increment goes to L2)
-// hist_shared   v2  a private histogram per block in shared memory, then one global atomicAdd per bin per block
-//                                                                            (the L2 sees bins atomics per block)
-// hist_warp     v3  like v2, but lanes of a warp holding the same value are combined with __match_any_sync first:
-//                   one shared atomic per distinct value per warp            (contention on one bin collapses)
+// hist_global   v1  one global atomicAdd per element (every increment goes to L2)
+// hist_shared   v2  a private histogram per block in shared memory, then one global atomicAdd per
+//                   bin per block (the L2 sees bins atomics per block)
+// hist_warp     v3  like v2, but lanes of a warp holding the same value are combined with
+//                   __match_any_sync first: one shared atomic per distinct value per warp
+//                   (contention on one bin collapses)
 //
-// x holds int32 values; a value outside [0, bins) is skipped (not counted, not clamped). counts (int32, length
-// bins) must be zeroed by the caller. All loops are block-uniform: every thread of a block runs the same
-// number of iterations, which __match_any_sync with a full mask requires.
+// x holds int32 values; a value outside [0, bins) is skipped (not counted, not clamped). counts
+// (int32, length bins) must be zeroed by the caller. All loops are block-uniform: every thread of a
+// block runs the same number of iterations, which __match_any_sync with a full mask requires.
 
 // --8<-- [start:global]
 extern "C" __global__ void hist_global(const int* x, int* counts, long long n, int bins) {
@@ -22,13 +23,14 @@ extern "C" __global__ void hist_global(const int* x, int* counts, long long n, i
 // --8<-- [end:global]
 
 // --8<-- [start:count_one]
-// Count value v into the block's shared histogram sCounts; WARP_AGG combines equal values within the warp first.
-// v < 0 marks "nothing to count" (an out-of-range value or a lane past the end).
+// Count value v into the block's shared histogram sCounts; WARP_AGG combines equal values within
+// the warp first. v < 0 marks "nothing to count" (an out-of-range value or a lane past the end).
 template <bool WARP_AGG>
 __device__ __forceinline__ void count_one(int* sCounts, int v) {
     if constexpr (WARP_AGG) {
-        unsigned peers = __match_any_sync(0xffffffffu, v);  // lanes whose v equals mine (including me)
-        int leader = __ffs(peers) - 1;                       // the lowest of them does the one atomic
+        // lanes whose v equals mine (including me)
+        unsigned peers = __match_any_sync(0xffffffffu, v);
+        int leader = __ffs(peers) - 1;  // the lowest of them does the one atomic
         if (v >= 0 && (int)(threadIdx.x & 31) == leader) atomicAdd(&sCounts[v], __popc(peers));
     } else {
         if (v >= 0) atomicAdd(&sCounts[v], 1);
@@ -37,8 +39,9 @@ __device__ __forceinline__ void count_one(int* sCounts, int v) {
 // --8<-- [end:count_one]
 
 // --8<-- [start:shared]
-// Grid-stride over x with 16-byte int4 loads (four values per load). x need not be 16-byte aligned: the 0-3
-// values before the first aligned address and the 0-3 after the last whole int4 are counted by block 0.
+// Grid-stride over x with 16-byte int4 loads (four values per load). x need not be 16-byte aligned:
+// the 0-3 values before the first aligned address and the 0-3 after the last whole int4 are counted
+// by block 0.
 template <bool WARP_AGG>
 __device__ __forceinline__ void hist_privatized(const int* x, int* counts, long long n, int bins) {
     extern __shared__ int sCounts[];  // (bins,) this block's private histogram

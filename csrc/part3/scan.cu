@@ -1,28 +1,34 @@
-// Inclusive prefix-sum (scan) kernels of Part 3, loaded from Python by snippets/part3/scan.py (CuPy/NVRTC).
-// Every kernel exists for float (suffix _f32) and int (suffix _i32).
+// Inclusive prefix-sum (scan) kernels of Part 3, loaded from Python by snippets/part3/scan.py
+// (CuPy/NVRTC). Every kernel exists for float (suffix _f32) and int (suffix _i32).
 //
-// v1  scan_tiles_ks     Kogge-Stone scan of a 1024-element tile in shared memory (1024 threads, 10 steps),
-//                       then the 3-phase device-wide scheme: scan tiles, scan the tile sums (recursively, on the
-//                       host side), add_offsets                         (span log2(1024), work n log2(1024))
+// v1  scan_tiles_ks     Kogge-Stone scan of a 1024-element tile in shared memory (1024 threads,
+//                       10 steps), then the 3-phase device-wide scheme: scan tiles, scan the tile
+//                       sums (recursively, on the host side), add_offsets (span log2(1024), work
+//                       n log2(1024))
 // v2  scan_tiles_bk     like v1, but a Brent-Kung up-sweep/down-sweep: 512 threads, 2 elements each
 //                       (work 2n, span 2 log2(1024))
-// v3  reduce_tiles, scan_sums, scan_tiles_rts    reduce-then-scan: 16 elements per thread in registers,
-//                       4096-element tiles; pass 1 reduces each tile to its sum, pass 2 (one block) turns the
-//                       sums into tile offsets, pass 3 rescans each tile and adds its offset  (reads x twice)
-// v5  scan_lookback     single pass with decoupled look-back: each tile publishes its sum, then its inclusive
-//                       prefix; a tile adds up its predecessors' published values    (reads x once)
-// v6  scan_lookback_warp  like v5, but a whole warp looks back: 32 predecessors' words per round trip to L2,
-//                       a ballot finds the nearest inclusive prefix, a shuffle reduction adds the window up;
-//                       and one block-wide scan per tile instead of two
+// v3  reduce_tiles, scan_sums, scan_tiles_rts    reduce-then-scan: 16 elements per thread in
+//                       registers, 4096-element tiles; pass 1 reduces each tile to its sum, pass 2
+//                       (one block) turns the sums into tile offsets, pass 3 rescans each tile and
+//                       adds its offset (reads x twice)
+// v5  scan_lookback     single pass with decoupled look-back: each tile publishes its sum, then its
+//                       inclusive prefix; a tile adds up its predecessors' published values (reads
+//                       x once)
+// v6  scan_lookback_warp  like v5, but a whole warp looks back: 32 predecessors' words per round
+//                       trip to L2, a ballot finds the nearest inclusive prefix, a shuffle
+//                       reduction adds the window up; and one block-wide scan per tile instead of
+//                       two
 //
-// x and out are contiguous; out may alias x for the tile kernels of v1/v2 (the host scans tile sums in place).
+// x and out are contiguous; out may alias x for the tile kernels of v1/v2 (the host scans tile sums
+// in place).
 
 #define LOG_TILE 10
 #define TILE (1 << LOG_TILE)  // 1024 elements per tile in v1 and v2
 
 // --8<-- [start:kogge_stone]
-// v1: Hillis-Steele / Kogge-Stone. Step d adds the value 2^d places to the left: after log2(TILE) steps every
-// element holds the sum of everything up to it. Two buffers, so a step never reads what it is overwriting.
+// v1: Hillis-Steele / Kogge-Stone. Step d adds the value 2^d places to the left: after log2(TILE)
+// steps every element holds the sum of everything up to it. Two buffers, so a step never reads what
+// it is overwriting.
 template <class T>
 __device__ void scan_tiles_ks(const T* x, T* out, T* tile_sums, long long n) {
     __shared__ T buf[2][TILE];
@@ -44,9 +50,9 @@ __device__ void scan_tiles_ks(const T* x, T* out, T* tile_sums, long long n) {
 // --8<-- [end:kogge_stone]
 
 // --8<-- [start:brent_kung]
-// v2: Brent-Kung. The up-sweep builds a tree of partial sums in place (after it, the last element holds the
-// tile's total); the down-sweep pushes prefixes back down the tree. 2 * TILE additions instead of
-// TILE * log2(TILE), at the price of twice as many steps.
+// v2: Brent-Kung. The up-sweep builds a tree of partial sums in place (after it, the last element
+// holds the tile's total); the down-sweep pushes prefixes back down the tree. 2 * TILE additions
+// instead of TILE * log2(TILE), at the price of twice as many steps.
 template <class T>
 __device__ void scan_tiles_bk(const T* x, T* out, T* tile_sums, long long n) {
     __shared__ T buf[TILE];
@@ -55,11 +61,12 @@ __device__ void scan_tiles_bk(const T* x, T* out, T* tile_sums, long long n) {
     for (int k = t; k < TILE; k += TILE / 2) buf[k] = base + k < n ? x[base + k] : T(0);
     __syncthreads();
     for (int stride = 1; stride < TILE; stride <<= 1) {  // up-sweep: log2(TILE) levels
-        int k = (t + 1) * 2 * stride - 1;                  // right child of the pair this thread combines
+        int k = (t + 1) * 2 * stride - 1;  // right child of the pair this thread combines
         if (k < TILE) buf[k] += buf[k - stride];
         __syncthreads();
     }
-    for (int stride = TILE / 4; stride > 0; stride >>= 1) {  // down-sweep: complete the missing prefixes
+    // down-sweep: complete the missing prefixes
+    for (int stride = TILE / 4; stride > 0; stride >>= 1) {
         int k = (t + 1) * 2 * stride - 1;
         if (k + stride < TILE) buf[k + stride] += buf[k];
         __syncthreads();
@@ -79,13 +86,13 @@ __device__ void add_offsets(T* out, const T* scanned_sums, long long n) {
 }
 // --8<-- [end:add_offsets]
 
-// ---------------------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 // v3: reduce-then-scan and v5: decoupled look-back share the tile code below.
-// ---------------------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 #define RTS_THREADS 256
-#define ITEMS 16                              // elements per thread, held in registers
-#define RTS_TILE (RTS_THREADS * ITEMS)        // 4096 elements per tile
-#define PAD(i) ((i) + ((i) >> 5))             // one padding word per 32: conflict-free blocked reads
+#define ITEMS 16                        // elements per thread, held in registers
+#define RTS_TILE (RTS_THREADS * ITEMS)  // 4096 elements per tile
+#define PAD(i) ((i) + ((i) >> 5))       // one padding word per 32: conflict-free blocked reads
 
 // --8<-- [start:block_tools]
 template <class T>
@@ -120,10 +127,12 @@ __device__ __forceinline__ T block_exclusive_scan(T v, T* sWarp, T* total) {
     return out;
 }
 
-// Load a tile: coalesced global loads (consecutive threads, consecutive addresses) into padded shared memory,
-// then each thread takes its ITEMS consecutive elements into registers ("blocked" order for a sequential scan).
+// Load a tile: coalesced global loads (consecutive threads, consecutive addresses) into padded
+// shared memory, then each thread takes its ITEMS consecutive elements into registers ("blocked"
+// order for a sequential scan).
 template <class T>
-__device__ __forceinline__ void load_blocked(const T* x, long long base, long long n, T* sTile, T (&r)[ITEMS]) {
+__device__ __forceinline__ void load_blocked(const T* x, long long base, long long n, T* sTile,
+                                             T (&r)[ITEMS]) {
     int t = threadIdx.x;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {  // all ITEMS loads issued before any is used
@@ -136,11 +145,11 @@ __device__ __forceinline__ void load_blocked(const T* x, long long base, long lo
     __syncthreads();
 }
 
-// Scan the tile held in registers (sequential within a thread, then across threads) and store it, offset by
-// `carry`, back through shared memory with coalesced global stores.
+// Scan the tile held in registers (sequential within a thread, then across threads) and store it,
+// offset by `carry`, back through shared memory with coalesced global stores.
 template <class T>
-__device__ __forceinline__ void scan_store_blocked(T (&r)[ITEMS], T carry, T* out, long long base, long long n,
-                                                   T* sTile, T* sWarp) {
+__device__ __forceinline__ void scan_store_blocked(T (&r)[ITEMS], T carry, T* out, long long base,
+                                                   long long n, T* sTile, T* sWarp) {
     int t = threadIdx.x;
 #pragma unroll
     for (int k = 1; k < ITEMS; ++k) r[k] += r[k - 1];  // this thread's chunk, in registers
@@ -174,8 +183,8 @@ __device__ void reduce_tiles(const T* x, T* tile_sums, long long n) {
     if (threadIdx.x == 0) tile_sums[blockIdx.x] = total;
 }
 
-// Pass 2: one block turns the tile sums into exclusive tile offsets, in place, 4 per thread per round; a
-// running carry links the rounds, so any number of tiles works.
+// Pass 2: one block turns the tile sums into exclusive tile offsets, in place, 4 per thread per
+// round; a running carry links the rounds, so any number of tiles works.
 template <class T>
 __device__ void scan_sums(T* sums, long long tiles) {
     __shared__ T sWarp[33];
@@ -210,10 +219,11 @@ __device__ void scan_tiles_rts(const T* x, T* out, const T* offsets, long long n
 // --8<-- [end:reduce_then_scan]
 
 // --8<-- [start:lookback]
-// v5: one pass. Tiles are numbered in the order blocks start (an atomic counter), so every tile a block waits
-// for belongs to a block that is already running: waiting cannot deadlock. Each tile publishes a 64-bit word:
-// status in the high half (0 not ready, 1 its own sum ready, 2 its inclusive prefix ready), the value's bits in
-// the low half; one 64-bit store publishes both at once.
+// v5: one pass. Tiles are numbered in the order blocks start (an atomic counter), so every tile a
+// block waits for belongs to a block that is already running: waiting cannot deadlock. Each tile
+// publishes a 64-bit word: status in the high half (0 not ready, 1 its own sum ready, 2 its
+// inclusive prefix ready), the value's bits in the low half; one 64-bit store publishes both
+// at once.
 #define ST_AGG 1ull
 #define ST_PREFIX 2ull
 
@@ -235,7 +245,8 @@ __device__ __forceinline__ T unpack(unsigned long long w) {
 
 template <class T>
 __device__ void scan_lookback(const T* x, T* out, unsigned long long* state, long long n) {
-    // state[0]: the tile counter; state[1 + tile]: that tile's published word. Zeroed by the caller.
+    // state[0]: the tile counter; state[1 + tile]: that tile's published word. Zeroed by
+    // the caller.
     __shared__ T sTile[PAD(RTS_TILE)];
     __shared__ T sWarp[33];
     __shared__ long long sTileId;
@@ -260,9 +271,11 @@ __device__ void scan_lookback(const T* x, T* out, unsigned long long* state, lon
         } else {
             flags[tile] = pack(ST_AGG, total);  // let successors skip past this tile early
             T carry = T(0);
-            for (long long j = tile - 1; j >= 0; --j) {  // look back until an inclusive prefix is found
+            // look back until an inclusive prefix is found
+            for (long long j = tile - 1; j >= 0; --j) {
                 unsigned long long w;
-                do { w = flags[j]; } while ((w >> 32) == 0);  // the predecessor is running: it will publish
+                // the predecessor is running: it will publish
+                do { w = flags[j]; } while ((w >> 32) == 0);
                 carry += unpack<T>(w);
                 if ((w >> 32) == ST_PREFIX) break;
             }
@@ -277,16 +290,16 @@ __device__ void scan_lookback(const T* x, T* out, unsigned long long* state, lon
 // --8<-- [end:lookback]
 
 // --8<-- [start:lookback_warp]
-// v6: v5 with the look-back done by warp 0 as a whole, and one block-wide scan per tile instead of two (each
-// thread scans its 16 elements first, so the block scan of the thread totals gives both the tile's sum and
-// every thread's offset). Each lane reads the words of LB_PER_LANE consecutive predecessors - a window of
-// 32 * LB_PER_LANE tiles per round trip to L2 instead of one tile - and the warp waits until every word of
-// the window is published. The nearest tile with an inclusive prefix (found with a ballot over the lanes that
-// hold one) ends the look-back: the words up to it contribute, a shuffle reduction adds them up. Without a
-// prefix in the window, everything is added and the window moves back.
-// LB_PER_LANE = 1 reads one predecessor per lane (a window of 32). A wider window takes fewer round trips
-// when the nearest inclusive prefix is far back, but makes the warp wait until more predecessors have
-// published: the chapter's exercises measure the trade-off.
+// v6: v5 with the look-back done by warp 0 as a whole, and one block-wide scan per tile instead of
+// two (each thread scans its 16 elements first, so the block scan of the thread totals gives both
+// the tile's sum and every thread's offset). Each lane reads the words of LB_PER_LANE consecutive
+// predecessors - a window of 32 * LB_PER_LANE tiles per round trip to L2 instead of one tile - and
+// the warp waits until every word of the window is published. The nearest tile with an inclusive
+// prefix (found with a ballot over the lanes that hold one) ends the look-back: the words up to it
+// contribute, a shuffle reduction adds them up. Without a prefix in the window, everything is added
+// and the window moves back. LB_PER_LANE = 1 reads one predecessor per lane (a window of 32). A
+// wider window takes fewer round trips when the nearest inclusive prefix is far back, but makes the
+// warp wait until more predecessors have published: the chapter's exercises measure the trade-off.
 #define LB_PER_LANE 1
 template <class T>
 __device__ __forceinline__ T warp_sum(T v) {
@@ -312,7 +325,8 @@ __device__ void scan_lookback_warp(const T* x, T* out, unsigned long long* state
 #pragma unroll
     for (int k = 1; k < ITEMS; ++k) r[k] += r[k - 1];  // this thread's chunk, scanned in registers
     T total;
-    const T prefix = block_exclusive_scan(r[ITEMS - 1], sWarp, &total);  // one block scan (v5 does two)
+    // one block scan (v5 does two)
+    const T prefix = block_exclusive_scan(r[ITEMS - 1], sWarp, &total);
     if (threadIdx.x < 32) {  // warp 0 looks back while the other warps wait at the barrier below
         T carry = T(0);
         if (tile == 0) {
@@ -320,8 +334,9 @@ __device__ void scan_lookback_warp(const T* x, T* out, unsigned long long* state
         } else {
             if (lane == 0) flags[tile] = pack(ST_AGG, total);
             for (long long j0 = tile - 1;; j0 -= 32 * LB_PER_LANE) {
-                // lane i reads tiles j0 - LB_PER_LANE * i - q, q = 0 .. LB_PER_LANE - 1 (nearest first); before
-                // tile 0 there is nothing to add: read it as an inclusive prefix of zero
+                // lane i reads tiles j0 - LB_PER_LANE * i - q, q = 0 .. LB_PER_LANE - 1 (nearest
+                // first); before tile 0 there is nothing to add: read it as an inclusive prefix
+                // of zero
                 unsigned long long w[LB_PER_LANE];
 #pragma unroll
                 for (int q = 0; q < LB_PER_LANE; ++q) {
@@ -329,7 +344,8 @@ __device__ void scan_lookback_warp(const T* x, T* out, unsigned long long* state
                     w[q] = j >= 0 ? flags[j] : pack(ST_PREFIX, T(0));
                 }
                 bool waiting = true;
-                while (__any_sync(0xffffffffu, waiting)) {  // some predecessor in the window has not published
+                // some predecessor in the window has not published
+                while (__any_sync(0xffffffffu, waiting)) {
                     waiting = false;
 #pragma unroll
                     for (int q = 0; q < LB_PER_LANE; ++q)
@@ -343,10 +359,12 @@ __device__ void scan_lookback_warp(const T* x, T* out, unsigned long long* state
                 for (int q = LB_PER_LANE - 1; q >= 0; --q)
                     if ((w[q] >> 32) == ST_PREFIX) first = q;
                 const unsigned prefixes = __ballot_sync(0xffffffffu, first < LB_PER_LANE);
-                const int stop = prefixes ? __ffs(prefixes) - 1 : 31;  // the lane with the nearest prefix
+                // the lane with the nearest prefix
+                const int stop = prefixes ? __ffs(prefixes) - 1 : 31;
                 T v = T(0);
+                // everything up to and including the nearest prefix
 #pragma unroll
-                for (int q = 0; q < LB_PER_LANE; ++q)  // everything up to and including the nearest prefix
+                for (int q = 0; q < LB_PER_LANE; ++q)
                     if (lane < stop || (lane == stop && q <= first)) v += unpack<T>(w[q]);
                 carry += warp_sum(v);
                 if (prefixes) break;
@@ -372,39 +390,38 @@ __device__ void scan_lookback_warp(const T* x, T* out, unsigned long long* state
 }
 // --8<-- [end:lookback_warp]
 
-#define INSTANTIATE(T, S)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(TILE) scan_tiles_ks_##S(const T* x, T* out, T* sums,          \
-                                                                          long long n) {                         \
-        scan_tiles_ks<T>(x, out, sums, n);                                                                      \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(TILE / 2) scan_tiles_bk_##S(const T* x, T* out, T* sums,      \
-                                                                              long long n) {                     \
-        scan_tiles_bk<T>(x, out, sums, n);                                                                      \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(TILE) add_offsets_##S(T* out, const T* sums, long long n) {   \
-        add_offsets<T>(out, sums, n);                                                                           \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(RTS_THREADS) reduce_tiles_##S(const T* x, T* sums,            \
-                                                                                long long n) {                   \
-        reduce_tiles<T>(x, sums, n);                                                                            \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(1024) scan_sums_##S(T* sums, long long tiles) {               \
-        scan_sums<T>(sums, tiles);                                                                              \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(RTS_THREADS) scan_tiles_rts_##S(const T* x, T* out,           \
-                                                                                  const T* offsets,              \
-                                                                                  long long n) {                 \
-        scan_tiles_rts<T>(x, out, offsets, n);                                                                  \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(RTS_THREADS) scan_lookback_##S(const T* x, T* out,            \
-                                                                                 unsigned long long* state,      \
-                                                                                 long long n) {                  \
-        scan_lookback<T>(x, out, state, n);                                                                     \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(RTS_THREADS) scan_lookback_warp_##S(const T* x, T* out,       \
-                                                                                      unsigned long long* state, \
-                                                                                      long long n) {             \
-        scan_lookback_warp<T>(x, out, state, n);                                                                \
+#define INSTANTIATE(T, S)                                                                         \
+    extern "C" __global__ void __launch_bounds__(TILE)                                            \
+        scan_tiles_ks_##S(const T* x, T* out, T* sums, long long n) {                             \
+        scan_tiles_ks<T>(x, out, sums, n);                                                        \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(TILE / 2)                                        \
+        scan_tiles_bk_##S(const T* x, T* out, T* sums, long long n) {                             \
+        scan_tiles_bk<T>(x, out, sums, n);                                                        \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(TILE)                                            \
+        add_offsets_##S(T* out, const T* sums, long long n) {                                     \
+        add_offsets<T>(out, sums, n);                                                             \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(RTS_THREADS)                                     \
+        reduce_tiles_##S(const T* x, T* sums, long long n) {                                      \
+        reduce_tiles<T>(x, sums, n);                                                              \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(1024)                                            \
+        scan_sums_##S(T* sums, long long tiles) {                                                 \
+        scan_sums<T>(sums, tiles);                                                                \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(RTS_THREADS)                                     \
+        scan_tiles_rts_##S(const T* x, T* out, const T* offsets, long long n) {                   \
+        scan_tiles_rts<T>(x, out, offsets, n);                                                    \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(RTS_THREADS)                                     \
+        scan_lookback_##S(const T* x, T* out, unsigned long long* state, long long n) {           \
+        scan_lookback<T>(x, out, state, n);                                                       \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(RTS_THREADS)                                     \
+        scan_lookback_warp_##S(const T* x, T* out, unsigned long long* state, long long n) {      \
+        scan_lookback_warp<T>(x, out, state, n);                                                  \
     }
 
 INSTANTIATE(float, f32)

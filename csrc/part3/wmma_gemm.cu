@@ -1,23 +1,25 @@
-// Tensor-core GEMM through the WMMA API (nvcuda::wmma): C = A @ B for row-major A (M x K), B (K x N) and
-// C (M x N), products on the tensor cores, sums in fp32, C rounded to the input type once at the end.
-// Loaded from Python by snippets/part3/wmma.py (CuPy/NVRTC), one launcher for all versions. Every kernel
-// exists once per input type: _f16 (__half), _bf16 (__nv_bfloat16) and _tf32 (float inputs and output,
-// multiplied as TF32).
+// Tensor-core GEMM through the WMMA API (nvcuda::wmma): C = A @ B for row-major A (M x K), B (K x
+// N) and C (M x N), products on the tensor cores, sums in fp32, C rounded to the input type once at
+// the end. Loaded from Python by snippets/part3/wmma.py (CuPy/NVRTC), one launcher for all
+// versions. Every kernel exists once per input type: _f16 (__half), _bf16 (__nv_bfloat16) and _tf32
+// (float inputs and output, multiplied as TF32).
 //
-// wmma_v1_*   naive: one warp per 16x16 tile of C, fragments loaded straight from global memory. M, N and K
-//             must be multiples of 16 (no bounds checks: a fragment load cannot be partial)
-// wmma_v2_*   a block of 8 warps computes a 128x128 tile of C; 16-byte loads stage the A and B tiles (BK = 64
-//             bytes of K) in padded shared memory; each warp owns a 64x32 part: 4x2 accumulator fragments
-// wmma_v3_*   like v2 with two shared-memory stages filled by cp.async: the next tile is copied from global
-//             to shared memory while the tensor cores work on the current one, with no staging registers
+// wmma_v1_*   naive: one warp per 16x16 tile of C, fragments loaded straight from global memory. M,
+//             N and K must be multiples of 16 (no bounds checks: a fragment load cannot be partial)
+// wmma_v2_*   a block of 8 warps computes a 128x128 tile of C; 16-byte loads stage the A and B
+//             tiles (BK = 64 bytes of K) in padded shared memory; each warp owns a 64x32 part: 4x2
+//             accumulator fragments
+// wmma_v3_*   like v2 with two shared-memory stages filled by cp.async: the next tile is copied
+//             from global to shared memory while the tensor cores work on the current one, with no
+//             staging registers
 //
-// v2 and v3 take any M; N and K must be multiples of one 16-byte vector (8 halves or 4 floats), and A and B
-// must start on a 16-byte boundary, so every 16-byte piece of a row is either wholly inside the matrix or
-// wholly outside it (then it is zero-filled; zeros add nothing to a dot product). The launcher checks all of
-// this. Sizes are 32-bit, offsets into the matrices 64-bit (size_t).
+// v2 and v3 take any M; N and K must be multiples of one 16-byte vector (8 halves or 4 floats), and
+// A and B must start on a 16-byte boundary, so every 16-byte piece of a row is either wholly inside
+// the matrix or wholly outside it (then it is zero-filled; zeros add nothing to a dot product). The
+// launcher checks all of this. Sizes are 32-bit, offsets into the matrices 64-bit (size_t).
 //
-// NVRTC (through CuPy) finds mma.h, cuda_fp16.h and cuda_bf16.h in the CUDA toolkit's include directory; they
-// are device headers, nothing from the host C library is pulled in.
+// NVRTC (through CuPy) finds mma.h, cuda_fp16.h and cuda_bf16.h in the CUDA toolkit's include
+// directory; they are device headers, nothing from the host C library is pulled in.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -26,9 +28,10 @@
 using namespace nvcuda;
 
 // --8<-- [start:types]
-// What depends on the input type: the element type WMMA's A and B fragments hold, the depth of one MMA step
-// (m16n16k16 for fp16/bf16, m16n16k8 for TF32), the conversion of the fp32 result to the output type, and,
-// for TF32 only, the rounding of each fp32 fragment element to TF32's 10-bit mantissa before the MMA.
+// What depends on the input type: the element type WMMA's A and B fragments hold, the depth of one
+// MMA step (m16n16k16 for fp16/bf16, m16n16k8 for TF32), the conversion of the fp32 result to the
+// output type, and, for TF32 only, the rounding of each fp32 fragment element to TF32's 10-bit
+// mantissa before the MMA.
 template <typename T>
 struct Mma;
 
@@ -57,31 +60,35 @@ struct Mma<float> {
     __device__ static float from_float(float x) { return x; }
     template <typename Frag>
     __device__ static void to_tf32(Frag& f) {
-        // The tensor core reads only the top 19 bits of each element; round to nearest (cvt.rna.tf32.f32)
-        // instead of letting it drop the low 13 bits. snippets/part3/wmma.py:tf32_round emulates this.
+        // The tensor core reads only the top 19 bits of each element; round to nearest
+        // (cvt.rna.tf32.f32) instead of letting it drop the low 13 bits.
+        // snippets/part3/wmma.py:tf32_round emulates this.
 #pragma unroll
         for (int e = 0; e < f.num_elements; ++e) f.x[e] = wmma::__float_to_tf32(f.x[e]);
     }
 };
 
 template <typename T>
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, Mma<T>::FK, typename Mma<T>::Elem, wmma::row_major>;
+using FragA =
+    wmma::fragment<wmma::matrix_a, 16, 16, Mma<T>::FK, typename Mma<T>::Elem, wmma::row_major>;
 template <typename T>
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, Mma<T>::FK, typename Mma<T>::Elem, wmma::row_major>;
+using FragB =
+    wmma::fragment<wmma::matrix_b, 16, 16, Mma<T>::FK, typename Mma<T>::Elem, wmma::row_major>;
 template <typename T>
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, Mma<T>::FK, float>;
 // --8<-- [end:types]
 
 // --8<-- [start:store_tile]
-// The accumulator is fp32 and its element-to-lane mapping is unspecified, so a warp cannot convert it in
-// registers and write it out itself. Instead it stores the 16x16 floats to its own staging tile in shared memory
-// (rows padded to LDC = 20 floats, a multiple of 4 as store_matrix_sync requires for float), then every lane
-// converts 8 consecutive values of one row and writes them with 16-byte stores, skipping what lies outside C.
+// The accumulator is fp32 and its element-to-lane mapping is unspecified, so a warp cannot convert
+// it in registers and write it out itself. Instead it stores the 16x16 floats to its own staging
+// tile in shared memory (rows padded to LDC = 20 floats, a multiple of 4 as store_matrix_sync
+// requires for float), then every lane converts 8 consecutive values of one row and writes them
+// with 16-byte stores, skipping what lies outside C.
 constexpr int LDC = 16 + 4;
 
 template <typename T>
-__device__ __forceinline__ void store_tile(const FragC<T>& acc, float* sC, T* __restrict__ C, int row0, int col0,
-                                           int M, int N) {
+__device__ __forceinline__ void store_tile(const FragC<T>& acc, float* sC, T* __restrict__ C,
+                                           int row0, int col0, int M, int N) {
     constexpr int V = 16 / sizeof(T);  // elements per 16-byte store: 8 (fp16, bf16) or 4 (fp32)
     wmma::store_matrix_sync(sC, acc, LDC, wmma::mem_row_major);
     __syncwarp();  // the whole tile is in sC before any lane reads another lane's values
@@ -108,51 +115,57 @@ __device__ __forceinline__ void store_tile(const FragC<T>& acc, float* sC, T* __
 // --8<-- [end:store_tile]
 
 // --8<-- [start:naive]
-// v1: a block of 4 warps covers a 32x32 patch of C, each warp one 16x16 tile. The warp walks K in steps of 16
-// (one MMA of m16n16k16 each), loading the 16x16 tiles of A and B for the step straight from global memory.
-// load_matrix_sync needs a 32-byte-aligned pointer and a leading dimension that is a multiple of 8 halves:
-// with M, N, K multiples of 16 and 32-byte-aligned A and B (the launcher checks), every tile start is.
+// v1: a block of 4 warps covers a 32x32 patch of C, each warp one 16x16 tile. The warp walks K in
+// steps of 16 (one MMA of m16n16k16 each), loading the 16x16 tiles of A and B for the step straight
+// from global memory. load_matrix_sync needs a 32-byte-aligned pointer and a leading dimension that
+// is a multiple of 8 halves: with M, N, K multiples of 16 and 32-byte-aligned A and B (the launcher
+// checks), every tile start is.
 template <typename T>
-__device__ __forceinline__ void wmma_naive(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
-                                           int M, int N, int K) {
-    __shared__ __align__(32) float sC[4][16 * LDC];  // (4 warps, 16 x 20): staging for the fp32 -> T store
+__device__ __forceinline__ void wmma_naive(const T* __restrict__ A, const T* __restrict__ B,
+                                           T* __restrict__ C, int M, int N, int K) {
+    // (4 warps, 16 x 20): staging for the fp32 -> T store
+    __shared__ __align__(32) float sC[4][16 * LDC];
     const int warp = threadIdx.x / 32;
     const int row0 = (blockIdx.y * 2 + warp / 2) * 16, col0 = (blockIdx.x * 2 + warp % 2) * 16;
-    if (row0 >= M || col0 >= N) return;  // a whole warp leaves; there is no block-wide barrier below
+    // a whole warp leaves; there is no block-wide barrier below
+    if (row0 >= M || col0 >= N) return;
     FragA<T> a;    // 16x16 of A, spread over the warp's registers
     FragB<T> b;    // 16x16 of B
     FragC<T> acc;  // 16x16 fp32 sums
     wmma::fill_fragment(acc, 0.f);
     for (int k = 0; k < K; k += 16) {
-        wmma::load_matrix_sync(a, A + (size_t)row0 * K + k, K);  // rows row0 .. +15, columns k .. k + 15
-        wmma::load_matrix_sync(b, B + (size_t)k * N + col0, N);  // rows k .. k + 15, columns col0 .. +15
+        // rows row0 .. +15, columns k .. k + 15
+        wmma::load_matrix_sync(a, A + (size_t)row0 * K + k, K);
+        // rows k .. k + 15, columns col0 .. +15
+        wmma::load_matrix_sync(b, B + (size_t)k * N + col0, N);
         wmma::mma_sync(acc, a, b, acc);                          // acc += a @ b on the tensor cores
     }
     store_tile<T>(acc, sC[warp], C, row0, col0, M, N);
 }
 
-extern "C" __global__ void __launch_bounds__(128) wmma_v1_f16(const __half* __restrict__ A,
-                                                              const __half* __restrict__ B,
-                                                              __half* __restrict__ C, int M, int N, int K) {
+extern "C" __global__ void __launch_bounds__(128)
+    wmma_v1_f16(const __half* __restrict__ A, const __half* __restrict__ B, __half* __restrict__ C,
+                int M, int N, int K) {
     wmma_naive<__half>(A, B, C, M, N, K);
 }
 
-extern "C" __global__ void __launch_bounds__(128) wmma_v1_bf16(const __nv_bfloat16* __restrict__ A,
-                                                               const __nv_bfloat16* __restrict__ B,
-                                                               __nv_bfloat16* __restrict__ C, int M, int N, int K) {
+extern "C" __global__ void __launch_bounds__(128)
+    wmma_v1_bf16(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ B,
+                 __nv_bfloat16* __restrict__ C, int M, int N, int K) {
     wmma_naive<__nv_bfloat16>(A, B, C, M, N, K);
 }
 // --8<-- [end:naive]
 
 // --8<-- [start:cp_async]
-// cp.async (sm_80+): copy 16 bytes from global to shared memory without passing through registers. With
-// src-size 0 nothing is read and the 16 bytes are zero-filled: that is how a piece outside the matrix is padded
-// (the source address is then the matrix base, always valid). .cg caches the data in L2 only: each element is
-// used from shared memory afterwards, not from L1.
+// cp.async (sm_80+): copy 16 bytes from global to shared memory without passing through registers.
+// With src-size 0 nothing is read and the 16 bytes are zero-filled: that is how a piece outside the
+// matrix is padded (the source address is then the matrix base, always valid). .cg caches the data
+// in L2 only: each element is used from shared memory afterwards, not from L1.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool inside) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     const int src_size = inside ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+                 "r"(src_size));
 }
 
 // Close the group of copies this thread issued since the last commit.
@@ -166,32 +179,38 @@ __device__ __forceinline__ void cp_async_wait() {
 // --8<-- [end:cp_async]
 
 // --8<-- [start:tiled]
-// v2 and v3. The block tile is BM x BN = 128 x 128 and K advances BK elements per step, BK * sizeof(T) = 64
-// bytes (32 halves or 16 floats). 8 warps in a 2 x 4 grid each own a WM x WN = 64 x 32 part of the tile:
-// (64 / 16) x (32 / 16) = 4 x 2 accumulator fragments, 64 fp32 registers per thread. Per MMA step a warp loads
-// 4 A fragments and 2 B fragments and issues 8 MMAs: each A fragment serves 2 MMAs, each B fragment 4.
+// v2 and v3. The block tile is BM x BN = 128 x 128 and K advances BK elements per step, BK *
+// sizeof(T) = 64 bytes (32 halves or 16 floats). 8 warps in a 2 x 4 grid each own a WM x WN = 64 x
+// 32 part of the tile: (64 / 16) x (32 / 16) = 4 x 2 accumulator fragments, 64 fp32 registers per
+// thread. Per MMA step a warp loads 4 A fragments and 2 B fragments and issues 8 MMAs: each A
+// fragment serves 2 MMAs, each B fragment 4.
 //
-// Shared memory rows are padded (PAD_A, PAD_B elements) against bank conflicts when the warp reads fragments.
-// A fragment read touches 8 or 16 rows of the tile at once, the same columns in each. Unpadded, the A tile's
-// rows are 64 bytes apart, so rows r and r + 2 start in the same bank (32 banks of 4 bytes = 128 bytes); the B
-// tile's rows are 256 (fp16) or 512 (fp32) bytes apart and all start in bank 0. Padding A's rows to 80 bytes
-// puts 8 consecutive rows at banks 0, 20, 8, 28, 16, 4, 24, 12: 8 disjoint groups of 4 banks. B's rows padded to
-// 272 bytes (fp16, + 8 halves) start 4 banks apart, 8 rows covering all 32 banks with 16-byte reads. For TF32,
-// in the register layout of PTX's m16n8k8 MMA, one register of a B fragment holds (across the warp) 8
-// consecutive floats of each of 4 rows, so B's rows are padded by 8 floats (32 bytes: rows 8 banks apart, the
-// 4 x 8 floats on 32 different banks). Every padded row stays a multiple of 16 bytes (the 16-byte copies) and
-// every fragment start a multiple of 32 bytes (load_matrix_sync's alignment rule).
+// Shared memory rows are padded (PAD_A, PAD_B elements) against bank conflicts when the warp reads
+// fragments. A fragment read touches 8 or 16 rows of the tile at once, the same columns in each.
+// Unpadded, the A tile's rows are 64 bytes apart, so rows r and r + 2 start in the same bank (32
+// banks of 4 bytes = 128 bytes); the B tile's rows are 256 (fp16) or 512 (fp32) bytes apart and all
+// start in bank 0. Padding A's rows to 80 bytes puts 8 consecutive rows at banks 0, 20, 8, 28, 16,
+// 4, 24, 12: 8 disjoint groups of 4 banks. B's rows padded to 272 bytes (fp16, + 8 halves) start 4
+// banks apart, 8 rows covering all 32 banks with 16-byte reads. For TF32, in the register layout of
+// PTX's m16n8k8 MMA, one register of a B fragment holds (across the warp) 8 consecutive floats of
+// each of 4 rows, so B's rows are padded by 8 floats (32 bytes: rows 8 banks apart, the 4 x 8
+// floats on 32 different banks). Every padded row stays a multiple of 16 bytes (the 16-byte copies)
+// and every fragment start a multiple of 32 bytes (load_matrix_sync's alignment rule).
 template <typename T, int STAGES, bool ASYNC>
-__device__ __forceinline__ void wmma_tiled(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
-                                           int M, int N, int K) {
+__device__ __forceinline__ void wmma_tiled(const T* __restrict__ A, const T* __restrict__ B,
+                                           T* __restrict__ C, int M, int N, int K) {
     constexpr int BM = 128, BN = 128, BK = 64 / sizeof(T);
-    constexpr int WM = 64, WN = 32, WARPS_N = BN / WN, NT = (BM / WM) * WARPS_N * 32;  // 256 threads
-    constexpr int FM = WM / 16, FN = WN / 16, FK = Mma<T>::FK;  // 4 x 2 fragments per warp; MMA depth
+    // 256 threads
+    constexpr int WM = 64, WN = 32, WARPS_N = BN / WN, NT = (BM / WM) * WARPS_N * 32;
+    // 4 x 2 fragments per warp; MMA depth
+    constexpr int FM = WM / 16, FN = WN / 16, FK = Mma<T>::FK;
     constexpr int V = 16 / sizeof(T);                           // elements per 16-byte copy
     constexpr int PAD_A = V, PAD_B = sizeof(T) == 4 ? 2 * V : V;
     constexpr int LDA = BK + PAD_A, LDB = BN + PAD_B;  // padded row lengths, in elements
-    constexpr int A_COPIES = BM * BK / V / NT, B_COPIES = BK * BN / V / NT;  // 16-byte copies per thread
-    static_assert(A_COPIES * V * NT == BM * BK && B_COPIES * V * NT == BK * BN, "whole copies per thread");
+    // 16-byte copies per thread
+    constexpr int A_COPIES = BM * BK / V / NT, B_COPIES = BK * BN / V / NT;
+    static_assert(A_COPIES * V * NT == BM * BK && B_COPIES * V * NT == BK * BN,
+                  "whole copies per thread");
     static_assert(STAGES == 1 || (STAGES == 2 && ASYNC), "one stage, or two filled by cp.async");
     static_assert((LDA * sizeof(T)) % 16 == 0 && (16 * LDA * sizeof(T)) % 32 == 0 &&
                       (FK * LDB * sizeof(T)) % 32 == 0,
@@ -203,10 +222,11 @@ __device__ __forceinline__ void wmma_tiled(const T* __restrict__ A, const T* __r
 
     const int tid = threadIdx.x, warp = tid / 32;
     const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
-    const int wm0 = (warp / WARPS_N) * WM, wn0 = (warp % WARPS_N) * WN;  // this warp's part of the tile
+    // this warp's part of the tile
+    const int wm0 = (warp / WARPS_N) * WM, wn0 = (warp % WARPS_N) * WN;
 
-    // One BK step of A and B into stage s: consecutive threads copy consecutive 16-byte pieces of a row. A
-    // piece outside the matrices becomes zeros (cp.async's zero fill, or a zero store).
+    // One BK step of A and B into stage s: consecutive threads copy consecutive 16-byte pieces of a
+    // row. A piece outside the matrices becomes zeros (cp.async's zero fill, or a zero store).
     auto load_tiles = [&](int s, int k0) {
 #pragma unroll
         for (int i = 0; i < A_COPIES; ++i) {
@@ -265,8 +285,8 @@ __device__ __forceinline__ void wmma_tiled(const T* __restrict__ A, const T* __r
 
     const int tiles = (K + BK - 1) / BK;
     if constexpr (!ASYNC) {
-        // v2: copy, wait, multiply, wait. While the block copies, its tensor cores idle (other resident
-        // blocks may fill the gap).
+        // v2: copy, wait, multiply, wait. While the block copies, its tensor cores idle (other
+        // resident blocks may fill the gap).
         for (int t = 0; t < tiles; ++t) {
             load_tiles(0, t * BK);
             __syncthreads();  // the whole tile is in shared memory before any warp reads it
@@ -274,17 +294,20 @@ __device__ __forceinline__ void wmma_tiled(const T* __restrict__ A, const T* __r
             __syncthreads();  // every warp is done with the tile before the next step overwrites it
         }
     } else {
-        // v3: while the warps multiply stage t % 2, the copies of tile t + 1 into the other stage are in
-        // flight. wait_group<1> lets the newest group (tile t + 1) stay pending and waits for tile t.
+        // v3: while the warps multiply stage t % 2, the copies of tile t + 1 into the other stage
+        // are in flight. wait_group<1> lets the newest group (tile t + 1) stay pending and waits
+        // for tile t.
         load_tiles(0, 0);
         cp_async_commit();
         for (int t = 0; t < tiles; ++t) {
             if (t + 1 < tiles) load_tiles((t + 1) % 2, (t + 1) * BK);
-            cp_async_commit();  // on the last step an empty group: the wait below still means "tile t"
+            // on the last step an empty group: the wait below still means "tile t"
+            cp_async_commit();
             cp_async_wait<1>();  // this thread's copies of tile t have landed ...
             __syncthreads();     // ... and every thread's
             mma_tiles(t % 2);
-            __syncthreads();  // stage t % 2 is refilled at step t + 1: every warp must be done reading it
+            // stage t % 2 is refilled at step t + 1: every warp must be done reading it
+            __syncthreads();
         }
     }
 
@@ -297,17 +320,18 @@ __device__ __forceinline__ void wmma_tiled(const T* __restrict__ A, const T* __r
 // --8<-- [end:tiled]
 
 // --8<-- [start:instances]
-// 256 threads; at most 128 registers each (the second __launch_bounds__ argument asks for 2 resident blocks
-// per SM), which leaves room for the 64 accumulator registers and 6 fragments.
-#define WMMA_KERNEL(NAME, T, STAGES, ASYNC)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                                      \
-        NAME(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N, int K) {      \
-        wmma_tiled<T, STAGES, ASYNC>(A, B, C, M, N, K);                                                       \
+// 256 threads; at most 128 registers each (the second __launch_bounds__ argument asks for 2
+// resident blocks per SM), which leaves room for the 64 accumulator registers and 6 fragments.
+#define WMMA_KERNEL(NAME, T, STAGES, ASYNC)                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                          \
+        NAME(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N,   \
+             int K) {                                                                             \
+        wmma_tiled<T, STAGES, ASYNC>(A, B, C, M, N, K);                                           \
     }
 
-WMMA_KERNEL(wmma_v2_f16, __half, 1, false)          // v2: shared-memory tiles, 16-byte loads
+WMMA_KERNEL(wmma_v2_f16, __half, 1, false)  // v2: shared-memory tiles, 16-byte loads
 WMMA_KERNEL(wmma_v2_bf16, __nv_bfloat16, 1, false)
-WMMA_KERNEL(wmma_v2_tf32, float, 1, false)          // tf32_gemm v1: the v2 structure on TF32 fragments
-WMMA_KERNEL(wmma_v3_f16, __half, 2, true)           // v3: two stages filled by cp.async
+WMMA_KERNEL(wmma_v2_tf32, float, 1, false)  // tf32_gemm v1: the v2 structure on TF32 fragments
+WMMA_KERNEL(wmma_v3_f16, __half, 2, true)   // v3: two stages filled by cp.async
 WMMA_KERNEL(wmma_v3_bf16, __nv_bfloat16, 2, true)
 // --8<-- [end:instances]

@@ -33,11 +33,13 @@ RATE_METRICS = ("GB/s", "TFLOP/s")  # latencies (ns/access, ns/launch) have no p
 
 
 # --8<-- [start:intensity]
-def arithmetic_intensity(op: Op | str, size: Size | None = None, dtype: torch.dtype | None = None) -> float:
-    """FLOPs per byte of the op's cost model: ``op.flops(size, dtype) / op.bytes_moved(size, dtype)``, at the
-    headline size and the timed dtype unless given. The bytes are the fewest the op must move through device
-    memory, so this is the highest intensity any implementation can have; a kernel that reads its input twice
-    sits at half of it."""
+def arithmetic_intensity(op: Op | str, size: Size | None = None,
+                         dtype: torch.dtype | None = None) -> float:
+    """FLOPs per byte of the op's cost model:
+    ``op.flops(size, dtype) / op.bytes_moved(size, dtype)``, at the headline size and the timed
+    dtype unless given. The bytes are the fewest the op must move through device memory, so this is
+    the highest intensity any implementation can have; a kernel that reads its input twice sits at
+    half of it."""
     op = get_op(op) if isinstance(op, str) else op
     size = op.headline if size is None else size
     dtype = op.timed_dtypes()[0] if dtype is None else dtype
@@ -45,8 +47,9 @@ def arithmetic_intensity(op: Op | str, size: Size | None = None, dtype: torch.dt
 
 
 def ridge_point(peak_flops: float, bandwidth: float) -> float:
-    """The intensity (FLOP/byte) where the memory roof meets the compute roof: below it a kernel at full
-    bandwidth still leaves arithmetic idle (memory-bound); above it, the reverse (compute-bound)."""
+    """The intensity (FLOP/byte) where the memory roof meets the compute roof: below it a kernel at
+    full bandwidth still leaves arithmetic idle (memory-bound); above it, the reverse
+    (compute-bound)."""
     return peak_flops / bandwidth
 
 

@@ -125,7 +125,7 @@ def histogram_warp_aggregated(x: torch.Tensor, bins: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:triton]
-BLOCK = 2048        # values per tl.histogram call
+BLOCK = 2048  # values per tl.histogram call
 # blocks per program: the per-program histogram absorbs 32768 values before its atomics
 TILES = 16
 NUM_WARPS = 8

@@ -37,7 +37,8 @@ def timing_pitfalls(n_large: int = 2**28, n_small: int = 2**20, m: int = 8192) -
     torch.add(x, y)  # warm-up: the first call pays for loading the kernel
     torch.cuda.synchronize()
 
-    t0 = time.perf_counter()  # 1. WRONG: the add is only queued when the clock stops
+    # 1. WRONG: the add is only queued when the clock stops
+    t0 = time.perf_counter()
     torch.add(x, y)
     ms = (time.perf_counter() - t0) * 1e3
     rows.append(dict(method="host clock, no synchronize",
@@ -45,7 +46,8 @@ def timing_pitfalls(n_large: int = 2**28, n_small: int = 2**20, m: int = 8192) -
                      rate=_add_rate(n_large, ms), unit="GB/s"))
     torch.cuda.synchronize()
 
-    t0 = time.perf_counter()  # 2. one call, synchronized: includes launch latency and host jitter
+    # 2. one call, synchronized: includes launch latency and host jitter
+    t0 = time.perf_counter()
     torch.add(x, y)
     torch.cuda.synchronize()
     ms = (time.perf_counter() - t0) * 1e3

@@ -254,8 +254,7 @@ def row_sums(x: torch.Tensor) -> torch.Tensor:
 # --8<-- [start:shapes]
 @triton.jit
 def _fill_runtime_shape(out_ptr, n, value):
-    # BUG: a block's shape must be known when the kernel is compiled
-    offs = tl.arange(0, n)
+    offs = tl.arange(0, n)  # BUG: a block's shape must be known when the kernel is compiled
     tl.store(out_ptr + offs, value)
 
 
@@ -386,8 +385,7 @@ def element_offsets(pid: int, block: int, wide: bool = True,
 def _relu_python_if(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n)
-    # BUG: one branch for the whole block, but x < 0 is BLOCK booleans
-    if x < 0:
+    if x < 0:  # BUG: one branch for the whole block, but x < 0 is BLOCK booleans
         x = 0.0 * x
     tl.store(out_ptr + offs, x, mask=offs < n)
 

@@ -107,8 +107,8 @@ def launched_resources(compiled) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:signature_of]
-def signature_of(kernel, *args, **constexprs) -> tuple[dict[str, str], dict[str, Any],
-                                                       tuple[str, ...]]:
+def signature_of(kernel, *args,
+                 **constexprs) -> tuple[dict[str, str], dict[str, Any], tuple[str, ...]]:
     """The signature, constexprs and divisible arguments a launch
     ``kernel[grid](*args, **constexprs)`` is specialised on, by the rules of Triton's JIT: a tensor
     becomes a pointer to its element type, divisible if its address is a multiple of 16 bytes; an

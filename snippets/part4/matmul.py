@@ -354,12 +354,11 @@ def _matmul_tma_kernel(a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             # Each load is one TMA copy of a box into shared memory; boxes hanging over the edge of
             # the matrix are filled with zeros by the copy engine, so there are no masks.
-            a = a_desc.load([off_m, k * BLOCK_K])                  # (BLOCK_M, BLOCK_K)
+            a = a_desc.load([off_m, k * BLOCK_K])        # (BLOCK_M, BLOCK_K)
             if B_KMAJOR:
-                # stored N x K: K-major, as fp8 wgmma wants
-                b = b_desc.load([off_n, k * BLOCK_K]).T
+                b = b_desc.load([off_n, k * BLOCK_K]).T  # stored N x K: K-major, as fp8 wgmma wants
             else:
-                b = b_desc.load([k * BLOCK_K, off_n])              # (BLOCK_K, BLOCK_N)
+                b = b_desc.load([k * BLOCK_K, off_n])    # (BLOCK_K, BLOCK_N)
             acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
         if HAS_SCALES:
             acc = acc * (tl.load(scale_a_ptr) * tl.load(scale_b_ptr))

@@ -91,10 +91,8 @@ def cross_entropy_ref(logits: torch.Tensor, targets: torch.Tensor, ignore_index:
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
     valid = targets != ignore_index
     n = valid.sum()
-    # a gather index for every row, ignored or not
-    safe_t = torch.where(valid, targets, 0)
-    # subtracts the row max inside: no overflow
-    lse = torch.logsumexp(x, dim=-1)
+    safe_t = torch.where(valid, targets, 0)  # a gather index for every row, ignored or not
+    lse = torch.logsumexp(x, dim=-1)         # subtracts the row max inside: no overflow
     nll = lse - x.gather(1, safe_t[:, None])[:, 0]
     smooth = lse - x.mean(dim=-1)
     row_loss = torch.where(valid, (1 - label_smoothing) * nll + label_smoothing * smooth, 0.0)
@@ -387,18 +385,15 @@ def linear_cross_entropy_grads(h: torch.Tensor, w: torch.Tensor, targets: torch.
     for start in range(0, t, chunk):
         end = min(start + chunk, t)
         h_c, z = h[start:end], logits[:end - start]
-        # logits of the chunk (cuBLAS)
-        torch.matmul(h_c, w.T, out=z)
+        torch.matmul(h_c, w.T, out=z)           # logits of the chunk (cuBLAS)
         _launch(z, z, targets[start:end], row_loss[start:end], n_valid, ignore_index,
-                label_smoothing,
-                block_v)                                                # z now holds dlogits
-        torch.matmul(z, w, out=dh[start:end])                           # dh rows of the chunk
+                label_smoothing, block_v)       # z now holds dlogits
+        torch.matmul(z, w, out=dh[start:end])   # dh rows of the chunk
         if dw is not None:
             if start == 0:
-                # the first chunk initialises dW
-                torch.matmul(z.T, h_c, out=dw)
+                torch.matmul(z.T, h_c, out=dw)  # the first chunk initialises dW
             else:
-                dw.addmm_(z.T, h_c)                                     # dW += dlogits.T @ h_chunk
+                dw.addmm_(z.T, h_c)             # dW += dlogits.T @ h_chunk
     loss = row_loss.sum() / n_valid if n_valid else row_loss.sum() * float("nan")
     return loss, dh, dw
 

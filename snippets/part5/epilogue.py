@@ -239,12 +239,11 @@ def _matmul_epilogue_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
-            # (BLOCK_M, BLOCK_K), one TMA copy
-            a = a_desc.load([off_m, k * BLOCK_K])
+            a = a_desc.load([off_m, k * BLOCK_K])      # (BLOCK_M, BLOCK_K), one TMA copy
             if B_KMAJOR:
                 b = b_desc.load([off_n, k * BLOCK_K]).T
             else:
-                b = b_desc.load([k * BLOCK_K, off_n])              # (BLOCK_K, BLOCK_N)
+                b = b_desc.load([k * BLOCK_K, off_n])  # (BLOCK_K, BLOCK_N)
             acc = tl.dot(a, b, acc)
         # The epilogue, as in v3, before C's tile is split into the two halves that TMA stores.
         offs_n = off_n + tl.arange(0, BLOCK_N)
@@ -334,11 +333,10 @@ def hopper_job(dtype: torch.dtype = torch.bfloat16, act: str = "gelu", persisten
 # --8<-- [start:cost]
 @dataclass(frozen=True)
 class EpilogueCost:
-    gemm_s: float            # 2 M N K FLOPs at the given tensor-core rate
-    gemm_bytes: int          # what the fused kernel must move: A, B, bias read, C written once
-    # what the unfused bias add and activation add: C read and written twice, bias
-    extra_bytes: int
-    extra_s: float           # those bytes at the given bandwidth
+    gemm_s: float     # 2 M N K FLOPs at the given tensor-core rate
+    gemm_bytes: int   # what the fused kernel must move: A, B, bias read, C written once
+    extra_bytes: int  # what the unfused bias add and activation add: C read and written twice, bias
+    extra_s: float    # those bytes at the given bandwidth
 
     @property
     def overhead(self) -> float:

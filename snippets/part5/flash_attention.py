@@ -212,10 +212,9 @@ def flash_attention_bwd_numpy(q, k, v, o, lse, do, causal=False, block_m=16, blo
         p = np.exp(s - lse[rows][:, None])
         return np.where(cols[None, :] <= rows[:, None], p, 0.0) if causal else p
 
-    for n0 in range(0, n, block_n):                    # owner of dK, dV for keys n0 .. n0 + block_n
+    for n0 in range(0, n, block_n):              # owner of dK, dV for keys n0 .. n0 + block_n
         cols = np.arange(n0, min(n0 + block_n, n))
-        # causal: earlier queries do not see these keys
-        lo = n0 - n0 % block_m if causal else 0
+        lo = n0 - n0 % block_m if causal else 0  # causal: earlier queries do not see these keys
         for m0 in range(lo, n, block_m):
             rows = np.arange(m0, min(m0 + block_m, n))
             p = p_block(rows, cols)
@@ -438,9 +437,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, offs_n,
             p_t = tl.where(keep, p_t, 0.0)
         # dV += P^T dO
         dv = tl.dot(p_t.to(DOT), do, dv, input_precision=PRECISION, out_dtype=dv.dtype)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)                    # dP^T = V dO^T
-        # dS = P * (dP - delta)
-        ds_t = p_t * (dp_t - delta[None, :])
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # dP^T = V dO^T
+        ds_t = p_t * (dp_t - delta[None, :])                       # dS = P * (dP - delta)
         # dK += dS^T Q
         dk = tl.dot(ds_t.to(DOT), q, dk, input_precision=PRECISION, out_dtype=dk.dtype)
     return dk, dv
@@ -514,8 +512,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, offs_m, offs_n, offs_d,
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)                      # dP = dO V^T
         ds = p * (dp - delta[:, None])
-        # dQ += dS K
-        dq = tl.dot(ds.to(DOT), k, dq, input_precision=PRECISION, out_dtype=dq.dtype)
+        dq = tl.dot(ds.to(DOT), k, dq, input_precision=PRECISION, out_dtype=dq.dtype)  # dQ += dS K
     return dq
 
 
@@ -710,9 +707,8 @@ def _backward(q, k, v, o, lse2, do, causal: bool, sm_scale: float):
     b, h, s, d = q.shape
     dot, compute, precision = _types(q.dtype)
     delta = torch.empty_like(lse2)
-    _attn_bwd_delta_kernel[(triton.cdiv(s, DELTA_BLOCK_M), b * h)](o, do, delta, s, HEAD_DIM=d,
-                                                                     BLOCK_M=DELTA_BLOCK_M,
-                                                                     COMPUTE=compute)
+    _attn_bwd_delta_kernel[(triton.cdiv(s, DELTA_BLOCK_M), b * h)](
+        o, do, delta, s, HEAD_DIM=d, BLOCK_M=DELTA_BLOCK_M, COMPUTE=compute)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     consts = dict(HEAD_DIM=d, CAUSAL=causal, DOT=dot, COMPUTE=compute, PRECISION=precision)
     dkdv_args = (q, k, v, do, lse2, delta, dk, dv, s, sm_scale * LOG2E, sm_scale)
@@ -728,10 +724,10 @@ def _backward(q, k, v, o, lse2, do, causal: bool, sm_scale: float):
                                                          num_warps=warps, num_stages=stages,
                                                          **consts)
     else:
-        _attn_bwd_dkdv_tuned[lambda meta: (triton.cdiv(s, meta["BLOCK_N"]), b * h)](*dkdv_args,
-                                                                                    **consts)
-        _attn_bwd_dq_tuned[lambda meta: (triton.cdiv(s, meta["BLOCK_M"]), b * h)](*dq_args,
-                                                                                  **consts)
+        _attn_bwd_dkdv_tuned[lambda meta: (triton.cdiv(s, meta["BLOCK_N"]), b * h)](
+            *dkdv_args, **consts)
+        _attn_bwd_dq_tuned[lambda meta: (triton.cdiv(s, meta["BLOCK_M"]), b * h)](
+            *dq_args, **consts)
     return dq, dk, dv
 
 

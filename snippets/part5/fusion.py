@@ -219,10 +219,8 @@ def bias_gelu_dropout_residual_unfused(x, bias, residual, p, seed):
     if x.numel() == 0:
         return torch.empty_like(x)
     h = torch.empty_like(x)
-    _bias_add_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))](x, bias, h, m, n,
-                                                                         BLOCK_M=BLOCK_M,
-                                                                         BLOCK_N=BLOCK_N,
-                                                                         num_warps=NUM_WARPS)
+    _bias_add_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))](
+        x, bias, h, m, n, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS)
     g = torch.empty_like(x)
     grid = (triton.cdiv(x.numel(), BLOCK),)
     _gelu_kernel[grid](h, g, x.numel(), BLOCK=BLOCK, num_warps=NUM_WARPS)
@@ -251,13 +249,11 @@ def _bias_gelu_dropout_residual_kernel(x_ptr, bias_ptr, res_ptr, y_ptr, M, N, p,
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
-    # (BLOCK_M, BLOCK_N), also the Philox counter
-    offs = rows[:, None] * N + cols[None, :]
+    offs = rows[:, None] * N + cols[None, :]  # (BLOCK_M, BLOCK_N), also the Philox counter
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
     b = tl.load(bias_ptr + cols, mask=cols < N).to(tl.float32)
     r = tl.load(res_ptr + offs, mask=mask).to(tl.float32)
-    # every intermediate stays in fp32 registers
-    h = x + b[None, :]
+    h = x + b[None, :]                        # every intermediate stays in fp32 registers
     # exact GELU: h Phi(h), 0.707... = 1/sqrt(2)
     g = 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
     keep = tl.rand(seed, offs) >= p                       # the same bits as Part 4's seeded dropout
@@ -486,10 +482,8 @@ def standardize_two_kernels(x: torch.Tensor) -> torch.Tensor:
     rstd = torch.empty_like(mean)
     y = torch.empty_like(x)
     _row_stats_kernel[(m,)](x, mean, rstd, n, EPS, CHUNK=STATS_CHUNK, num_warps=8)
-    _apply_stats_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))](x, mean, rstd, y, m, n,
-                                                                            BLOCK_M=BLOCK_M,
-                                                                            BLOCK_N=BLOCK_N,
-                                                                            num_warps=NUM_WARPS)
+    _apply_stats_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))](
+        x, mean, rstd, y, m, n, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS)
     return y
 # --8<-- [end:two_kernels]
 
@@ -529,8 +523,7 @@ def _standardize_looped_kernel(x_ptr, y_ptr, N, eps, CHUNK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     mean, m2 = _chunked_mean_m2(x_ptr, row, N, CHUNK)   # loop 1: statistics, as _row_stats_kernel
     rstd = 1.0 / tl.sqrt(m2 / N + eps)
-    # loop 2: read the row again (L2 holds it), write y
-    for n0 in range(0, N, CHUNK):
+    for n0 in range(0, N, CHUNK):  # loop 2: read the row again (L2 holds it), write y
         cols = n0 + tl.arange(0, CHUNK)
         x = tl.load(x_ptr + row * N + cols, mask=cols < N, other=0.0).to(tl.float32)
         tl.store(y_ptr + row * N + cols, ((x - mean) * rstd).to(y_ptr.dtype.element_ty),
@@ -570,8 +563,8 @@ def spill_report(n: int, dtype: torch.dtype = torch.float32) -> dict[str, dict]:
                       "y_ptr": f"*{t}", "M": "i32", "N": "i32"},
                      {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N}, {"num_warps": NUM_WARPS}),
         "v3 two loops": (_standardize_looped_kernel,
-                         {"x_ptr": f"*{t}", "y_ptr": f"*{t}", "N": "i32",
-                          "eps": "fp32"}, {"CHUNK": STATS_CHUNK}, {"num_warps": 8}),
+                         {"x_ptr": f"*{t}", "y_ptr": f"*{t}", "N": "i32", "eps": "fp32"},
+                         {"CHUNK": STATS_CHUNK}, {"num_warps": 8}),
     }
     out = {}
     for name, c in zip(jobs, compile_many(jobs.values())):

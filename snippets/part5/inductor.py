@@ -31,8 +31,8 @@ import torch.nn.functional as F
 # Inductor lists them), a running index. "fused_" is there even for a kernel of one op; names
 # without it occur when descriptive names are turned off
 # (torch._inductor.config.triton.descriptive_names = False).
-KERNEL_DEF = re.compile(r"^(?P<name>\w+) = "
-                        r"async_compile\.(?P<how>triton|cpp_pybinding|cpp|cuda|halide)\(", re.M)
+KERNEL_DEF = re.compile(
+    r"^(?P<name>\w+) = async_compile\.(?P<how>triton|cpp_pybinding|cpp|cuda|halide)\(", re.M)
 KERNEL_NAME = re.compile(
     r"^(?P<backend>triton|cpp|cuda|halide)_(?:(?P<kind>poi|red|per|tem|for|mm|bmm)_)?"
     r"(?:fused_(?P<ops>\w*?)_)?(?P<index>\d+)$")

@@ -497,8 +497,9 @@ def compile_for_hopper(dtype: torch.dtype = torch.bfloat16, u_in_loop: bool = Tr
                   BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=64, BLOCK_R=block_r(r), GROUP_M=GROUP_M,
                   U_IN_LOOP=u_in_loop, STORE_U=u_in_loop, PRECISION="ieee", ACC=tl.float32)
     sig = {**{n: f"*{t}" for n in ("a_ptr", "b_ptr", "c_ptr", "u_ptr", "p_ptr", "q_ptr")},
-           "scale": "fp32", **{n: "i32" for n in ("M", "N", "K", "R", "stride_am", "stride_bn",
-                                 "stride_cm", "stride_um", "stride_pr", "stride_qn")}}
+           "scale": "fp32",
+           **{n: "i32" for n in ("M", "N", "K", "R", "stride_am", "stride_bn", "stride_cm",
+                                 "stride_um", "stride_pr", "stride_qn")}}
     divisible = [n for n, ty in sig.items() if ty[0] == "*" or ty == "i32"]
     return triton_compile(_lora_matmul_kernel, sig, consts, divisible, num_warps=num_warps,
                           num_stages=num_stages)

@@ -1,17 +1,19 @@
-// SGEMM, C = A @ B, row-major fp32 A (M x K), B (K x N), C (M x N), plain IEEE fp32 FMAs. Step 3 of the
-// ladder in docs/part3/sgemm.md, launched by snippets/part3/sgemm.py (CuPy/NVRTC).
+// SGEMM, C = A @ B, row-major fp32 A (M x K), B (K x N), C (M x N), plain IEEE fp32 FMAs. Step 3 of
+// the ladder in docs/part3/sgemm.md, launched by snippets/part3/sgemm.py (CuPy/NVRTC).
 //
 // v3  32x32 tiles of A and B staged in shared memory: each global element is loaded once per tile
 //     instead of once per thread that uses it
 //
-// Every load and store is bounds-checked, and the tiled versions fill the parts of a tile outside the
-// matrices with zeros (which add nothing to a dot product), so any M, N, K >= 1 is correct. Sizes are 32-bit
-// (the launcher checks them), offsets into the matrices are 64-bit (size_t): M * K may pass 2^31.
+// Every load and store is bounds-checked, and the tiled versions fill the parts of a tile outside
+// the matrices with zeros (which add nothing to a dot product), so any M, N, K >= 1 is correct.
+// Sizes are 32-bit (the launcher checks them), offsets into the matrices are 64-bit (size_t): M * K
+// may pass 2^31.
 
 // --8<-- [start:kernel]
-// v3: block (32, 32) computes a 32x32 tile of C, walking K in steps of 32. Each step, every thread loads one
-// element of A's tile and one of B's (both coalesced), the block waits, and every thread does 32 FMAs out of
-// shared memory. Threads outside the matrices still load (zeros) and reach both barriers.
+// v3: block (32, 32) computes a 32x32 tile of C, walking K in steps of 32. Each step, every thread
+// loads one element of A's tile and one of B's (both coalesced), the block waits, and every thread
+// does 32 FMAs out of shared memory. Threads outside the matrices still load (zeros) and reach
+// both barriers.
 constexpr int S3 = 32;
 
 extern "C" __global__ void sgemm_v3(const float* __restrict__ A, const float* __restrict__ B,

@@ -1,26 +1,30 @@
-// SGEMM, C = A @ B, row-major fp32 A (M x K), B (K x N), C (M x N), plain IEEE fp32 FMAs. Step 4 of the
-// ladder in docs/part3/sgemm.md, launched by snippets/part3/sgemm.py (CuPy/NVRTC).
+// SGEMM, C = A @ B, row-major fp32 A (M x K), B (K x N), C (M x N), plain IEEE fp32 FMAs. Step 4 of
+// the ladder in docs/part3/sgemm.md, launched by snippets/part3/sgemm.py (CuPy/NVRTC).
 //
-// v4  1-D register tiling: a 64x64 block tile, BK = 8, each thread computes TM = 8 results of a column
+// v4  1-D register tiling: a 64x64 block tile, BK = 8, each thread computes TM = 8 results of
+//     a column
 //
-// Every load and store is bounds-checked, and the tiled versions fill the parts of a tile outside the
-// matrices with zeros (which add nothing to a dot product), so any M, N, K >= 1 is correct. Sizes are 32-bit
-// (the launcher checks them), offsets into the matrices are 64-bit (size_t): M * K may pass 2^31.
+// Every load and store is bounds-checked, and the tiled versions fill the parts of a tile outside
+// the matrices with zeros (which add nothing to a dot product), so any M, N, K >= 1 is correct.
+// Sizes are 32-bit (the launcher checks them), offsets into the matrices are 64-bit (size_t): M * K
+// may pass 2^31.
 
 // --8<-- [start:kernel]
-// v4: a BM x BN tile of C per block of BM * BN / TM threads (1-D block). Thread t owns column t % BN of the
-// tile and the TM rows (t / BN) * TM .. + TM - 1: one value of B, read once from shared memory, is reused
-// for TM FMAs, each with an A value that is a broadcast within the warp.
+// v4: a BM x BN tile of C per block of BM * BN / TM threads (1-D block). Thread t owns column t %
+// BN of the tile and the TM rows (t / BN) * TM .. + TM - 1: one value of B, read once from shared
+// memory, is reused for TM FMAs, each with an A value that is a broadcast within the warp.
 template <int BM, int BN, int BK, int TM>
 __device__ __forceinline__ void sgemm_1d(const float* __restrict__ A, const float* __restrict__ B,
                                          float* __restrict__ C, int M, int N, int K) {
     constexpr int NT = BM * BN / TM;  // threads per block
-    static_assert(BM * BK == NT && BK * BN == NT, "one element of each of the A and B tiles per thread");
+    static_assert(BM * BK == NT && BK * BN == NT,
+                  "one element of each of the A and B tiles per thread");
     __shared__ float sA[BM][BK];  // (BM, BK)
     __shared__ float sB[BK][BN];  // (BK, BN)
     const int tid = threadIdx.x;
     const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
-    const int tcol = tid % BN, trow = (tid / BN) * TM;  // this thread's column and first row in the tile
+    // this thread's column and first row in the tile
+    const int tcol = tid % BN, trow = (tid / BN) * TM;
     const int ar = tid / BK, ac = tid % BK;              // the A element this thread loads
     const int br = tid / BN, bc = tid % BN;              // the B element this thread loads
     float rC[TM] = {0.f};                                // (TM,) accumulators, in registers
@@ -43,9 +47,9 @@ __device__ __forceinline__ void sgemm_1d(const float* __restrict__ A, const floa
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512) sgemm_v4(const float* __restrict__ A,
-                                                           const float* __restrict__ B,
-                                                           float* __restrict__ C, int M, int N, int K) {
+extern "C" __global__ void __launch_bounds__(512)
+    sgemm_v4(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+             int M, int N, int K) {
     sgemm_1d</*BM=*/64, /*BN=*/64, /*BK=*/8, /*TM=*/8>(A, B, C, M, N, K);  // 512 threads
 }
 // --8<-- [end:kernel]

@@ -1,16 +1,18 @@
-// SGEMM, C = A @ B, row-major fp32 A (M x K), B (K x N), C (M x N), plain IEEE fp32 FMAs. Step 5 of the
-// ladder in docs/part3/sgemm.md, launched by snippets/part3/sgemm.py (CuPy/NVRTC).
+// SGEMM, C = A @ B, row-major fp32 A (M x K), B (K x N), C (M x N), plain IEEE fp32 FMAs. Step 5 of
+// the ladder in docs/part3/sgemm.md, launched by snippets/part3/sgemm.py (CuPy/NVRTC).
 //
 // v5  2-D register tiling: a 128x128 block tile, BK = 8, each thread computes an 8x8 sub-tile
 //
-// Every load and store is bounds-checked, and the tiled versions fill the parts of a tile outside the
-// matrices with zeros (which add nothing to a dot product), so any M, N, K >= 1 is correct. Sizes are 32-bit
-// (the launcher checks them), offsets into the matrices are 64-bit (size_t): M * K may pass 2^31.
+// Every load and store is bounds-checked, and the tiled versions fill the parts of a tile outside
+// the matrices with zeros (which add nothing to a dot product), so any M, N, K >= 1 is correct.
+// Sizes are 32-bit (the launcher checks them), offsets into the matrices are 64-bit (size_t): M * K
+// may pass 2^31.
 
 // --8<-- [start:kernel]
-// v5: a BM x BN tile of C per block of (BM / TM) * (BN / TN) threads; thread (tr, tc) owns the TM x TN
-// sub-tile at rows tr * TM.., columns tc * TN... Per k it reads TM values of A and TN of B from shared memory
-// into registers and does TM * TN FMAs with them: (TM * TN) / (TM + TN) FMAs per shared load.
+// v5: a BM x BN tile of C per block of (BM / TM) * (BN / TN) threads; thread (tr, tc) owns the TM x
+// TN sub-tile at rows tr * TM.., columns tc * TN... Per k it reads TM values of A and TN of B from
+// shared memory into registers and does TM * TN FMAs with them: (TM * TN) / (TM + TN) FMAs per
+// shared load.
 template <int BM, int BN, int BK, int TM, int TN>
 __device__ __forceinline__ void sgemm_2d(const float* __restrict__ A, const float* __restrict__ B,
                                          float* __restrict__ C, int M, int N, int K) {
@@ -20,12 +22,14 @@ __device__ __forceinline__ void sgemm_2d(const float* __restrict__ A, const floa
     __shared__ float sB[BK][BN];  // (BK, BN)
     const int tid = threadIdx.x;
     const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
-    const int tr = (tid / (BN / TN)) * TM, tc = (tid % (BN / TN)) * TN;  // this thread's sub-tile in the tile
+    // this thread's sub-tile in the tile
+    const int tr = (tid / (BN / TN)) * TM, tc = (tid % (BN / TN)) * TN;
     float rC[TM][TN] = {{0.f}};  // (TM, TN) accumulators
     float rA[TM], rB[TN];        // (TM,), (TN,) fragments of A and B for one k
     for (int k0 = 0; k0 < K; k0 += BK) {
+        // consecutive threads: consecutive elements of a row
 #pragma unroll
-        for (int i = 0; i < BM * BK / NT; ++i) {  // consecutive threads: consecutive elements of a row
+        for (int i = 0; i < BM * BK / NT; ++i) {
             const int idx = tid + i * NT, r = idx / BK, c = idx % BK;
             sA[r][c] = (row0 + r < M && k0 + c < K) ? A[(size_t)(row0 + r) * K + k0 + c] : 0.f;
         }
@@ -41,10 +45,11 @@ __device__ __forceinline__ void sgemm_2d(const float* __restrict__ A, const floa
             for (int i = 0; i < TM; ++i) rA[i] = sA[tr + i][k];
 #pragma unroll
             for (int j = 0; j < TN; ++j) rB[j] = sB[k][tc + j];
+            // outer product of the fragments
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll
-                for (int j = 0; j < TN; ++j) rC[i][j] += rA[i] * rB[j];  // outer product of the fragments
+                for (int j = 0; j < TN; ++j) rC[i][j] += rA[i] * rB[j];
         }
         __syncthreads();
     }
@@ -57,9 +62,10 @@ __device__ __forceinline__ void sgemm_2d(const float* __restrict__ A, const floa
         }
 }
 
-extern "C" __global__ void __launch_bounds__(256) sgemm_v5(const float* __restrict__ A,
-                                                           const float* __restrict__ B,
-                                                           float* __restrict__ C, int M, int N, int K) {
-    sgemm_2d</*BM=*/128, /*BN=*/128, /*BK=*/8, /*TM=*/8, /*TN=*/8>(A, B, C, M, N, K);  // 256 threads
+extern "C" __global__ void __launch_bounds__(256)
+    sgemm_v5(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+             int M, int N, int K) {
+    // 256 threads
+    sgemm_2d</*BM=*/128, /*BN=*/128, /*BK=*/8, /*TM=*/8, /*TN=*/8>(A, B, C, M, N, K);
 }
 // --8<-- [end:kernel]

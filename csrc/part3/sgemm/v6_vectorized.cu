@@ -1,25 +1,28 @@
-// SGEMM, C = A @ B, row-major fp32 A (M x K), B (K x N), C (M x N), plain IEEE fp32 FMAs. Step 6 of the
-// ladder in docs/part3/sgemm.md, launched by snippets/part3/sgemm.py (CuPy/NVRTC).
+// SGEMM, C = A @ B, row-major fp32 A (M x K), B (K x N), C (M x N), plain IEEE fp32 FMAs. Step 6 of
+// the ladder in docs/part3/sgemm.md, launched by snippets/part3/sgemm.py (CuPy/NVRTC).
 //
 // v6  like v5 with 16-byte float4 global loads, the A tile stored transposed (and padded) in shared
 //     memory, and float4 shared-memory reads of both fragments
 //
-// Every load and store is bounds-checked, and the tiled versions fill the parts of a tile outside the
-// matrices with zeros (which add nothing to a dot product), so any M, N, K >= 1 is correct. Sizes are 32-bit
-// (the launcher checks them), offsets into the matrices are 64-bit (size_t): M * K may pass 2^31.
+// Every load and store is bounds-checked, and the tiled versions fill the parts of a tile outside
+// the matrices with zeros (which add nothing to a dot product), so any M, N, K >= 1 is correct.
+// Sizes are 32-bit (the launcher checks them), offsets into the matrices are 64-bit (size_t): M * K
+// may pass 2^31.
 #include "common.cuh"
 
 // --8<-- [start:kernel]
-// v6: v5's tiling (BM = BN = 128, BK = 8, 8x8 per thread, 256 threads) with float4 everywhere it fits.
-// PAD = 4: rows of sAT are BM + 4 floats. With BK = 8 a warp's transposed stores hit sAT[c + j][r] for
-// r = 0..15 and c in {0, 4}: without padding, rows 128 words apart start in the same bank, and c = 0 and
-// c = 4 collide (2-way); 132 = 4 (mod 32) shifts row c + j by 4(c + j) banks, so the two halves land on banks
-// 0..15 and 16..31. 132 floats keep each row 16-byte aligned for the float4 reads.
+// v6: v5's tiling (BM = BN = 128, BK = 8, 8x8 per thread, 256 threads) with float4 everywhere it
+// fits. PAD = 4: rows of sAT are BM + 4 floats. With BK = 8 a warp's transposed stores hit sAT[c +
+// j][r] for r = 0..15 and c in {0, 4}: without padding, rows 128 words apart start in the same
+// bank, and c = 0 and c = 4 collide (2-way); 132 = 4 (mod 32) shifts row c + j by 4(c + j) banks,
+// so the two halves land on banks 0..15 and 16..31. 132 floats keep each row 16-byte aligned for
+// the float4 reads.
 template <int BM, int BN, int BK, int TM, int TN, int PAD>
 __device__ __forceinline__ void sgemm_vec(const float* __restrict__ A, const float* __restrict__ B,
                                           float* __restrict__ C, int M, int N, int K) {
     constexpr int NT = (BM / TM) * (BN / TN);
-    static_assert(TM % 4 == 0 && TN % 4 == 0 && PAD % 4 == 0, "float4 fragments and 16-byte-aligned rows");
+    static_assert(TM % 4 == 0 && TN % 4 == 0 && PAD % 4 == 0,
+                  "float4 fragments and 16-byte-aligned rows");
     __shared__ __align__(16) float sAT[BK][BM + PAD];  // (BK, BM + PAD): A tile, transposed
     __shared__ __align__(16) float sB[BK][BN];         // (BK, BN)
     const int tid = threadIdx.x;
@@ -54,9 +57,9 @@ __device__ __forceinline__ void sgemm_vec(const float* __restrict__ A, const flo
                    make_float4(rC[i][j], rC[i][j + 1], rC[i][j + 2], rC[i][j + 3]));
 }
 
-extern "C" __global__ void __launch_bounds__(256) sgemm_v6(const float* __restrict__ A,
-                                                           const float* __restrict__ B,
-                                                           float* __restrict__ C, int M, int N, int K) {
+extern "C" __global__ void __launch_bounds__(256)
+    sgemm_v6(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+             int M, int N, int K) {
     sgemm_vec</*BM=*/128, /*BN=*/128, /*BK=*/8, /*TM=*/8, /*TN=*/8, /*PAD=*/4>(A, B, C, M, N, K);
 }
 // --8<-- [end:kernel]

@@ -1,19 +1,21 @@
-// SGEMM, C = A @ B, row-major fp32 A (M x K), B (K x N), C (M x N), plain IEEE fp32 FMAs. Step 8 of the
-// ladder in docs/part3/sgemm.md, launched by snippets/part3/sgemm.py (CuPy/NVRTC).
+// SGEMM, C = A @ B, row-major fp32 A (M x K), B (K x N), C (M x N), plain IEEE fp32 FMAs. Step 8 of
+// the ladder in docs/part3/sgemm.md, launched by snippets/part3/sgemm.py (CuPy/NVRTC).
 //
 // v8  like v7 with double buffering: the next tile is fetched from global into registers while the
 //     current one is multiplied out of the other shared-memory buffer; one barrier per tile
 //
-// Every load and store is bounds-checked, and the tiled versions fill the parts of a tile outside the
-// matrices with zeros (which add nothing to a dot product), so any M, N, K >= 1 is correct. Sizes are 32-bit
-// (the launcher checks them), offsets into the matrices are 64-bit (size_t): M * K may pass 2^31.
+// Every load and store is bounds-checked, and the tiled versions fill the parts of a tile outside
+// the matrices with zeros (which add nothing to a dot product), so any M, N, K >= 1 is correct.
+// Sizes are 32-bit (the launcher checks them), offsets into the matrices are 64-bit (size_t): M * K
+// may pass 2^31.
 #include "warptile.cuh"
 
 // --8<-- [start:kernel]
 // v8: v7's tiling with two shared-memory buffers (2 x 8.3 KB).
-extern "C" __global__ void __launch_bounds__(256) sgemm_v8(const float* __restrict__ A,
-                                                           const float* __restrict__ B,
-                                                           float* __restrict__ C, int M, int N, int K) {
-    sgemm_warp</*BM=*/128, /*BN=*/128, /*BK=*/8, /*WM=*/64, /*WN=*/32, /*PAD=*/4, /*STAGES=*/2>(A, B, C, M, N, K);
+extern "C" __global__ void __launch_bounds__(256)
+    sgemm_v8(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+             int M, int N, int K) {
+    sgemm_warp</*BM=*/128, /*BN=*/128, /*BK=*/8, /*WM=*/64, /*WN=*/32, /*PAD=*/4,
+               /*STAGES=*/2>(A, B, C, M, N, K);
 }
 // --8<-- [end:kernel]
