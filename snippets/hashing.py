@@ -71,11 +71,19 @@ def _dump(node) -> str:
     return repr(node)
 
 
+def _is_main_block(node: ast.stmt) -> bool:
+    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+            and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in node.test.comparators))
+
+
 @lru_cache(maxsize=None)
 def _module_facts(path: Path) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     """(normalised code, snippets modules it imports, csrc file names it mentions) of one Python file."""
     text = path.read_text()
     tree = ast.parse(text)
+    # a script block (`if __name__ == "__main__":`) never runs while a result is measured
+    tree.body = [n for n in tree.body if not _is_main_block(n)]
     package = ".".join(path.relative_to(_root_of(path)).with_suffix("").parts)
     if path.name == "__init__.py":
         package = package.rsplit(".", 1)[0] + ".__init__"

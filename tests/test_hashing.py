@@ -158,3 +158,17 @@ def test_cuda_layout_changes_nothing(tmp_path, a, b):
 ])
 def test_cuda_token_changes_count(tmp_path, a, b):
     assert _tokens(tmp_path, a) != _tokens(tmp_path, b)
+
+
+def test_a_script_block_is_not_what_is_measured(tmp_path):
+    pkg = tmp_path / "snippets"
+    pkg.mkdir()
+    body = "import torch\n\ndef f(x):\n    return x + 1\n"
+    (pkg / "m.py").write_text(body + '\nif __name__ == "__main__":\n    print(f(1))\n')
+    with_script = hashing._module_facts(pkg / "m.py")[0]
+    (pkg / "m.py").write_text(body + '\nif __name__ == "__main__":\n    print(f(2), "changed")\n')
+    hashing.clear_cache()
+    assert hashing._module_facts(pkg / "m.py")[0] == with_script
+    (pkg / "m.py").write_text(body.replace("x + 1", "x + 2"))
+    hashing.clear_cache()
+    assert hashing._module_facts(pkg / "m.py")[0] != with_script
