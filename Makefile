@@ -7,20 +7,24 @@
 # Both create .venv on first use. PYTHON picks the interpreter (3.10+); TORCH holds the pip arguments that
 # install torch when the venv has none, e.g. on a machine without a GPU, a CPU build keeps the download small:
 #   make test TORCH="torch --index-url https://download.pytorch.org/whl/cpu"
+# CONSTRAINTS names the pip constraints file: by default the versions CI tests (constraints.txt); empty
+# (make test CONSTRAINTS=) installs the newest of everything within pyproject.toml's ranges.
 
 PYTHON ?= python3
 VENV   ?= .venv
 TORCH  ?= torch
+CONSTRAINTS ?= constraints.txt
+PIN     = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
 .PHONY: serve test build bench report gpu-test clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e ".[docs,test]"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH) $(PIN)
+	$(PY) -m pip install -q -e ".[docs,test]" $(PIN)
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
@@ -31,7 +35,7 @@ build: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
 test: $(STAMP)
-	$(PY) -m pytest --markdown-docs --markdown-docs-syntax=superfences tests docs README.md CONTRIBUTING.md
+	$(PY) -m pytest   # pyproject.toml says what: tests/, the docs' code blocks, README.md, CONTRIBUTING.md
 
 # On a CUDA machine: fail (instead of skip) when the GPU is missing, then run the sanitizer pass.
 gpu-test: $(STAMP)

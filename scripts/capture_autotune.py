@@ -37,11 +37,11 @@ import torch  # noqa: E402
 
 from snippets.bench.harness import provenance  # noqa: E402
 from snippets.bench.timing import rotation, time_device  # noqa: E402
-from snippets.part3.wmma import _matmul_kernel  # noqa: E402
+from snippets.common.gemm import matmul_kernel  # noqa: E402
 from snippets.part4 import autotune as at  # noqa: E402
 from snippets.registry import Impl, dtype_name  # noqa: E402
 
-KERNEL = "snippets.part3.wmma:_matmul_kernel"
+KERNEL = "snippets.common.gemm:matmul_kernel"
 
 
 def _seconds(fn) -> float:
@@ -134,7 +134,7 @@ def main() -> None:
     cublas = {"ms": t.median, "tflops": at.tflops(m, m, m, t.median), "how": f"torch.matmul {m}^3 {dtype_name(dtype)}"}
 
     data = {"schema": 1, "kind": "autotune_sweep", "kernel": KERNEL,
-            "source_hash": Impl("sweep", _matmul_kernel, "Triton", "", ()).source_hash(),
+            "source_hash": Impl("sweep", matmul_kernel, "Triton", "", ()).source_hash(),
             "problem": {"m": m, "n": m, "k": m, "dtype": dtype_name(dtype)}, "metric": "TFLOP/s",
             "sweep_seconds": time.perf_counter() - t0,
             "precompile": {"seconds": compile_s, "processes": workers}, "cublas": cublas, "tuning_cost": cost,

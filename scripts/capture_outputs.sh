@@ -18,7 +18,7 @@ nvcc -std=c++17 -c -arch=sm_90a -Xptxas -v -I csrc/common csrc/part2/spill.cu -o
 if command -v ncu >/dev/null; then
   ncu --clock-control none --kernel-name regex:smem_read --metrics \
 l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,smsp__inst_executed_op_shared_ld.sum \
-    $PY -m snippets.part2.banks 2>&1 | grep -vE "^==PROF==|^\s*$" > "$OUTDIR/ncu_banks.txt" || status=1
+    $PY scripts/profile_banks.py 2>&1 | grep -vE "^==PROF==|^\s*$" > "$OUTDIR/ncu_banks.txt" || status=1
 fi
 
 # Unified memory: on-demand page migration against a prefetch, 256 MiB.
@@ -31,6 +31,6 @@ for key, value in t.items():
     print(f"{key:>20}: {value:.4f}" if isinstance(value, float) else f"{key:>20}: {value}")
 PYEOF
 # Measuring GPU code: the same work timed the wrong ways and the right way.
-$PY -W ignore::DeprecationWarning -m snippets.part3.measuring > "$OUTDIR/timing_pitfalls.txt" 2>&1 || status=1
+$PY -W ignore::DeprecationWarning scripts/capture_timing_pitfalls.py > "$OUTDIR/timing_pitfalls.txt" 2>&1 || status=1
 
 exit $status

@@ -11,5 +11,5 @@ status=0
 $PY scripts/capture_triton.py "$OUT/triton_metadata.txt" || status=1
 $PY scripts/capture_dropout_memory.py "$OUT/dropout_memory.txt" || status=1
 $PY scripts/capture_autotune.py "$OUT/autotune_matmul.json" || status=1
-$PY -m snippets.part4.matmul "$OUT" || status=1   # matmul_shapes.txt: odd and small-M shapes, every version
+$PY scripts/capture_matmul_shapes.py "$OUT" || status=1   # matmul_shapes.txt: odd and small-M shapes, every version
 exit $status

@@ -10,5 +10,5 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 status=0
 $PY scripts/capture_inductor.py "$OUT" || status=1
-$PY -m snippets.part5.cross_entropy "$OUT/linear_ce_chunks.txt" || status=1   # chunk size against time and memory
+$PY scripts/capture_linear_ce_chunks.py "$OUT/linear_ce_chunks.txt" || status=1   # chunk size against time and memory
 exit $status

@@ -6,7 +6,7 @@
 #
 # - torch_profiler.txt: torch.profiler's table for a small workload of the book's kernels, and the top kernels
 #   (the Chrome trace is megabytes: it is written to a temporary folder and dropped);
-# - with ncu on PATH: ncu_<target>.txt for every target that `python -m snippets.part3.profiling --targets`
+# - with ncu on PATH: ncu_<target>.txt for every target that `python scripts/profile_kernels.py --targets`
 #   lists (one version, one call at the op's headline size, a few sections only, so the whole capture stays
 #   within a few minutes), and ncu_summary.txt, a kernel x metric table parsed from `ncu --csv --page raw`;
 # - with nvcc and compute-sanitizer on PATH: sanitizer_memcheck.txt and sanitizer_racecheck.txt, the tools'
@@ -23,7 +23,7 @@ OUTDIR=${1:?usage: capture_profiles.sh OUTDIR}
 mkdir -p "$OUTDIR"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
-PROF=("$PY" -W ignore::DeprecationWarning -m snippets.part3.profiling)
+PROF=("$PY" -W ignore::DeprecationWarning scripts/profile_kernels.py)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 status=0

@@ -13,7 +13,7 @@ status=0
 
 # v0 and v3 of stream_overlap under torch.profiler (copies and kernels with their streams), then one launch
 # round trip per launcher and every launch_overhead version at 10,000 launches.
-$PY -W ignore::DeprecationWarning -m snippets.part3.streams "$OUTDIR" || status=1
+$PY -W ignore::DeprecationWarning scripts/capture_streams.py "$OUTDIR" || status=1
 
 for f in stream_overlap.json launch_latency.txt; do
   if [ ! -s "$OUTDIR/$f" ]; then

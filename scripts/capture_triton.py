@@ -94,7 +94,7 @@ def _constexprs(fn, ck) -> str:
 
 
 def _row(op: str, version: str, fn, ck) -> str:
-    from snippets.part4.introspect import launched_resources
+    from snippets.common.introspect import launched_resources
     r = launched_resources(ck)
     return (f"{op:<18} {version:<4} {fn.__name__:<28} {r['n_regs']:>5} {r['n_spills']:>7} {r['shared']:>9} "
             f"{r['num_warps']:>6} {r['num_stages']:>7}  {_constexprs(fn, ck)}")
@@ -148,14 +148,14 @@ def report() -> list[str]:
 
 def out_of_resources() -> list[str]:
     """Launch the Part 3 GEMM with a config whose pipeline needs more shared memory than an SM has."""
-    from snippets.part3.wmma import _matmul_kernel
+    from snippets.common.gemm import matmul_kernel
     from snippets.part4.debugging import oversized_gemm_config
     cfg = oversized_gemm_config()
     a = torch.randn(256, 256, device="cuda", dtype=torch.float16)
     c = torch.empty_like(a)
-    lines = ["", f"_matmul_kernel with {cfg}:"]
+    lines = ["", f"matmul_kernel with {cfg}:"]
     try:
-        _matmul_kernel[(1,)](a, a, c, 256, 256, 256, 256, 256, 256, **cfg)
+        matmul_kernel[(1,)](a, a, c, 256, 256, 256, 256, 256, 256, **cfg)
         torch.cuda.synchronize()
         lines.append("launched without error")
     except Exception as e:

@@ -4,6 +4,7 @@
 #
 #   bash scripts/gpu_tests.sh OUTDIR [test files...]       (default: every tests/test_*.py)
 #
+# pyproject.toml's addopts (the docs plugin) are switched off: the GPU image has no pytest-markdown-docs.
 # KM_JOBS: files at once (default 16); KM_FILE_TIMEOUT: seconds per file (default 500). Exit status 1 if any
 # file failed or timed out.
 set -uo pipefail
@@ -17,7 +18,7 @@ FILES=("$@")
 [ ${#FILES[@]} -gt 0 ] || FILES=(tests/test_*.py)
 printf '%s\n' "${FILES[@]}" | xargs -P "${KM_JOBS:-16}" -I{} sh -c '
   f={}; b=$(basename "$f" .py)
-  timeout '"${KM_FILE_TIMEOUT:-500}"' '"$PY"' -m pytest "$f" -q -p no:cacheprovider --tb=short -rfE --durations=5 \
+  timeout '"${KM_FILE_TIMEOUT:-500}"' '"$PY"' -m pytest "$f" -q -p no:cacheprovider -o addopts= --tb=short -rfE --durations=5 \
     > "'"$OUTDIR"'/tests/$b.log" 2>&1
   echo "$b rc $?" >> "'"$OUTDIR"'/tests/rc.txt"'
 status=0

@@ -345,6 +345,22 @@ def clean_search_text(text: str) -> str:
     return "".join(parts)
 
 
+MERMAID = "vendor/mermaid/mermaid.min.js"
+_BUNDLE = re.compile(r'<script src="[^"]*assets/javascripts/bundle\.[^"]*"')
+
+
+def on_post_page(output, page, config):  # noqa: ARG001 (MkDocs hook signature)
+    """Mermaid on the pages that draw a diagram, and only there: a plain script before Material's
+    bundle, which then renders with this global ``mermaid`` instead of fetching one from a CDN."""
+    if 'class="mermaid"' not in output:
+        return output
+    tag = f'<script src="{get_relative_url(MERMAID, page.url)}"></script>\n    '
+    match = _BUNDLE.search(output)
+    if match is None:
+        raise PluginError(f"{page.file.src_uri}: no Material bundle script to put Mermaid before")
+    return output[:match.start()] + tag + output[match.start():]
+
+
 @event_priority(-100)  # after the search plugin has written the index
 def on_post_build(config):
     index = Path(config.site_dir) / "search" / "search_index.json"

@@ -1,4 +1,4 @@
-"""Command line: ``python -m snippets {bench,report,list}``."""
+"""Command line: ``python -m snippets {bench,report,list,export}``."""
 
 from __future__ import annotations
 
@@ -17,11 +17,19 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--json", action="store_true", help="one JSON record per op and GPU")
     r.add_argument("--results", type=Path, help="results folder (default: benchmarks/results)")
     sub.add_parser("list", help="list the registered ops and their implementations")
+    e = sub.add_parser("export", help="write one op's kernel as a self-contained module and its test, "
+                                      "to copy into a project")
+    e.add_argument("op", help="op name (python -m snippets list shows them)")
+    e.add_argument("version", nargs="?", help="version (default: the book's best measured one)")
+    e.add_argument("-o", "--out", type=Path, default=Path("."), help="folder to write into (default: .)")
     args = parser.parse_args(argv)
 
     if args.cmd == "bench":
         from snippets.bench.harness import run
         run(args.ops, quick=args.quick, out=args.out)
+    elif args.cmd == "export":
+        from snippets.export import main as export_main
+        return export_main(args.op, args.version, args.out)
     elif args.cmd == "report":
         from snippets.bench.report import RESULTS_DIR, print_report, report
         print_report(report(args.results or RESULTS_DIR), args.json)

@@ -164,6 +164,31 @@ def _cupy_stream(cupy):
 # --8<-- [end:loader]
 
 
+# csrc path -> {NAME: value}: the -D options its Python launcher compiles it with (see defines)
+DEFINES: dict[str, dict[str, str]] = {}
+
+
+def defines(path: str, **values: int | str) -> tuple[str, ...]:
+    """The ``-DNAME=value`` options that give ``csrc/<path>`` the numbers its Python launcher sizes
+    grids, blocks and shared memory with, for :func:`kernel`'s ``options``: each such number is
+    written once, in Python. The file keeps a default for each name (``#ifndef NAME``, ``#define
+    NAME value``, ``#endif``), so that it still compiles alone with nvcc; tests/test_cuda_compile.py
+    checks that every default is the value given here and that every name reaches the code. The
+    values are recorded in ``DEFINES`` for those tests; a file has one set of them. A value may be a
+    list of macro calls (``F(1,2)F(3,4)``): NVRTC takes each option whole, while nvcc splits an
+    option at commas, so a command line must escape them (``\\,``)."""
+    text = {}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise TypeError(f"-D{name}: an int or a str, got {type(value).__name__}")
+        text[name] = str(value)
+        if not text[name] or re.search(r"\s", text[name]):
+            raise ValueError(f"-D{name}={text[name]!r}: one compiler argument, no white space")
+    if DEFINES.setdefault(path, text) != text:
+        raise ValueError(f"{path} is compiled with {DEFINES[path]} already, not with {text}")
+    return tuple(f"-D{name}={value}" for name, value in text.items())
+
+
 def source_path(path: str) -> Path:
     return CSRC / path
 

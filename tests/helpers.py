@@ -67,3 +67,21 @@ def compile_script_results(script: str) -> list:
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def load_script(name: str):
+    """The module of ``scripts/<name>.py`` (tooling that lives outside the package: capture and
+    profiling commands), imported under the name ``scripts_<name>``; its ``__main__`` block does
+    not run."""
+    import importlib.util
+    import sys
+
+    from snippets.registry import REPO_ROOT
+
+    key = f"scripts_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, REPO_ROOT / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]

@@ -230,8 +230,13 @@ def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = Tr
             page.on("console", lambda m: m.type == "error" and found["console_errors"].append(
                 f"{current['page']}: {m.text[:200]}"))
             page.on("pageerror", lambda e: found["console_errors"].append(f"{current['page']}: {str(e)[:200]}"))
-            page.on("requestfailed", lambda r: urlparse(r.url).hostname in ("127.0.0.1", "localhost") and
-                    found["failed_requests"].append(f"{current['page']}: {r.url}"))
+            # a request of this site that fails (a 404 is a response, not a failure: both are caught); one
+            # aborted because the next page's navigation cut it off (net::ERR_ABORTED) is not the site's fault
+            page.on("requestfailed", lambda r: urlparse(r.url).hostname in ("127.0.0.1", "localhost")
+                    and "ERR_ABORTED" not in (r.failure or "")
+                    and found["failed_requests"].append(f"{current['page']}: {r.url} ({r.failure})"))
+            page.on("response", lambda r: r.status >= 400 and found["failed_requests"].append(
+                f"{current['page']}: {r.url} (HTTP {r.status})"))
             for p in pages:
                 current["page"] = p or "/"
                 page.goto(base + p, wait_until="load")

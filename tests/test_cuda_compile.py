@@ -189,3 +189,207 @@ def test_cupy_stream_wraps_each_torch_stream_once(monkeypatch):
     assert cuda._cupy_stream(fake_cupy) == ("wrapped", 1234) and made == [1234]  # cached
     current["s"] = SimpleNamespace(device_index=0, cuda_stream=5678)  # another stream: wrapped anew
     assert cuda._cupy_stream(fake_cupy) == ("wrapped", 5678) and made == [1234, 5678]
+
+
+# ---------------------------------------------------------------- numbers written once: -D options
+#
+# A number that a kernel and its Python launcher must agree on (a block size, a tile, values per
+# thread) is written once, in Python, and reaches the compiler as a -D option (snippets.cuda.defines,
+# passed to cuda.kernel). The .cu file keeps a default for each name, inside `#ifndef NAME` ...
+# `#endif`, so that it still compiles alone (the compile test above, nvcc -Xptxas -v by hand). The
+# tests below hold the two together: every default is the value Python passes, every name Python
+# passes is one the file defaults and uses, and every launcher passes the options.
+
+# A list of macro calls, one kernel each: the file alone instantiates the first entries (its
+# default), Python passes the whole list. test_python_lists_compile compiles the whole list.
+LIST_DEFINES = {"SGEMM_TUNED_CONFIGS": "v11_tuned.cu alone instantiates v11's configuration only"}
+_LIST_ITEM = re.compile(r"\w+\([^()]*\)")
+_GUARD = re.compile(r"^[ \t]*#[ \t]*ifndef[ \t]+(\w+)[ \t]*\n(.*?)^[ \t]*#[ \t]*endif", re.M | re.S)
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)(?![\w(])[ \t]*(.*)$", re.M)
+
+
+def guarded_defaults(text: str) -> dict[str, str]:
+    """{NAME: default} of the ``#ifndef NAME`` / ``#define NAME value`` ... / ``#endif`` blocks of a
+    CUDA source (a block may define several names; the first is the one it tests). Values have
+    their white space and comments removed, lines joined at backslashes."""
+    text = text.replace("\\\r\n", " ").replace("\\\n", " ")
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    out: dict[str, str] = {}
+    for m in _GUARD.finditer(text):
+        found = _DEFINE.findall(m.group(2))
+        if found and found[0][0] == m.group(1):  # a default block, not another #ifndef
+            out.update((name, "".join(value.split())) for name, value in found if value.strip())
+    return out
+
+
+def _guarded_sources() -> list[Path]:
+    return [p for p in _sources() if guarded_defaults(p.read_text())]
+
+
+def _defining_modules() -> list[Path]:
+    """The snippets modules that give a CUDA file its numbers (they call cuda.defines)."""
+    return sorted(p for p in (REPO_ROOT / "snippets").rglob("part*/*.py")
+                  if "cuda.defines(" in p.read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def python_defines() -> dict[str, dict[str, str]]:
+    """csrc path -> {NAME: value} as the launchers compile each file: every module that calls
+    cuda.defines imported, then snippets.cuda.DEFINES."""
+    import importlib
+
+    from snippets import cuda
+
+    for path in _defining_modules():
+        importlib.import_module(".".join(path.relative_to(REPO_ROOT).with_suffix("").parts))
+    return {path: dict(values) for path, values in cuda.DEFINES.items()}
+
+
+def test_guarded_defaults_parse():
+    text = ("#ifndef A\n#define A 32  // one\n#define B (A * 2)\n#endif\n#ifndef __X__\n#include <y>\n"
+            "#endif\n#ifndef L\n#define L F(1, 2) /* first */ \\\n    F(3, 4)\n#endif\n#define C 7\n")
+    assert guarded_defaults(text) == {"A": "32", "B": "(A*2)", "L": "F(1,2)F(3,4)"}
+
+
+def test_defines_are_checked_values(monkeypatch):
+    from snippets import cuda
+
+    monkeypatch.setattr(cuda, "DEFINES", {})
+    assert cuda.defines("x.cu", N=32, LIST="F(1,2)") == ("-DN=32", "-DLIST=F(1,2)")
+    assert cuda.defines("x.cu", N=32, LIST="F(1,2)") == ("-DN=32", "-DLIST=F(1,2)")  # again: same
+    with pytest.raises(ValueError, match="already"):
+        cuda.defines("x.cu", N=64, LIST="F(1,2)")  # one file, one set of numbers
+    with pytest.raises(ValueError, match="white space"):
+        cuda.defines("y.cu", LIST="F(1, 2)")
+    with pytest.raises(TypeError):
+        cuda.defines("z.cu", FLAG=True)
+
+
+def test_every_default_is_the_number_python_passes():
+    """Each ``#ifndef`` default in csrc/ equals the value the Python launcher passes for it, and
+    the names agree both ways: no default that Python does not set, no -D without a default."""
+    py = python_defines()
+    files = {p.relative_to(CSRC).as_posix() for p in _guarded_sources()} | set(py)
+    assert files, "no CUDA file takes its numbers from Python"
+    problems = []
+    for rel in sorted(files):
+        defaults = guarded_defaults((CSRC / rel).read_text()) if (CSRC / rel).is_file() else {}
+        passed = py.get(rel, {})
+        if not (CSRC / rel).is_file():
+            problems.append(f"cuda.defines names csrc/{rel}, which does not exist")
+        for name in sorted(defaults.keys() - passed.keys()):
+            problems.append(f"csrc/{rel}: #ifndef {name} has a default ({defaults[name]}) that no "
+                            "launcher passes (snippets.cuda.defines)")
+        for name in sorted(passed.keys() - defaults.keys()):
+            problems.append(f"csrc/{rel}: Python passes -D{name}, but the file has no #ifndef "
+                            f"{name} default")
+        for name in sorted(defaults.keys() & passed.keys()):
+            default, value = defaults[name], passed[name]
+            if name in LIST_DEFINES:
+                items, py_items = _LIST_ITEM.findall(default), _LIST_ITEM.findall(value)
+                ok = "".join(items) == default and "".join(py_items) == value and items \
+                    and items == py_items[:len(items)]
+            else:
+                ok = default == value
+            if not ok:
+                problems.append(f"csrc/{rel}: {name} defaults to {default}, Python passes {value}")
+    assert not problems, "\n".join(problems)
+
+
+def calls_without_options(source: str) -> list[int]:
+    """Lines of the ``cuda.kernel(path, name)`` and ``cuda.module(path)`` calls in ``source`` that
+    pass no compile options."""
+    import ast
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "cuda"
+                and node.func.attr in ("kernel", "module")):
+            positional = 3 if node.func.attr == "kernel" else 2  # options come after path (, name)
+            if len(node.args) < positional and not any(k.arg == "options" for k in node.keywords):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_calls_without_options_are_found():
+    source = ("a = cuda.kernel(F, 'k')\nb = cuda.kernel(F, 'k', OPTS)\nc = cuda.module(F)\n"
+              "d = cuda.module(F, options=OPTS)\ne = cuda.launch(f, 1, 1, ())\n")
+    assert calls_without_options(source) == [1, 3]
+
+
+def test_launchers_pass_their_defines():
+    """In a module that gives a file its numbers, every cuda.kernel and cuda.module call passes
+    compile options (a call without them would compile the file's defaults instead)."""
+    problems = [f"{path.relative_to(REPO_ROOT)}:{line}: a cuda.kernel/cuda.module call without "
+                "the file's options" for path in _defining_modules()
+                for line in calls_without_options(path.read_text())]
+    assert not problems, "\n".join(problems)
+
+
+def test_options_reach_nvrtc(monkeypatch):
+    """snippets.cuda hands a kernel's options to the compiler (CuPy's RawModule, NVRTC) as given."""
+    from types import SimpleNamespace
+
+    from snippets import cuda
+
+    seen = []
+    fake = SimpleNamespace(RawModule=lambda code, options: seen.append(options) or "module")
+    monkeypatch.setattr(cuda, "_cupy", lambda: fake)
+    assert cuda._module.__wrapped__("part4/softmax.cu", "sm_90", ("-DMAX_THREADS=512",)) == "module"
+    assert seen[0][-1] == "-DMAX_THREADS=512" and "-std=c++17" in seen[0]
+
+
+def _nvcc_defines(options: tuple[str, ...]) -> list[str]:
+    # nvcc splits an option's value at commas (NVRTC does not): escape them
+    return [o.replace(",", "\\,") for o in options]
+
+
+def _preprocess(src: Path, options: list[str]) -> str:
+    cmd = [NVCC, "-std=c++17", "-E", "-arch=sm_90a", "-I", "csrc/common", *options,
+           str(src.relative_to(REPO_ROOT))]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
+    return "\n".join(line for line in proc.stdout.splitlines() if not line.startswith("#"))
+
+
+@requires_nvcc
+@pytest.mark.parametrize("src", _guarded_sources(), ids=lambda p: p.relative_to(CSRC).as_posix())
+def test_defines_reach_the_code(src: Path):
+    """With every name Python passes set to a marker, each marker shows up in the preprocessed
+    source: the -D option replaces the default and the code uses it. With Python's own values the
+    file preprocesses to exactly what it is alone (lists aside: see LIST_DEFINES)."""
+    passed = python_defines().get(src.relative_to(CSRC).as_posix(), {})
+    assert passed, f"{src.relative_to(REPO_ROOT)} has #ifndef defaults but no launcher passes them"
+    markers = {name: f"KM_DEFINE_MARKER_{name}" for name in passed}
+    text = _preprocess(src, [f"-D{name}={marker}" for name, marker in markers.items()])
+    unused = sorted(name for name, marker in markers.items() if marker not in text)
+    assert not unused, f"{src.relative_to(REPO_ROOT)}: -D{unused} never reaches the code"
+    if not LIST_DEFINES.keys() & passed.keys():
+        options = _nvcc_defines(tuple(f"-D{k}={v}" for k, v in passed.items()))
+        alone, given = _preprocess(src, []).splitlines(), _preprocess(src, options).splitlines()
+        differ = next((i for i, (x, y) in enumerate(zip(alone, given)) if x != y),
+                      None if len(alone) == len(given) else min(len(alone), len(given)))
+        assert differ is None, (f"{src.relative_to(REPO_ROOT)} with {' '.join(options)} is not the "
+                                f"file alone: {alone[differ:differ + 1]} != {given[differ:differ + 1]}")
+
+
+@requires_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+def test_python_lists_compile(arch: str, tmp_path: Path):
+    """v11_tuned.cu with the whole list of TUNED configurations Python passes: one kernel per entry,
+    named as the launcher names it, and none spills."""
+    from snippets.part3 import sgemm
+
+    path = sgemm.CONFIGS["v11"].path
+    src = CSRC / path
+    cmd = [NVCC, "-std=c++17", "-c", f"-arch={arch}", "-Xptxas", "-v", "-I", "csrc/common",
+           *_nvcc_defines(sgemm.CU_OPTIONS[path]), str(src.relative_to(REPO_ROOT)),
+           "-o", str(tmp_path / "tuned.o")]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}{proc.stdout}"
+    functions = parse_ptxas(proc.stderr + proc.stdout)
+    kernels = {name for name, f in functions.items() if f["entry"]}
+    assert kernels == {cfg.kernel for cfg in sgemm.TUNED_CONFIGS}
+    assert not spilling_functions(functions)

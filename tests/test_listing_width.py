@@ -21,7 +21,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_WIDTH = 100
 PAGES = sorted((REPO_ROOT / "docs").rglob("*.md")) + [REPO_ROOT / "README.md",
                                                        REPO_ROOT / "CONTRIBUTING.md"]
-SOURCES = sorted([*(p for d in REPO_ROOT.glob("snippets/part*") for p in d.rglob("*.py")),
+SOURCES = sorted([*(p for d in [*REPO_ROOT.glob("snippets/part*"), REPO_ROOT / "snippets" / "common"]
+                    for p in d.rglob("*.py")),
                   *(p for p in (REPO_ROOT / "csrc").rglob("*")
                     if p.suffix in (".cu", ".cuh", ".h"))])
 
@@ -216,3 +217,66 @@ def test_resolver_follows_the_extension(tmp_path):
     assert shown_widths(lines, region_lines(lines, "inner"), dedent=True) == [(5, 8)]
     assert shown_widths(lines, region_lines(lines, "body"), dedent=True) == [(3, 8), (5, 12)]
     assert range_lines(lines, ":3:5") == [2, 3, 4] and range_lines(lines, ":-2") == [5, 6]
+
+
+# A fenced code block in a page: ``` or ~~~ (three or more), possibly indented inside an admonition,
+# a tab or a list; it closes on a fence of the same character, at least as long, with no info string.
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+
+
+def fence_language(info: str) -> str:
+    """The language an info string names: ``python``, ``{.python notest}`` and ``{ .mermaid }`` all
+    give the first word without the braces and the dot."""
+    words = info.strip().strip("{}").split()
+    return words[0].lstrip(".").lower() if words else ""
+
+
+def wide_fence_lines(page: Path, width: int = MAX_WIDTH) -> list[tuple[int, int, str]]:
+    """(1-based line, width, language) of each line of a fenced code block in ``page`` that is
+    wider than ``width``, counted from the fence's own indentation; mermaid diagrams are left out
+    (they are drawn, not shown as text)."""
+    out: list[tuple[int, int, str]] = []
+    lines = page.read_text().split("\n")
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m or (m["fence"][0] == "`" and "`" in m["info"]):
+            i += 1
+            continue
+        indent = len(m["indent"].expandtabs(4))
+        char, size, lang = m["fence"][0], len(m["fence"]), fence_language(m["info"])
+        i += 1
+        while i < len(lines):
+            line = lines[i].expandtabs(4)
+            body = line.lstrip()
+            lead = len(line) - len(body)
+            if body and lead < indent:
+                break  # the container (admonition, tab, list item) ended, and the block with it
+            close = re.fullmatch(r"(`{3,}|~{3,})[ \t]*", body)
+            if close and close[1][0] == char and len(close[1]) >= size and lead - indent < 4:
+                i += 1
+                break
+            shown = len(line.rstrip()) - indent if body else 0
+            if lang != "mermaid" and shown > width:
+                out.append((i + 1, shown, lang or "text"))
+            i += 1
+    return out
+
+
+def test_fence_scan_reads_the_notation(tmp_path):
+    page = tmp_path / "p.md"
+    long = "x" * 101
+    page.write_text(f"```python\n{long}\n```\n\n~~~~{{.python notest}}\n```\n{long}\n~~~~\n\n"
+                    f"!!! note\n\n    ```bash\n    {'y' * 100}\n    {long}\n    ```\n\n"
+                    f"```mermaid\n{long}\n```\n\n~~~\n{'z' * 100}\n~~~\n")
+    assert wide_fence_lines(page) == [(2, 101, "python"), (7, 101, "python"), (14, 101, "bash")]
+
+
+def test_docs_code_fences_fit():
+    """Code blocks written into the pages (not included from a file) fit the column too."""
+    pages = sorted((REPO_ROOT / "docs").rglob("*.md"))
+    assert pages, "no pages found"
+    wide = [f"{p.relative_to(REPO_ROOT)}:{n} ({w}) {lang}" for p in pages
+            for n, w, lang in wide_fence_lines(p)]
+    assert not wide, (f"lines of fenced code blocks wider than {MAX_WIDTH} characters "
+                      f"(from the fence's indentation):\n" + "\n".join(wide))

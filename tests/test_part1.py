@@ -179,7 +179,7 @@ def test_resident_blocks_fill_an_sm():
     assert fn is cuda.kernel("part1/elementwise.cu", "vector_add_v1")
     props = torch.cuda.get_device_properties(0)
     assert cuda.resident_blocks(fn, 256) == props.max_threads_per_multi_processor // 256  # 12 registers: no limit
-    heavy = cuda.kernel("part1/elementwise.cu", "vector_add_v5")
+    heavy = cuda.kernel("part1/elementwise.cu", "vector_add_v5", ew.CU_OPTIONS)
     assert 1 <= cuda.resident_blocks(heavy, 256) <= cuda.resident_blocks(fn, 256)
 
 

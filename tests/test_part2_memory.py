@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from snippets.common.inputs import block_pattern
 from snippets.part2 import host_transfer as ht
 from snippets.registry import CEILING_MEASURES, CEILINGS
 
@@ -37,9 +38,9 @@ def test_timers_match_what_each_copy_is():
 @pytest.mark.parametrize("n", [1, 17, MiB - 1, MiB, MiB + 5, 3 * MiB])
 def test_pattern_blocks_differ(n):
     gen = torch.Generator().manual_seed(0)
-    x = ht._pattern(n, gen)
+    x = block_pattern(n, gen)
     assert x.shape == (n,) and x.dtype == torch.float32 and x.is_contiguous()
-    again = ht._pattern(n, torch.Generator().manual_seed(0))
+    again = block_pattern(n, torch.Generator().manual_seed(0))
     assert torch.equal(x, again), "deterministic for a seed"
     if n > MiB:  # block b is block 0 shifted by b: a block copied to the wrong place would not match
         torch.testing.assert_close(x[MiB : 2 * MiB][: n - MiB] - 1.0, x[: min(MiB, n - MiB)], rtol=0, atol=1e-5)
@@ -81,7 +82,7 @@ def test_footprint_without_gpu_is_clear(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.op("host_transfer")
 def test_buffers_are_what_they_say():
-    x = ht._pattern(1000, torch.Generator().manual_seed(1))
+    x = block_pattern(1000, torch.Generator().manual_seed(1))
     b = ht.TransferBuffers.like(x)
     assert b.pinned.is_pinned() and b.to_pinned.is_pinned() and not b.to_pageable.is_pinned()
     assert not b.pinned.is_cuda and b.device.is_cuda

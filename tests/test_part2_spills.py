@@ -173,8 +173,10 @@ def test_launch_bounds_buy_occupancy():
 
     props = torch.cuda.get_device_properties(0)
     full = props.max_threads_per_multi_processor // sp.THREADS
-    bounded = cuda.resident_blocks(cuda.kernel(sp.CU_FILE, sp.kernel_name("v3", 64)), sp.THREADS)
-    registers = cuda.resident_blocks(cuda.kernel(sp.CU_FILE, sp.kernel_name("v1", 64)), sp.THREADS)
+    bounded = cuda.resident_blocks(cuda.kernel(sp.CU_FILE, sp.kernel_name("v3", 64), sp.CU_OPTIONS),
+                                   sp.THREADS)
+    registers = cuda.resident_blocks(cuda.kernel(sp.CU_FILE, sp.kernel_name("v1", 64), sp.CU_OPTIONS),
+                                     sp.THREADS)
     assert bounded == full
     assert registers < bounded
     regs_per_sm = getattr(props, "regs_per_multiprocessor", 65536)  # 64 K 32-bit registers on A100 to H200

@@ -249,7 +249,7 @@ def test_atomic_versions_agree_within_tolerance():
 @pytest.mark.op("reduce_sum")
 def test_v7_grid_is_one_wave():
     cfg = rd.CONFIGS["v7"]
-    fn = rd.cuda.kernel(rd.CU_FILE, cfg.kernel)
+    fn = rd.cuda.kernel(rd.CU_FILE, cfg.kernel, rd.CU_OPTIONS + cfg.options)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     per_sm = rd.cuda.resident_blocks(fn, cfg.threads)
     assert per_sm >= 1

@@ -100,18 +100,20 @@ def test_configs_match_the_ladder():
 
 @pytest.mark.op("sgemm")
 def test_tuned_configs_are_the_instantiated_kernels():
-    """TUNED_CONFIGS sizes the grid of kernels instantiated by SGEMM_TUNED lines in v11_tuned.cu: the two
-    lists must name the same kernels, in the same order, and each name must spell out its launch numbers."""
+    """v11_tuned.cu instantiates one kernel per entry of TUNED, the list sgemm.py passes to the compiler
+    (-D SGEMM_TUNED_CONFIGS), and TUNED_CONFIGS sizes their grids: the option must carry every entry, in
+    order, and each kernel name must spell out its launch numbers. (tests/test_cuda_compile.py compiles the
+    file with the option and compares the kernels it gets with these names.)"""
     import re
 
-    src = sg.cuda.source_path(sg.TUNED_CONFIGS[0].path).read_text()
-    lines = re.findall(r"^SGEMM_TUNED\(([^)]*)\)", src, re.MULTILINE)
-    params = [tuple(int(v) for v in line.split(",")) for line in lines]
-    assert len(params) == len(sg.TUNED_CONFIGS) >= 2
-    for (bm, bn, bk, wm, wn, mi, ni, nt, g, pad), cfg in zip(params, sg.TUNED_CONFIGS):
+    (option,) = sg.CU_OPTIONS[sg.TUNED_CONFIGS[0].path]
+    params = [tuple(int(v) for v in m.split(",")) for m in re.findall(r"SGEMM_TUNED\(([^)]*)\)", option)]
+    assert params == list(sg.TUNED) and len(params) == len(sg.TUNED_CONFIGS) >= 2
+    for (bm, bn, bk, wm, wn, nt, g, pad), cfg in zip(params, sg.TUNED_CONFIGS):
         assert cfg.kernel == f"sgemm_t_{bm}x{bn}_k{bk}_w{wm}x{wn}_t{nt}_g{g}_p{pad}"
         assert cfg.tile == (bm, bn) and cfg.bk == bk and cfg.threads == (nt,)
-        assert wm == mi * 32 and wn == ni * 16 and (bm // wm) * (bn // wn) * 32 == nt
+        # a lane owns (wm / 32) x (wn / 16) pieces of 4 x 4 results; one warp per warp tile
+        assert wm % 32 == 0 and wn % 16 == 0 and (bm // wm) * (bn // wn) * 32 == nt
     assert sg.CONFIGS["v11"] == sg.TUNED_CONFIGS[0]
     assert len({c.kernel for c in sg.TUNED_CONFIGS}) == len(sg.TUNED_CONFIGS)
 

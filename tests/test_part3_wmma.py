@@ -12,6 +12,7 @@ import torch
 
 from conftest import poison_allocator
 from snippets._checks import triton_interpreting
+from snippets.common import gemm
 from snippets.part3 import sgemm
 from snippets.part3 import wmma as w
 
@@ -231,7 +232,7 @@ def test_reference_rounds_once(m, n, k):
         c = w.wmma_gemm_ref(a, b)
         assert c.dtype == dtype
         exact = a.double() @ b.double()
-        torch.testing.assert_close(c.double(), exact, rtol=w.UNIT_ROUNDOFF[dtype], atol=1e-6 * k)
+        torch.testing.assert_close(c.double(), exact, rtol=gemm.UNIT_ROUNDOFF[dtype], atol=1e-6 * k)
 
 
 # ---------------------------------------------------------------- CPU: TF32 emulation
@@ -287,7 +288,7 @@ def test_tf32_error_scales_like_its_unit_roundoff(k):
     exact = a.double() @ b.double()
     err_tf32 = w.tf32_matmul_emulated(a, b) - exact
     err_fp32 = (a @ b).double() - exact
-    scale = w.TF32_UNIT_ROUNDOFF * math.sqrt(k)
+    scale = gemm.TF32_UNIT_ROUNDOFF * math.sqrt(k)
     rms_tf32 = err_tf32.pow(2).mean().sqrt().item()
     rms_fp32 = err_fp32.pow(2).mean().sqrt().item()
     assert 0.3 * scale < rms_tf32 < 1.5 * scale

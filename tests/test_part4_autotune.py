@@ -11,7 +11,7 @@ import pytest
 import torch
 import triton
 
-from snippets.part3.wmma import tolerance_for
+from snippets.common.gemm import tolerance_for
 from snippets.part4 import autotune as at
 from snippets.part4.autotune import MatmulConfig
 

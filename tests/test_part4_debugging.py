@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from conftest import HAS_GPU
-from snippets.part3.wmma import _matmul_kernel
+from snippets.common import introspect as ins
+from snippets.common.gemm import matmul_kernel
 from snippets.part4 import debugging as dbg
-from snippets.part4 import introspect as ins
 
 needs_interpreter = pytest.mark.skipif(HAS_GPU, reason="checks the CPU interpreter's behaviour")
 
@@ -32,7 +32,7 @@ GEMM_SIG = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "M": "i32", "N
 def _oversized():
     cfg = dbg.oversized_gemm_config()
     opts = dict(num_warps=cfg.pop("num_warps"), num_stages=cfg.pop("num_stages"), divisible=tuple(GEMM_SIG))
-    return (_matmul_kernel, GEMM_SIG, cfg, opts)
+    return (matmul_kernel, GEMM_SIG, cfg, opts)
 
 
 JOBS = {

@@ -17,6 +17,7 @@ import triton.language as tl
 
 import snippets._checks as checks
 from conftest import HAS_GPU, poison_allocator
+from snippets.common import dropout as cd
 from snippets.part4 import dropout as d
 
 VERSIONS = {"v1": d.dropout_masked, "v2": d.seeded_dropout, "v3": d.seeded_dropout4x}
@@ -75,14 +76,14 @@ def _triton_random(seed, offsets: np.ndarray, device):
      (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
 ])
 def test_philox_known_answers(counter, key, want):
-    got = d.philox4x32(*counter, *key)
+    got = cd.philox4x32(*counter, *key)
     assert tuple(int(w) for w in got) == want
 
 
 @pytest.mark.op("dropout")
 def test_philox_rounds_matter():
     """Fewer rounds give other numbers: the round count is part of the stream (and of the known answers)."""
-    ten, seven = d.philox4x32(0, 0, 0, 0, 0, 0), d.philox4x32(0, 0, 0, 0, 0, 0, n_rounds=7)
+    ten, seven = cd.philox4x32(0, 0, 0, 0, 0, 0), cd.philox4x32(0, 0, 0, 0, 0, 0, n_rounds=7)
     assert tuple(map(int, ten)) != tuple(map(int, seven))
 
 
@@ -93,14 +94,14 @@ def test_numpy_philox_matches_triton_bit_for_bit(seed, device):
     offsets = np.concatenate([np.arange(1000), 2**31 - 3 + np.arange(6), 2**32 + np.arange(5), [2**40 + 12345],
                               2**63 - 1 - np.arange(3)]).astype(np.int64)
     r, u, w = _triton_random(seed, offsets, device)
-    np.testing.assert_array_equal(r, d.randint_ref(seed, offsets))
-    np.testing.assert_array_equal(u, d.rand_ref(seed, offsets))
-    np.testing.assert_array_equal(w, np.stack(d.randint4x_ref(seed, offsets), axis=1))
+    np.testing.assert_array_equal(r, cd.randint_ref(seed, offsets))
+    np.testing.assert_array_equal(u, cd.rand_ref(seed, offsets))
+    np.testing.assert_array_equal(w, np.stack(cd.randint4x_ref(seed, offsets), axis=1))
 
 
 @pytest.mark.op("dropout")
 def test_uniform_conversion_edges():
-    u = d.uint_to_uniform_ref(np.array([0, 1, 2**31 - 1, 2**31, 2**32 - 1], dtype=np.uint32))
+    u = cd.uint_to_uniform_ref(np.array([0, 1, 2**31 - 1, 2**31, 2**32 - 1], dtype=np.uint32))
     assert u.dtype == np.float32 and u[0] == 0 and u[-1] == 0  # 0 and ~(-1) both give 0
     assert u.max() < 1.0 and u[2] == u[3]                      # 2^31 - 1 and ~(-2^31) give the largest, below 1
 
@@ -172,9 +173,9 @@ def test_mask_does_not_depend_on_block_size(block, device):
     """The counter is the element index, not (program, lane): any BLOCK gives the same mask, so a backward
     launched with another block size (or an autotuned one) still regenerates the forward's bits."""
     x, n = _x(5000, torch.float32, device), 5000
-    p, scale, seed = d._check_args(x, 0.3, 5)
+    p, scale, seed = cd.check_dropout_args(x, 0.3, 5)
     y, y4 = torch.empty_like(x), torch.empty_like(x)
-    d._dropout_kernel[(triton.cdiv(n, block),)](x, y, y, n, p, scale, seed, BLOCK=block, STORE_MASK=False)
+    cd.dropout_kernel[(triton.cdiv(n, block),)](x, y, y, n, p, scale, seed, BLOCK=block, STORE_MASK=False)
     d._dropout4x_kernel[(triton.cdiv(n, block),)](x, y4, n, p, scale, seed, BLOCK=block)
     assert torch.equal(y, d.seeded_dropout(x, 0.3, 5))
     assert torch.equal(y4, d.seeded_dropout4x(x, 0.3, 5))
@@ -195,9 +196,9 @@ def test_tl_rand_is_uniform(device):
 @pytest.mark.op("dropout")
 def test_stream_of_four_words_is_uniform():
     """Each of the four words of a Philox output is uniform on its own (v3 uses all four)."""
-    words = d.randint4x_ref(99, np.arange(2**14))
+    words = cd.randint4x_ref(99, np.arange(2**14))
     for w in words:
-        stat, limit = d.chi_square_uniform(d.uint_to_uniform_ref(w))
+        stat, limit = d.chi_square_uniform(cd.uint_to_uniform_ref(w))
         assert stat < limit
 
 

@@ -1,7 +1,7 @@
 """Compiling the book's Triton kernels for sm_90 without a GPU, and what the compiler made of them: 128-bit
 loads where alignment is known, tensor-core and async-copy instructions and a pipeline that grows shared memory
 with num_stages in the GEMM, threads per program from num_warps, the JIT's specialisation rules, and the
-ptxas report parser. One helper process compiles every variant (see snippets/part4/introspect.py)."""
+ptxas report parser. One helper process compiles every variant (see snippets/common/introspect.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import re
 import pytest
 import torch
 
+from snippets.common import introspect as ins
+from snippets.common.gemm import matmul_kernel
 from snippets.part1.elementwise import _add_kernel
 from snippets.part3.reduce import _sum_kernel
-from snippets.part3.wmma import _matmul_kernel
-from snippets.part4 import introspect as ins
 from test_cuda_compile import SPILLING_SAMPLE
 
 ADD_SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"}
@@ -31,11 +31,11 @@ JOBS = {
     "add_1_per_thread": (_add_kernel, ADD_SIG, {"BLOCK": 128}, dict(num_warps=4, divisible=ALL_ADD)),
     "sum": (_sum_kernel, {"x_ptr": "*fp32", "partial_ptr": "*fp32", "n": "i32"}, {"BLOCK": 4096},
             dict(num_warps=8, divisible=("x_ptr", "partial_ptr", "n"))),
-    **{f"gemm_{s}": (_matmul_kernel, GEMM_SIG, GEMM_TILE, dict(num_warps=8, num_stages=s, divisible=tuple(GEMM_SIG)))
+    **{f"gemm_{s}": (matmul_kernel, GEMM_SIG, GEMM_TILE, dict(num_warps=8, num_stages=s, divisible=tuple(GEMM_SIG)))
        for s in STAGES},
-    "gemm_4_warps": (_matmul_kernel, GEMM_SIG, GEMM_TILE, dict(num_warps=4, num_stages=3, divisible=tuple(GEMM_SIG))),
-    "gemm_strides_unknown": (_matmul_kernel, GEMM_SIG, GEMM_TILE, dict(num_warps=8, num_stages=3)),
-    "gemm_sm80": (_matmul_kernel, GEMM_SIG, GEMM_TILE, dict(arch=80, num_warps=8, num_stages=3,
+    "gemm_4_warps": (matmul_kernel, GEMM_SIG, GEMM_TILE, dict(num_warps=4, num_stages=3, divisible=tuple(GEMM_SIG))),
+    "gemm_strides_unknown": (matmul_kernel, GEMM_SIG, GEMM_TILE, dict(num_warps=8, num_stages=3)),
+    "gemm_sm80": (matmul_kernel, GEMM_SIG, GEMM_TILE, dict(arch=80, num_warps=8, num_stages=3,
                                                           divisible=tuple(GEMM_SIG))),
 }
 
@@ -198,14 +198,22 @@ def test_a_launch_reports_what_compile_for_predicts():
     a = torch.randn(512, 512, device="cuda", dtype=torch.float16)
     c = torch.empty_like(a)
     cfg = TRITON_CONFIGS[2]
-    launched = _matmul_kernel[(16,)](a, a, c, 512, 512, 512, 512, 512, 512, INPUT_PRECISION="tf32", **cfg)
+    launched = matmul_kernel[(16,)](a, a, c, 512, 512, 512, 512, 512, 512, INPUT_PRECISION="tf32", **cfg)
     torch.cuda.synchronize()
-    sig, consts, div = ins.signature_of(_matmul_kernel, a, a, c, 512, 512, 512, 512, 512, 512,
+    sig, consts, div = ins.signature_of(matmul_kernel, a, a, c, 512, 512, 512, 512, 512, 512,
                                         INPUT_PRECISION="tf32", **{k: v for k, v in cfg.items()
                                                                    if k not in ("num_warps", "num_stages")})
-    offline = ins.compile_for(_matmul_kernel, sig, consts, divisible=div, num_warps=cfg["num_warps"],
+    offline = ins.compile_for(matmul_kernel, sig, consts, divisible=div, num_warps=cfg["num_warps"],
                               num_stages=cfg["num_stages"])
     seen = ins.launched_resources(launched)
     assert seen["shared"] == offline.shared and seen["num_warps"] == 8 and seen["num_stages"] == 3
     assert seen["n_spills"] == 0 and 0 < seen["n_regs"] <= 255
     assert ins.tensor_core_ops(launched.asm["ptx"]) == ins.tensor_core_ops(offline.ptx)
+
+
+def test_finders_read_the_state_space_either_way():
+    # Triton 3.8 writes the CTA's shared memory as .shared::cta, 3.6 and 3.9 as .shared
+    for ptx in ("st.shared::cta.b32 [ %r18 + 0 ], %r19;", "st.shared.b32 [%r54], %r50;"):
+        assert ins.shared_memory_ops(ptx) == {"st.shared.b32": 1}
+        assert ins.load_store_widths(ptx, "shared") == {"ld": set(), "st": {32}}
+    assert ins.shared_memory_ops("ld.shared::cluster.u32 %r1, [%r2];") == {"ld.shared::cluster.u32": 1}

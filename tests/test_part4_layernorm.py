@@ -169,12 +169,12 @@ def test_triton_forward_leading_dims_and_empty_batch(device):
 def test_triton_forward_rows_per_program(monkeypatch, device):
     """Several rows per program with a ragged last program: 1000 rows of 64 at 16 rows per program is 63
     programs, the last holding 8 rows; at 64 rows per program, 16 programs, the last holding 40."""
-    monkeypatch.setitem(ln.CONFIGS, 1024, ln.Config(rows=1, fwd_warps=4, bwd_warps=4, groups_per_sm=1))
+    monkeypatch.setitem(ln.CONFIGS, 1024, ln.RowConfig(rows=1, fwd_warps=4, bwd_warps=4, groups_per_sm=1))
     assert ln.config_for(64)[1].rows == 16
     x, w, b, _ = _inputs(1000, 64, seed=2)
     want = ln.layernorm_ref(x.double(), w.double(), b.double())
     _assert_close(ln.layernorm_triton(x, w, b), want, torch.float32, "y, 16 rows a program")
-    monkeypatch.setitem(ln.CONFIGS, 1024, ln.Config(rows=4, fwd_warps=4, bwd_warps=4, groups_per_sm=1))
+    monkeypatch.setitem(ln.CONFIGS, 1024, ln.RowConfig(rows=4, fwd_warps=4, bwd_warps=4, groups_per_sm=1))
     _assert_close(ln.layernorm_triton(x, w, b), want, torch.float32, "y, 64 rows a program")
 
 
@@ -222,7 +222,7 @@ def test_triton_backward(m, n, dtype, device):
 @pytest.mark.parametrize("groups_per_sm", [1, 3, 64])
 def test_triton_backward_any_number_of_groups(monkeypatch, groups_per_sm, device):
     """One group summing all rows, groups of uneven size, and one row per group: the same answer."""
-    monkeypatch.setitem(ln.CONFIGS, 1024, ln.Config(rows=4, fwd_warps=4, bwd_warps=4, groups_per_sm=groups_per_sm))
+    monkeypatch.setitem(ln.CONFIGS, 1024, ln.RowConfig(rows=4, fwd_warps=4, bwd_warps=4, groups_per_sm=groups_per_sm))
     _check_fwd_bwd(*_inputs(150, 48, seed=groups_per_sm))
 
 

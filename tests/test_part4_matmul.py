@@ -14,6 +14,7 @@ import triton.language as tl
 from conftest import DEVICE, HAS_GPU, poison_allocator
 from helpers import compile_script_results
 from snippets._checks import triton_interpreting
+from snippets.common import gemm
 from snippets.part4 import matmul as mm
 from snippets.registry import CEILINGS, CEILING_MEASURES
 
@@ -97,7 +98,7 @@ def test_test_sizes_fit_every_version():
 @triton.jit
 def _order_kernel(out_ptr, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     pid = tl.program_id(0)
-    pid_m, pid_n = mm._tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = gemm.tile_coords(pid, num_pid_m, num_pid_n, GROUP_M)
     tl.store(out_ptr + 2 * pid, pid_m)
     tl.store(out_ptr + 2 * pid + 1, pid_n)
 
@@ -260,9 +261,9 @@ def test_int8_extremes(persistent):
 
 def test_config_space_and_pruning(monkeypatch):
     h100 = 232448  # 227 KB: an H100's or H200's shared memory per program (opt-in)
-    monkeypatch.setattr(mm, "device_smem_limit", lambda index: h100)
+    monkeypatch.setattr(gemm, "device_smem_limit", lambda index: h100)
     for in_bytes, persistent in ((2, False), (1, False), (2, True), (1, True)):
-        configs = mm.config_space(in_bytes, persistent)
+        configs = gemm.config_space(in_bytes, persistent)
         assert len(configs) >= 6
         assert all(c.kwargs["BLOCK_K"] * in_bytes == 128 for c in configs)
         dtype = torch.float16 if in_bytes == 2 else torch.int8
@@ -270,12 +271,12 @@ def test_config_space_and_pruning(monkeypatch):
         a = torch.empty(1, dtype=dtype)
         named = ({"a_desc": type("D", (), {"base": a})(), "c_desc": type("D", (), {"base": out})()} if persistent
                  else {"a_ptr": a, "c_ptr": out})
-        kept = mm._prune(configs, named)
-        assert kept and all(mm.smem_bytes(c, in_bytes, out.element_size(), persistent) <= h100 for c in kept)
+        kept = gemm.prune_configs(configs, named)
+        assert kept and all(gemm.smem_bytes(c, in_bytes, out.element_size(), persistent) <= h100 for c in kept)
         if persistent and in_bytes == 1:  # int8 -> int32: 4 stages of 128 x 256 x 128 plus a 64 KB C tile
             assert len(kept) < len(configs)
-    monkeypatch.setattr(mm, "device_smem_limit", lambda index: 1024)
-    assert len(mm._prune(mm.config_space(2), {"a_ptr": a, "c_ptr": out})) == 1  # never empty
+    monkeypatch.setattr(gemm, "device_smem_limit", lambda index: 1024)
+    assert len(gemm.prune_configs(gemm.config_space(2), {"a_ptr": a, "c_ptr": out})) == 1  # never empty
 
 
 # ---------------------------------------------------------------- sm_90 compilation on any machine
@@ -312,7 +313,7 @@ def test_hopper_kernels_compile_for_sm90():
         in_bytes = 2 if "16" in r["dtype"] else 1
         out_bytes = 4 if "int8" in r["dtype"] else 2
         cfg = triton.Config(dict(BLOCK_M=128, BLOCK_N=r["bn"], BLOCK_K=128 // in_bytes), num_stages=3)
-        predicted = mm.smem_bytes(cfg, in_bytes, out_bytes, r["persistent"])
+        predicted = gemm.smem_bytes(cfg, in_bytes, out_bytes, r["persistent"])
         assert predicted <= r["shared"] <= predicted + 1024, (r, predicted)  # + a few barriers
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import poison_allocator
-from snippets.part3.wmma import tolerance_for
+from snippets.common.gemm import tolerance_for
 from snippets.part5 import epilogue as e
 
 TRITON = {"v3": e.matmul_bias_act, "v4": e.matmul_bias_act_persistent}
@@ -123,7 +123,7 @@ def test_epilogue_cost_counts_two_round_trips_of_c():
 
 @pytest.mark.op("matmul_epilogue")
 def test_persistent_epilogue_compiles_for_hopper_without_spills():
-    from snippets.part4.introspect import compile_many
+    from snippets.common.introspect import compile_many
 
     fused, plain, tiled = compile_many([e.hopper_job(torch.bfloat16, "gelu"), e.hopper_job(torch.bfloat16, "none"),
                                         e.hopper_job(torch.float16, "silu", persistent=False, block_n=128)])

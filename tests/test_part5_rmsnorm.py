@@ -120,12 +120,12 @@ def test_triton_forward_leading_dims_and_empty_batch(device):
 @pytest.mark.op("rmsnorm")
 def test_triton_forward_rows_per_program(monkeypatch, device):
     """1000 rows of 64 at 16 rows a program (63 programs, the last holding 8 rows) and at 64 rows a program."""
-    monkeypatch.setitem(rn.CONFIGS, 1024, rn.Config(rows=1, fwd_warps=4, bwd_warps=4, groups_per_sm=1))
+    monkeypatch.setitem(rn.CONFIGS, 1024, rn.RowConfig(rows=1, fwd_warps=4, bwd_warps=4, groups_per_sm=1))
     assert rn.config_for(64)[1].rows == 16
     x, w, _ = _inputs(1000, 64, seed=2)
     want = rn.rmsnorm_ref(x.double(), w.double())
     _assert_close(rn.rmsnorm_triton(x, w), want, torch.float32, "y, 16 rows a program")
-    monkeypatch.setitem(rn.CONFIGS, 1024, rn.Config(rows=4, fwd_warps=4, bwd_warps=4, groups_per_sm=1))
+    monkeypatch.setitem(rn.CONFIGS, 1024, rn.RowConfig(rows=4, fwd_warps=4, bwd_warps=4, groups_per_sm=1))
     _assert_close(rn.rmsnorm_triton(x, w), want, torch.float32, "y, 64 rows a program")
 
 
@@ -164,7 +164,7 @@ def test_triton_backward(m, n, dtype, device):
 @pytest.mark.op("rmsnorm_fwd_bwd")
 @pytest.mark.parametrize("groups_per_sm", [1, 3, 64])
 def test_triton_backward_any_number_of_groups(monkeypatch, groups_per_sm, device):
-    monkeypatch.setitem(rn.CONFIGS, 1024, rn.Config(rows=4, fwd_warps=4, bwd_warps=4, groups_per_sm=groups_per_sm))
+    monkeypatch.setitem(rn.CONFIGS, 1024, rn.RowConfig(rows=4, fwd_warps=4, bwd_warps=4, groups_per_sm=groups_per_sm))
     _check_fwd_bwd(*_inputs(150, 48, seed=groups_per_sm))
 
 

@@ -96,8 +96,8 @@ def fake_sweep(tmp_path, name="autotune_test", gpu="test-gpu", source_hash=None)
     configs = [_config(64, 64, 4, 3, ms=4.0), _config(64, 128, 4, 3, ms=2.0), _config(128, 64, 4, 3, ms=3.0),
                _config(128, 128, 4, 3, ms=1.0), _config(128, 128, 8, 3, ms=1.25),
                _config(128, 128, 8, 6, status="failed"), _config(64, 64, 8, 3, status="wrong")]
-    data = {"schema": 1, "kind": "autotune_sweep", "kernel": "snippets.part3.wmma:_matmul_kernel",
-            "source_hash": source_hash or site._resolve_hash("snippets.part3.wmma:_matmul_kernel"),
+    data = {"schema": 1, "kind": "autotune_sweep", "kernel": "snippets.common.gemm:matmul_kernel",
+            "source_hash": source_hash or site._resolve_hash("snippets.common.gemm:matmul_kernel"),
             "problem": {"m": 1024, "n": 1024, "k": 1024, "dtype": "bfloat16"}, "metric": "TFLOP/s",
             "cublas": {"ms": 0.5, "tflops": 2 * 1024**3 / 0.5e-3 / 1e12, "how": "test"},
             "tuning_cost": {"space": 24, "pruned": 20, "cache_results": True, "first_call_s": 12.5,
@@ -131,12 +131,12 @@ def test_sweep_marks_a_changed_kernel_stale(tmp_path):
 
 
 def test_sweep_source_hash_is_the_registry_hash():
-    from snippets.part3.wmma import _matmul_kernel
+    from snippets.common.gemm import matmul_kernel
 
-    # scripts/capture_autotune.py writes Impl(..., _matmul_kernel, ...).source_hash(); the page recomputes it
-    expected = Impl("x", _matmul_kernel, "Triton", "").source_hash()
-    assert site._resolve_hash("snippets.part3.wmma:_matmul_kernel") == expected
-    assert site._resolve_hash("snippets.part3.wmma:no_such_kernel") is None
+    # scripts/capture_autotune.py writes Impl(..., matmul_kernel, ...).source_hash(); the page recomputes it
+    expected = Impl("x", matmul_kernel, "Triton", "").source_hash()
+    assert site._resolve_hash("snippets.common.gemm:matmul_kernel") == expected
+    assert site._resolve_hash("snippets.common.gemm:no_such_kernel") is None
     assert site._resolve_hash("snippets.no_such_module:k") is None
 
 

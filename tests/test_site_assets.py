@@ -151,21 +151,30 @@ def test_vendored_mathjax_mermaid_and_licences_are_published(site_dir):
 @pytest.mark.slow
 def test_every_page_loads_the_local_copies_before_material_looks_for_mermaid(site_dir):
     """Material renders diagrams with a global ``mermaid`` when one exists and fetches its own from
-    unpkg otherwise: the vendored one must be a plain script (not async, not a module) on every
-    page, and MathJax's settings must come before MathJax."""
-    order = ["javascripts/mathjax.js", "vendor/mathjax/tex-mml-chtml.js",
-             "vendor/mermaid/mermaid.min.js"]
+    unpkg otherwise: on a page with a diagram the vendored one must be a plain script (not async, not
+    a module) before Material's bundle; a page without one does not load its 3.5 MB. MathJax's
+    settings come before MathJax on every page."""
+    order = ["javascripts/mathjax.js", "vendor/mathjax/tex-mml-chtml.js"]
     pages = sorted(site_dir.glob("**/index.html"))
     assert len(pages) > 40
+    with_diagrams = 0
     for html in pages:
         scripts = _refs(html).scripts
         srcs = [s["src"] for s in scripts]
         where = [next((k for k, src in enumerate(srcs) if src.endswith(w)), None) for w in order]
         assert None not in where and where == sorted(where), f"{html.relative_to(site_dir)}: {srcs}"
+        mermaid = [k for k, src in enumerate(srcs) if src.endswith("vendor/mermaid/mermaid.min.js")]
+        if 'class="mermaid"' in html.read_text():
+            with_diagrams += 1
+            bundle = next(k for k, src in enumerate(srcs) if "assets/javascripts/bundle." in src)
+            assert len(mermaid) == 1 and mermaid[0] < bundle, f"{html.relative_to(site_dir)}: {srcs}"
+        else:
+            assert not mermaid, f"{html.relative_to(site_dir)} loads Mermaid without a diagram"
         for s in scripts:
             if "vendor/" in s["src"]:
                 assert "async" not in s and s.get("type") in (None, "text/javascript"), s
                 assert _resolve(site_dir, html, s["src"]).is_file(), s["src"]
+    assert with_diagrams >= 3
 
 
 @pytest.mark.slow

@@ -4,8 +4,8 @@
 // vector_add_v2  like v1, but a fixed grid strides over the array (grid size no longer tied to n)
 // vector_add_v3  like v2, but each thread moves 16 bytes per load (float4) (a quarter of the load
 //                instructions)
-// vector_add_v5  like v3, but each thread issues 4 float4 loads per array before its first store
-//                (4x the bytes in flight per thread)
+// vector_add_v5  like v3, but each thread issues VEC4_UNROLL float4 loads per array before its
+//                first store (VEC4_UNROLL times the bytes in flight per thread)
 // scale / relu / saxpy: the v5 pattern with another body.
 //
 // All pointers are float32 and contiguous; the Python wrappers check that, and use the vectorized
@@ -79,23 +79,29 @@ extern "C" __global__ void vector_add_v3(const float* x, const float* y, float* 
     map_vec4<2, 1>(x, y, out, n, [](float a, float b) { return a + b; });
 }
 
+// v5 and scale/relu/saxpy unroll by UNROLL of snippets/part1/elementwise.py, which passes it as
+// -DVEC4_UNROLL (the default lets this file compile alone)
+#ifndef VEC4_UNROLL
+#define VEC4_UNROLL 4
+#endif
+
 extern "C" __global__ void vector_add_v5(const float* x, const float* y, float* out, long long n) {
-    map_vec4<2, 4>(x, y, out, n, [](float a, float b) { return a + b; });
+    map_vec4<2, VEC4_UNROLL>(x, y, out, n, [](float a, float b) { return a + b; });
 }
 // --8<-- [end:vectorized]
 
 // --8<-- [start:others]
 extern "C" __global__ void scale_vec4(const float* x, float* out, long long n, float alpha) {
-    map_vec4<1, 4>(x, nullptr, out, n, [=](float a, float) { return alpha * a; });
+    map_vec4<1, VEC4_UNROLL>(x, nullptr, out, n, [=](float a, float) { return alpha * a; });
 }
 
 extern "C" __global__ void relu_vec4(const float* x, float* out, long long n) {
     // a < 0 ? 0 : a keeps NaN as NaN, like torch.relu; fmaxf(a, 0.f) would turn NaN into 0.
-    map_vec4<1, 4>(x, nullptr, out, n, [](float a, float) { return a < 0.f ? 0.f : a; });
+    map_vec4<1, VEC4_UNROLL>(x, nullptr, out, n, [](float a, float) { return a < 0.f ? 0.f : a; });
 }
 
 extern "C" __global__ void saxpy_vec4(const float* x, const float* y, float* out, long long n,
                                       float alpha) {
-    map_vec4<2, 4>(x, y, out, n, [=](float a, float b) { return fmaf(alpha, a, b); });
+    map_vec4<2, VEC4_UNROLL>(x, y, out, n, [=](float a, float b) { return fmaf(alpha, a, b); });
 }
 // --8<-- [end:others]

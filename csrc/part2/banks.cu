@@ -16,9 +16,13 @@
 // (unsigned, wrapping), which the PyTorch reference reproduces exactly. The Python wrapper checks
 // that every address is below SMEM_WORDS.
 
-// 8 KiB: 32 rows of up to 64 words, so pitches up to 64 need no wrap-around
+// SMEM_WORDS words of shared memory (8 KiB: 32 rows of up to 64 words, so pitches up to 64 need no
+// wrap-around) and COLS words read by each lane per step: the launcher's numbers, which
+// snippets/part2/banks.py passes as -D options (the defaults let this file compile alone)
+#ifndef SMEM_WORDS
 #define SMEM_WORDS 2048
-#define COLS 32          // words each lane reads per step
+#define COLS 32
+#endif
 
 // The value stored in word w for a block whose seed is s: not linear in w, so a kernel that reads
 // the right number of words from the wrong addresses gets a different sum.

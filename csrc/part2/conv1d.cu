@@ -20,8 +20,12 @@
 // into it (on the launch's stream, so the copy is ordered before the launch) before every launch of
 // the *_const kernels.
 
-// odd filter lengths up to 63: the filter fits c_filter and the halo is at most 31 per side
+// odd filter lengths up to 63: the filter fits c_filter and the halo is at most 31 per side. MAX_K
+// and the block shape below are the launcher's numbers, passed by snippets/part2/conv1d.py as -D
+// options (the defaults let this file compile alone).
+#ifndef MAX_K
 #define MAX_K 63
+#endif
 
 // --8<-- [start:constant]
 // 64 floats = 256 bytes of the 64 KB constant bank. Set from the host (cudaMemcpyToSymbol in a CUDA
@@ -61,8 +65,12 @@ extern "C" __global__ void conv1d_constant(const float* x, float* out, long long
 // --8<-- [end:constant_kernel]
 
 // --8<-- [start:shared]
-constexpr int THREADS = 256;     // the launcher always uses blocks of 256 threads
-constexpr int PER_THREAD = 4;    // outputs per thread: 4 accumulators share each filter value read
+// blocks of THREADS threads, PER_THREAD outputs per thread: as many accumulators share each filter
+// value read
+#ifndef THREADS
+#define THREADS 256
+#define PER_THREAD 4
+#endif
 // outputs per block; its input tile is TILE + k - 1 values
 constexpr int TILE = THREADS * PER_THREAD;
 

@@ -14,7 +14,11 @@
 // chase_ca  plain loads (ld.global, cached in L1 and L2)
 // chase_cg  __ldcg loads (ld.global.cg: cached in L2 only, L1 bypassed)
 
-#define SLOT_WORDS 32  // 128 bytes between the words the chain visits: one L1/L2 cache line each
+// 128 bytes between the words the chain visits: one L1/L2 cache line each. The launcher's number,
+// which snippets/part2/latency.py passes as a -D option (the default lets this file compile alone).
+#ifndef SLOT_WORDS
+#define SLOT_WORDS 32
+#endif
 
 // --8<-- [start:check]
 extern "C" __global__ void chain_check(const int* buf, long long words, int* out) {

@@ -21,8 +21,8 @@
 //                    registers per thread. When S values do not fit, ptxas spills some of them to
 //                    local memory.
 //
-// All three are launched with 256 threads per block (the launch bound of chain_bounded allows
-// no more).
+// All three are launched with THREADS = 256 threads per block (the launch bound of chain_bounded
+// allows no more).
 
 // --8<-- [start:chain]
 // 31/32 and 1/16 are exact in fp32; |C| < 1 keeps the chain bounded: a[k] tends to D / (1 - C) = 2.
@@ -67,10 +67,16 @@ __device__ __forceinline__ void chain_local(const float* x, float* out, long lon
 }
 // --8<-- [end:chain]
 
+// THREADS per block: the launcher's number, which snippets/part2/spills.py passes as a -D option
+// (the default lets this file compile alone)
+#ifndef THREADS
+#define THREADS 256
+#endif
+
 // --8<-- [start:kernels]
 // One extern "C" kernel per (variant, SLOTS), so that Python can name each one. The bounded variant
-// is the register variant's code under a launch bound: 8 blocks of 256 threads per SM leave 32
-// registers per thread.
+// is the register variant's code under a launch bound: 8 blocks of THREADS = 256 threads per SM
+// leave 32 registers per thread.
 #define CHAIN_KERNELS(S)                                                                          \
     extern "C" __global__ void chain_registers_##S(const float* x, float* out, long long n) {     \
         chain_registers<S>(x, out, n);                                                            \
@@ -79,7 +85,7 @@ __device__ __forceinline__ void chain_local(const float* x, float* out, long lon
                                                int offset) {                                      \
         chain_local<S>(x, out, n, step, offset);                                                  \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, 8)                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS, 8)                                      \
         chain_bounded_##S(const float* x, float* out, long long n) {                              \
         chain_registers<S>(x, out, n);                                                            \
     }

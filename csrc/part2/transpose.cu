@@ -23,15 +23,24 @@
 // than 2^31 blocks), so the division blockIdx.x / tiles_n that locates a thread's tile is a
 // 32-bit one.
 
+// The blocks of v1 and v2, BLOCK_X_Vn x BLOCK_Y_Vn threads: the launcher's numbers, which
+// snippets/part2/transpose.py passes as -D options (the defaults let this file compile alone).
+#ifndef BLOCK_X_V1
+#define BLOCK_X_V1 32
+#define BLOCK_Y_V1 8
+#define BLOCK_X_V2 32
+#define BLOCK_Y_V2 8
+#endif
+
 // --8<-- [start:naive]
-// v1: a block of 32 x 8 threads covers 8 rows and 32 columns of x; threadIdx.x runs along a row
-// of x.
+// v1: a block of BLOCK_X_V1 x BLOCK_Y_V1 threads (32 x 8) covers BLOCK_Y_V1 rows and BLOCK_X_V1
+// columns of x; threadIdx.x runs along a row of x.
 extern "C" __global__ void transpose_v1(const float* __restrict__ x, float* __restrict__ out,
                                         long long m, long long n) {
-    const unsigned tiles_n = (n + 31) / 32;
+    const unsigned tiles_n = (n + BLOCK_X_V1 - 1) / BLOCK_X_V1;
     // consecutive threads: consecutive columns of x
-    const long long col = (long long)(blockIdx.x % tiles_n) * 32 + threadIdx.x;
-    const long long row = (long long)(blockIdx.x / tiles_n) * 8 + threadIdx.y;
+    const long long col = (long long)(blockIdx.x % tiles_n) * BLOCK_X_V1 + threadIdx.x;
+    const long long row = (long long)(blockIdx.x / tiles_n) * BLOCK_Y_V1 + threadIdx.y;
     if (row < m && col < n) {
         // read x[row][col]: the warp's 32 addresses are consecutive (one 128-byte line)
         // write out[col][row]: the warp's 32 addresses are m floats apart (32 different lines)
@@ -39,14 +48,14 @@ extern "C" __global__ void transpose_v1(const float* __restrict__ x, float* __re
     }
 }
 
-// v2: like v1 with the roles of the two indices swapped: a block covers 32 rows and 8 columns of x,
-// and threadIdx.x runs down a column of x, which is along a row of out.
+// v2: like v1 with the roles of the two indices swapped: a block covers BLOCK_X_V2 rows and
+// BLOCK_Y_V2 columns of x, and threadIdx.x runs down a column of x, which is along a row of out.
 extern "C" __global__ void transpose_v2(const float* __restrict__ x, float* __restrict__ out,
                                         long long m, long long n) {
-    const unsigned tiles_m = (m + 31) / 32;
+    const unsigned tiles_m = (m + BLOCK_X_V2 - 1) / BLOCK_X_V2;
     // consecutive threads: consecutive rows of x
-    const long long row = (long long)(blockIdx.x % tiles_m) * 32 + threadIdx.x;
-    const long long col = (long long)(blockIdx.x / tiles_m) * 8 + threadIdx.y;
+    const long long row = (long long)(blockIdx.x % tiles_m) * BLOCK_X_V2 + threadIdx.x;
+    const long long col = (long long)(blockIdx.x / tiles_m) * BLOCK_Y_V2 + threadIdx.y;
     if (row < m && col < n) {
         // read x[row][col]: n floats apart (strided); write out[col][row]: consecutive (coalesced)
         out[col * m + row] = x[row * n + col];
@@ -55,8 +64,12 @@ extern "C" __global__ void transpose_v2(const float* __restrict__ x, float* __re
 // --8<-- [end:naive]
 
 // --8<-- [start:tiled]
-// one warp spans a tile row: 32 floats = 128 bytes = one pass over the 32 banks
-constexpr int TILE = 32;
+// one warp spans a tile row: 32 floats = 128 bytes = one pass over the 32 banks. TILE, like each
+// version's ROWS below, is the launcher's number (snippets/part2/transpose.py passes it as a -D
+// option); the default lets this file compile alone.
+#ifndef TILE
+#define TILE 32
+#endif
 
 // One TILE x TILE tile per block of TILE x ROWS threads: each thread moves TILE / ROWS elements.
 // The tile goes through shared memory with rows of TILE + PAD floats; SWIZZLE stores column c of
@@ -103,31 +116,40 @@ __device__ __forceinline__ void transpose_tiled(const float* __restrict__ x,
 // --8<-- [end:tiled]
 
 // --8<-- [start:tiled_versions]
-// The block is TILE x ROWS threads; the launcher's config for each version must match ROWS.
+// Version n's block is TILE x ROWS_Vn threads: ROWS_Vn is the threads along y of its launch
+// config, which the launcher passes as a -D option.
+#ifndef ROWS_V3
+#define ROWS_V3 32
+#define ROWS_V4 32
+#define ROWS_V5 32
+#define ROWS_V6 8
+#define ROWS_V7 8
+#endif
 extern "C" __global__ void transpose_v3(const float* __restrict__ x, float* __restrict__ out,
                                         long long m, long long n) {
     // sT[32][32]
-    transpose_tiled</*ROWS=*/32, /*PAD=*/0, /*SWIZZLE=*/false>(x, out, m, n);
+    transpose_tiled<ROWS_V3, /*PAD=*/0, /*SWIZZLE=*/false>(x, out, m, n);
 }
 extern "C" __global__ void transpose_v4(const float* __restrict__ x, float* __restrict__ out,
                                         long long m, long long n) {
     // sT[32][33]
-    transpose_tiled</*ROWS=*/32, /*PAD=*/1, /*SWIZZLE=*/false>(x, out, m, n);
+    transpose_tiled<ROWS_V4, /*PAD=*/1, /*SWIZZLE=*/false>(x, out, m, n);
 }
 extern "C" __global__ void transpose_v5(const float* __restrict__ x, float* __restrict__ out,
                                         long long m, long long n) {
     // sT[32][32], swizzled
-    transpose_tiled</*ROWS=*/32, /*PAD=*/0, /*SWIZZLE=*/true>(x, out, m, n);
+    transpose_tiled<ROWS_V5, /*PAD=*/0, /*SWIZZLE=*/true>(x, out, m, n);
 }
 extern "C" __global__ void transpose_v6(const float* __restrict__ x, float* __restrict__ out,
                                         long long m, long long n) {
     // 4 elements per thread
-    transpose_tiled</*ROWS=*/8, /*PAD=*/1, /*SWIZZLE=*/false>(x, out, m, n);
+    transpose_tiled<ROWS_V6, /*PAD=*/1, /*SWIZZLE=*/false>(x, out, m, n);
 }
 // --8<-- [end:tiled_versions]
 
 // --8<-- [start:vec4]
-// v7: a 32 x 32 tile per block of 8 x VROWS threads; every global access is a 16-byte float4.
+// v7: a 32 x 32 tile per block of TILE / 4 x VROWS threads (8 x 8); every global access is a
+// 16-byte float4.
 // Thread (tx, ty) loads 4 consecutive floats of a row of x (columns 4tx .. 4tx+3), and later stores
 // 4 consecutive floats of a row of out, which come from 4 consecutive rows of sT (rows 4tx ..
 // 4tx+3). A warp is 4 rows of 8 threads, so each warp instruction touches 4 full 128-byte rows.
@@ -139,7 +161,8 @@ extern "C" __global__ void transpose_v6(const float* __restrict__ x, float* __re
 // Requires: n % 4 == 0 and m % 4 == 0 (so every row of x and of out starts on a 16-byte boundary)
 // and x, out 16-byte aligned. A float4 is then either wholly inside the matrix or wholly
 // outside it.
-constexpr int VROWS = 8;  // 8 x 8 = 64 threads; each moves TILE / VROWS = 4 float4s, 16 elements
+// 8 x 8 = 64 threads by default; each moves TILE / VROWS = 4 float4s, 16 elements
+constexpr int VROWS = ROWS_V7;
 
 extern "C" __global__ void transpose_v7(const float* __restrict__ x, float* __restrict__ out,
                                         long long m, long long n) {

@@ -18,7 +18,7 @@
 //
 // v1..v6 write one partial sum per block; the Python launcher runs them again on the partial sums
 // until one value is left. All pointers are float32 and contiguous (the Python wrappers check
-// that). Every block has BLOCK threads (the launcher's Config says the same number).
+// that). Every block has BLOCK threads: the launcher's number, which it passes as a -D option.
 
 #ifdef REDUCE_WITH_CG
 #include <cooperative_groups.h>
@@ -26,7 +26,11 @@
 namespace cg = cooperative_groups;
 #endif
 
-constexpr int BLOCK = 256;  // 8 warps: 8 blocks fill an SM's 2048 thread slots
+// THREADS of snippets/part3/reduce.py, passed as -D options with UNROLL below (the defaults let
+// this file compile alone)
+#ifndef BLOCK
+#define BLOCK 256
+#endif
 static_assert(BLOCK % 64 == 0 && BLOCK <= 1024,
               "v5 unrolls the last warp from s = 32: BLOCK >= 64, whole warps");
 
@@ -179,8 +183,11 @@ extern "C" __global__ void reduce_v6(const float* x, float* partial, long long n
 // --8<-- [end:v6]
 
 // --8<-- [start:v7]
-// float4 loads in flight per thread per iteration (the Part 1 vector_add v5 pattern)
-constexpr int UNROLL = 4;
+// float4 loads in flight per thread per iteration (the Part 1 vector_add v5 pattern): the
+// launcher's UNROLL
+#ifndef UNROLL
+#define UNROLL 4
+#endif
 
 // Each thread sums its share of x: the elements before the first 16-byte boundary (0 to 3 of them,
 // when x is a view that starts mid-vector), then float4 groups over a grid-stride loop, then the 0

@@ -22,8 +22,17 @@
 // x and out are contiguous; out may alias x for the tile kernels of v1/v2 (the host scans tile sums
 // in place).
 
-#define LOG_TILE 10
-#define TILE (1 << LOG_TILE)  // 1024 elements per tile in v1 and v2
+// The launcher's numbers, passed by snippets/part3/scan.py as -D options (the defaults let this
+// file compile alone): TILE elements per tile in v1 and v2 (one per thread in v1), RTS_THREADS
+// threads per block and ITEMS elements per thread in v3, v5 and v6, SUMS_THREADS threads in the
+// one block of scan_sums.
+#ifndef TILE
+#define TILE 1024
+#define RTS_THREADS 256
+#define ITEMS 16
+#define SUMS_THREADS 1024
+#endif
+static_assert((TILE & (TILE - 1)) == 0 && TILE <= 1024, "a power of two, one block of threads");
 
 // --8<-- [start:kogge_stone]
 // v1: Hillis-Steele / Kogge-Stone. Step d adds the value 2^d places to the left: after log2(TILE)
@@ -89,9 +98,8 @@ __device__ void add_offsets(T* out, const T* scanned_sums, long long n) {
 // -------------------------------------------------------------------------------------------------
 // v3: reduce-then-scan and v5: decoupled look-back share the tile code below.
 // -------------------------------------------------------------------------------------------------
-#define RTS_THREADS 256
-#define ITEMS 16                        // elements per thread, held in registers
-#define RTS_TILE (RTS_THREADS * ITEMS)  // 4096 elements per tile
+// RTS_THREADS threads per block, ITEMS elements per thread held in registers
+#define RTS_TILE (RTS_THREADS * ITEMS)  // elements per tile
 #define PAD(i) ((i) + ((i) >> 5))       // one padding word per 32: conflict-free blocked reads
 
 // --8<-- [start:block_tools]
@@ -407,7 +415,7 @@ __device__ void scan_lookback_warp(const T* x, T* out, unsigned long long* state
         reduce_tiles_##S(const T* x, T* sums, long long n) {                                      \
         reduce_tiles<T>(x, sums, n);                                                              \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(1024)                                            \
+    extern "C" __global__ void __launch_bounds__(SUMS_THREADS)                                    \
         scan_sums_##S(T* sums, long long tiles) {                                                 \
         scan_sums<T>(sums, tiles);                                                                \
     }                                                                                             \

@@ -27,6 +27,17 @@
 
 using namespace nvcuda;
 
+// The launch configurations of snippets/part3/wmma.py (CONFIGS), passed as -D options (the defaults
+// let this file compile alone): v1's square patch of C per block and its threads, and the block
+// tile and threads of v2, v3 and tf32_gemm's v1.
+#ifndef NAIVE_TILE
+#define NAIVE_TILE 32
+#define NAIVE_THREADS 128
+#define TILED_M 128
+#define TILED_N 128
+#define TILED_THREADS 256
+#endif
+
 // --8<-- [start:types]
 // What depends on the input type: the element type WMMA's A and B fragments hold, the depth of one
 // MMA step (m16n16k16 for fp16/bf16, m16n16k8 for TF32), the conversion of the fp32 result to the
@@ -115,18 +126,21 @@ __device__ __forceinline__ void store_tile(const FragC<T>& acc, float* sC, T* __
 // --8<-- [end:store_tile]
 
 // --8<-- [start:naive]
-// v1: a block of 4 warps covers a 32x32 patch of C, each warp one 16x16 tile. The warp walks K in
-// steps of 16 (one MMA of m16n16k16 each), loading the 16x16 tiles of A and B for the step straight
-// from global memory. load_matrix_sync needs a 32-byte-aligned pointer and a leading dimension that
-// is a multiple of 8 halves: with M, N, K multiples of 16 and 32-byte-aligned A and B (the launcher
-// checks), every tile start is.
+// v1: a block of NAIVE_THREADS threads (4 warps) covers a NAIVE_TILE x NAIVE_TILE patch of C (32 x
+// 32), each warp one 16x16 tile. The warp walks K in steps of 16 (one MMA of m16n16k16 each),
+// loading the 16x16 tiles of A and B for the step straight from global memory. load_matrix_sync
+// needs a 32-byte-aligned pointer and a leading dimension that is a multiple of 8 halves: with M,
+// N, K multiples of 16 and 32-byte-aligned A and B (the launcher checks), every tile start is.
 template <typename T>
 __device__ __forceinline__ void wmma_naive(const T* __restrict__ A, const T* __restrict__ B,
                                            T* __restrict__ C, int M, int N, int K) {
-    // (4 warps, 16 x 20): staging for the fp32 -> T store
-    __shared__ __align__(32) float sC[4][16 * LDC];
+    constexpr int SIDE = NAIVE_TILE / 16;  // warps along each side of the patch: 2
+    static_assert(SIDE * SIDE * 32 == NAIVE_THREADS, "one warp per 16x16 tile of the patch");
+    // (SIDE * SIDE warps, 16 x 20): staging for the fp32 -> T store
+    __shared__ __align__(32) float sC[SIDE * SIDE][16 * LDC];
     const int warp = threadIdx.x / 32;
-    const int row0 = (blockIdx.y * 2 + warp / 2) * 16, col0 = (blockIdx.x * 2 + warp % 2) * 16;
+    const int row0 = (blockIdx.y * SIDE + warp / SIDE) * 16;
+    const int col0 = (blockIdx.x * SIDE + warp % SIDE) * 16;
     // a whole warp leaves; there is no block-wide barrier below
     if (row0 >= M || col0 >= N) return;
     FragA<T> a;    // 16x16 of A, spread over the warp's registers
@@ -143,13 +157,13 @@ __device__ __forceinline__ void wmma_naive(const T* __restrict__ A, const T* __r
     store_tile<T>(acc, sC[warp], C, row0, col0, M, N);
 }
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(NAIVE_THREADS)
     wmma_v1_f16(const __half* __restrict__ A, const __half* __restrict__ B, __half* __restrict__ C,
                 int M, int N, int K) {
     wmma_naive<__half>(A, B, C, M, N, K);
 }
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(NAIVE_THREADS)
     wmma_v1_bf16(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ B,
                  __nv_bfloat16* __restrict__ C, int M, int N, int K) {
     wmma_naive<__nv_bfloat16>(A, B, C, M, N, K);
@@ -199,9 +213,9 @@ __device__ __forceinline__ void cp_async_wait() {
 template <typename T, int STAGES, bool ASYNC>
 __device__ __forceinline__ void wmma_tiled(const T* __restrict__ A, const T* __restrict__ B,
                                            T* __restrict__ C, int M, int N, int K) {
-    constexpr int BM = 128, BN = 128, BK = 64 / sizeof(T);
-    // 256 threads
+    constexpr int BM = TILED_M, BN = TILED_N, BK = 64 / sizeof(T);
     constexpr int WM = 64, WN = 32, WARPS_N = BN / WN, NT = (BM / WM) * WARPS_N * 32;
+    static_assert(NT == TILED_THREADS, "one warp per WM x WN part: the launcher's threads");
     // 4 x 2 fragments per warp; MMA depth
     constexpr int FM = WM / 16, FN = WN / 16, FK = Mma<T>::FK;
     constexpr int V = 16 / sizeof(T);                           // elements per 16-byte copy
@@ -323,7 +337,7 @@ __device__ __forceinline__ void wmma_tiled(const T* __restrict__ A, const T* __r
 // 256 threads; at most 128 registers each (the second __launch_bounds__ argument asks for 2
 // resident blocks per SM), which leaves room for the 64 accumulator registers and 6 fragments.
 #define WMMA_KERNEL(NAME, T, STAGES, ASYNC)                                                       \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                          \
+    extern "C" __global__ void __launch_bounds__(TILED_THREADS, 2)                                \
         NAME(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N,   \
              int K) {                                                                             \
         wmma_tiled<T, STAGES, ASYNC>(A, B, C, M, N, K);                                           \

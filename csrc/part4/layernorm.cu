@@ -136,10 +136,17 @@ __device__ void layernorm_fwd(const T* __restrict__ x, const T* __restrict__ w,
 }
 // --8<-- [end:kernel]
 
+// The most threads per block: CUDA_THREADS of snippets/part4/layernorm.py, which passes it as a -D
+// option (the default lets this file compile alone)
+#ifndef CUDA_THREADS
+#define CUDA_THREADS 512
+#endif
+
 // One extern "C" entry point per (type, VECS), so that the launcher can find each by name.
 #define LAYERNORM_ENTRY(SUFFIX, T, VECS)                                                          \
-    extern "C" __global__ void __launch_bounds__(512) layernorm_fwd_##SUFFIX##_v##VECS(           \
-        const T* x, const T* w, const T* b, T* y, int n, float eps, int aligned) {                \
+    extern "C" __global__ void __launch_bounds__(CUDA_THREADS)                                    \
+        layernorm_fwd_##SUFFIX##_v##VECS(                                                         \
+            const T* x, const T* w, const T* b, T* y, int n, float eps, int aligned) {            \
         layernorm_fwd<T, VECS>(x, w, b, y, n, eps, aligned != 0);                                 \
     }
 #define LAYERNORM_ENTRIES(SUFFIX, T) \

@@ -1,10 +1,10 @@
 // Row-wise softmax of a contiguous (M, N) matrix, one block per row. Loaded from Python by
 // snippets/part4/softmax.py (CuPy/NVRTC), where it is version v5 of the softmax op.
 //
-// Each block reads its row once into registers (VALUES fp32 values per thread at most), reduces the
-// max and then the sum of exp(x - max) with warp shuffles and one shared-memory exchange between
-// warps, and writes exp(x - max) / sum once: 2 N element transfers per row, the same plan as the
-// Triton one-pass kernel.
+// Each block reads its row once into registers (VALUES_PER_THREAD fp32 values per thread at most),
+// reduces the max and then the sum of exp(x - max) with warp shuffles and one shared-memory
+// exchange between warps, and writes exp(x - max) / sum once: 2 N element transfers per row, the
+// same plan as the Triton one-pass kernel.
 //
 // softmax_<type>_vec     16-byte loads and stores (4 floats, 8 bf16/fp16); needs
 //                        N * sizeof(T) % 16 == 0 and a 16-byte aligned base pointer, so that every
@@ -12,17 +12,22 @@
 // softmax_<type>_scalar  one element per load, for any N
 // with <type> f32 (float), bf16 (__nv_bfloat16) or f16 (__half). Math is fp32 for every type.
 //
-// The launcher gives each block blockDim.x = 32 * ceil(N / VALUES / 32) threads (whole warps, at
-// most MAX_THREADS) and refuses N > VALUES * MAX_THREADS.
+// The launcher gives each block blockDim.x = 32 * ceil(N / VALUES_PER_THREAD / 32) threads (whole
+// warps, at most MAX_THREADS) and refuses N > VALUES_PER_THREAD * MAX_THREADS.
 
 // NVRTC (through CuPy) finds cuda_fp16.h and cuda_bf16.h in the CUDA toolkit's include directory.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-// fp32 values of the row per thread: VALUES_PER_THREAD in softmax.py
-constexpr int VALUES = 32;
-// MAX_THREADS in softmax.py: rows of up to 32 * 512 = 16384 columns
-constexpr int MAX_THREADS = 512;
+// The launcher's numbers, passed by snippets/part4/softmax.py as -D options (the defaults let this
+// file compile alone): fp32 values of the row per thread, and the most threads per block, so rows
+// of up to VALUES_PER_THREAD * MAX_THREADS columns
+#ifndef VALUES_PER_THREAD
+#define VALUES_PER_THREAD 32
+#endif
+#ifndef MAX_THREADS
+#define MAX_THREADS 512
+#endif
 constexpr int MAX_WARPS = MAX_THREADS / 32;
 static_assert(MAX_THREADS % 32 == 0 && MAX_THREADS <= 1024, "whole warps, within a block's limit");
 
@@ -83,7 +88,7 @@ __device__ __forceinline__ float block_allreduce(float v, float* parked) {
 // --8<-- [start:softmax_row]
 template <typename T, int VEC>
 __device__ __forceinline__ void softmax_row(const T* __restrict__ x, T* __restrict__ y, int n) {
-    constexpr int ITEMS = VALUES / VEC;  // packs per thread
+    constexpr int ITEMS = VALUES_PER_THREAD / VEC;  // packs per thread
     __shared__ float parked[MAX_WARPS];
     const long long start = (long long)blockIdx.x * n;  // 64-bit: M * N may pass 2^31
     const T* gX = x + start;  // (N,) this block's row, in global memory
@@ -136,8 +141,8 @@ __device__ __forceinline__ void softmax_row(const T* __restrict__ x, T* __restri
 }
 // --8<-- [end:softmax_row]
 
-// __launch_bounds__(MAX_THREADS): ptxas may use up to 65536 / 512 = 128 registers per thread, room
-// for the 32 row values and everything else without spilling.
+// __launch_bounds__(MAX_THREADS): ptxas may use up to 65536 / MAX_THREADS registers per thread,
+// room for the VALUES_PER_THREAD row values and everything else without spilling.
 #define SOFTMAX_KERNEL(NAME, T, VEC)                                                              \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                     \
         NAME(const T* __restrict__ x, T* __restrict__ y, int n) {                                 \

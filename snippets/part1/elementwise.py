@@ -143,6 +143,8 @@ def saxpy_triton(alpha: float, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
 
 # --8<-- [start:cuda_launch]
 THREADS = 256  # 8 warps per block; up to 8 such blocks fill an SM's 2048 thread slots
+UNROLL = 4  # float4 groups per thread per step in the v5 pattern: VEC4_UNROLL in elementwise.cu
+CU_OPTIONS = cuda.defines(CU_FILE, VEC4_UNROLL=UNROLL)  # the .cu is compiled with it
 
 
 def _launch_elementwise(name: str, grid_stride: bool, vec: int, tensors: tuple,
@@ -153,7 +155,7 @@ def _launch_elementwise(name: str, grid_stride: bool, vec: int, tensors: tuple,
     registers, so fewer of their blocks fit)."""
     *inputs, out = tensors
     n = out.numel()
-    fn = cuda.kernel(CU_FILE, name)
+    fn = cuda.kernel(CU_FILE, name, CU_OPTIONS)
     blocks = triton.cdiv(n, THREADS * vec)
     if grid_stride:
         sms = torch.cuda.get_device_properties(out.device).multi_processor_count
@@ -201,10 +203,6 @@ def add_cuda_vec4_unrolled(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if not _aligned16(x, y, out):
         return _launch_elementwise("vector_add_v2", True, 1, (x, y, out))
     return _launch_elementwise("vector_add_v5", True, 4 * UNROLL, (x, y, out))
-
-
-# float4 groups per thread per step in the v5 pattern (UNROLL in csrc/part1/elementwise.cu)
-UNROLL = 4
 
 
 def _map_cuda(name: str, tensors: tuple[torch.Tensor, ...], scalars: tuple = ()) -> torch.Tensor:

@@ -34,8 +34,9 @@ CU_FILE = "part2/banks.cu"
 # banks of 4 bytes on every NVIDIA GPU since Maxwell (CUDA C++ Programming Guide, shared memory)
 BANKS = 32
 LAYOUTS = ("plain", "padded", "swizzled")
-SMEM_WORDS = 2048  # words of the shared array (SMEM_WORDS in csrc/part2/banks.cu)
-COLS = 32  # words each lane reads per step (COLS in csrc/part2/banks.cu)
+SMEM_WORDS = 2048  # words of the shared array
+COLS = 32  # words each lane reads per step
+CU_OPTIONS = cuda.defines(CU_FILE, SMEM_WORDS=SMEM_WORDS, COLS=COLS)  # banks.cu's sizes: -D options
 REPS = 64  # steps: 64 * 32 reads per thread, long enough that filling shared memory is a small part
 THREADS = 256
 
@@ -124,7 +125,7 @@ def smem_bank_read(seed: torch.Tensor, stride: int, layout: str = "plain") -> to
                          f"{tuple(seed.shape)}")
     out = torch.empty(seed.numel() * THREADS, device=seed.device, dtype=torch.int32)
     name = "smem_read_swizzled" if layout == "swizzled" else "smem_read_linear"
-    cuda.launch(cuda.kernel(CU_FILE, name), seed.numel(), THREADS,
+    cuda.launch(cuda.kernel(CU_FILE, name, CU_OPTIONS), seed.numel(), THREADS,
                 (seed, out, np.int32(pitch(stride, layout)), np.int32(REPS)))
     return out
 # --8<-- [end:launch]
@@ -185,14 +186,3 @@ smem_bank_stride = register(Op(
 smem_bank_stride.add(Impl("v1", smem_bank_read, "CUDA",
                           "each lane reads word lane * pitch + column",
                           (cuda.source_path(CU_FILE),)))
-
-
-
-# --8<-- [start:profile]
-# python -m snippets.part2.banks: each benchmark pattern once, for a profiler
-if __name__ == "__main__":
-    _seed = torch.zeros(BLOCKS, dtype=torch.int32, device="cuda")
-    for _size in SWEEP:
-        smem_bank_read(_seed, _size["stride"], _size["layout"])
-    torch.cuda.synchronize()
-# --8<-- [end:profile]

@@ -38,7 +38,7 @@ from snippets._checks import check_tensors, triton_device
 from snippets.registry import Impl, Op, register
 
 CU_FILE = "part2/conv1d.cu"
-# MAX_K in csrc/part2/conv1d.cu: the size of the __constant__ filter array (64 floats) minus one
+# the size of conv1d.cu's __constant__ filter array (64 floats) minus one
 MAX_K = 63
 
 
@@ -133,9 +133,11 @@ def conv1d_triton(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 # CUDA C (csrc/part2/conv1d.cu), launched through CuPy
 # --------------------------------------------------------------------------------------------------
 
-THREADS = 256  # THREADS in conv1d.cu: the tiled kernels index shared memory with it
-PER_THREAD = 4  # PER_THREAD in conv1d.cu
+THREADS = 256  # threads per block; the tiled kernels index shared memory with it
+PER_THREAD = 4  # outputs per thread of the tiled kernels
 TILE = THREADS * PER_THREAD  # outputs per block of the tiled kernels
+# conv1d.cu is compiled with these numbers and MAX_K (-D options): they are written only here
+CU_OPTIONS = cuda.defines(CU_FILE, MAX_K=MAX_K, THREADS=THREADS, PER_THREAD=PER_THREAD)
 
 
 # --8<-- [start:set_constant]
@@ -148,7 +150,7 @@ def _set_filter(w: torch.Tensor) -> None:
     # cuda.module is the module cuda.kernel takes the kernels from, so this is the c_filter
     # they read.
     # a cupy MemoryPointer to the symbol in constant memory
-    dst = cuda.module(CU_FILE).get_global("c_filter")
+    dst = cuda.module(CU_FILE, CU_OPTIONS).get_global("c_filter")
     cupy.cuda.runtime.memcpyAsync(dst.ptr, w.data_ptr(), w.numel() * w.element_size(),
                                   cupy.cuda.runtime.memcpyDeviceToDevice,
                                   torch.cuda.current_stream().cuda_stream)
@@ -178,7 +180,8 @@ def _conv1d_cuda(version: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor
         args = (x, out, np.int64(n), np.int32(k))
     else:
         args = (x, w, out, np.int64(n), np.int32(k))
-    cuda.launch(cuda.kernel(CU_FILE, name), triton.cdiv(n, THREADS * per_thread), THREADS, args)
+    cuda.launch(cuda.kernel(CU_FILE, name, CU_OPTIONS), triton.cdiv(n, THREADS * per_thread),
+                THREADS, args)
     return out
 # --8<-- [end:launch]
 

@@ -34,7 +34,9 @@ import torch
 
 from snippets import cuda
 from snippets._checks import check_tensors
-from snippets.registry import Impl, Op, register, register_ceiling
+from snippets.common import ceilings  # noqa: F401  (registers the host_link ceiling)
+from snippets.common.inputs import block_pattern
+from snippets.registry import Impl, Op, register
 
 MiB = 1 << 20
 
@@ -284,57 +286,21 @@ def unified_memory_timings(nbytes: int = 256 * MiB) -> dict[str, float]:
 # --8<-- [end:unified]
 
 
-# --------------------------------------------------------------------------------------------------
-# The ceiling: the host link itself
-# --------------------------------------------------------------------------------------------------
-
-# --8<-- [start:ceiling]
-def _measure_host_link(quick: bool) -> dict:
-    """Pinned copies in both directions, timed with events; the faster direction is the ceiling: the
-    most that this host link delivered in this run."""
-    from snippets.bench.timing import time_device
-
-    nbytes = (64 if quick else 256) * MiB
-    host = torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=True)
-    host.fill_(1.0)
-    dev = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda")
-    rates = {}
-    for name, dst, src in (("H2D", dev, host), ("D2H", host, dev)):
-        t = time_device(lambda dst=dst, src=src: dst.copy_(src, non_blocking=True), [()],
-                        budget_ms=300)
-        rates[name] = nbytes / (t.median * 1e-3) / 1e9
-    torch.cuda.synchronize()
-    best = max(rates, key=rates.get)
-    return {"value": rates[best], "unit": "GB/s",
-            "how": f"pinned {nbytes // MiB} MiB copies, events: H2D {rates['H2D']:.1f} GB/s, "
-                   f"D2H {rates['D2H']:.1f} GB/s; the faster ({best})"}
-
-
-register_ceiling("host_link", "pinned host<->device copy bandwidth, the faster direction",
-                 _measure_host_link)
-# --8<-- [end:ceiling]
+# The ceiling, the host link itself ("host_link": pinned copies, the faster direction), is
+# registered by snippets.common.ceilings, which Part 3's streams chapter is compared
+# against too.
 
 
 # --------------------------------------------------------------------------------------------------
 # Registration
 # --------------------------------------------------------------------------------------------------
 
-def _pattern(n: int, gen: torch.Generator) -> torch.Tensor:
-    """n fp32 values, cheap to make at any size: random blocks of 2**20 values, block b shifted by
-    b, so that no two blocks are equal and a misplaced block would show."""
-    block = min(n, MiB)
-    rows = -(-n // block)
-    x = (torch.rand(block, generator=gen).expand(rows, block)
-         + torch.arange(rows, dtype=torch.float32)[:, None])
-    return x.reshape(-1)[:n].clone()
-
-
 def _make_inputs(size, dtype, device, gen):
     """(x, bufs): the pageable source and every other buffer; the same for every version."""
     itemsize = dtype.itemsize
     if size["bytes"] % itemsize:
         raise ValueError(f"bytes = {size['bytes']} is not a whole number of {dtype} elements")
-    x = _pattern(size["bytes"] // itemsize, gen).to(dtype)
+    x = block_pattern(size["bytes"] // itemsize, gen).to(dtype)
     return x, TransferBuffers.like(x)
 
 

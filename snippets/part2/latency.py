@@ -34,6 +34,7 @@ from snippets.registry import Impl, Op, register
 CU_FILE = "part2/pointer_chase.cu"
 SLOT_BYTES = 128  # one cache line of L1 and L2: each step of the chain lands on a line of its own
 SLOT_WORDS = SLOT_BYTES // 4
+CU_OPTIONS = cuda.defines(CU_FILE, SLOT_WORDS=SLOT_WORDS)  # the kernels' warm-up stride, -D option
 # The chase kernel's warm-up reads the first WARM_BYTES of the chain, one word per line, into its
 # SM's L1: 256 KB is the whole L1 + shared-memory array of an H100 SM (Hopper whitepaper), so any
 # chain that can fit in L1 is warm before the first timed step.
@@ -89,13 +90,13 @@ def _chase(kernel_name: str, buf: torch.Tensor, iters: int) -> torch.Tensor:
     words = buf.numel()
     # 0: chain valid so far; -1: rejected
     out = torch.zeros(1, dtype=torch.int32, device=buf.device)
-    check = cuda.kernel(CU_FILE, "chain_check")
+    check = cuda.kernel(CU_FILE, "chain_check", CU_OPTIONS)
     sms = torch.cuda.get_device_properties(buf.device).multi_processor_count
     blocks = min(triton.cdiv(words, CHECK_THREADS),
                  sms * cuda.resident_blocks(check, CHECK_THREADS))
     cuda.launch(check, blocks, CHECK_THREADS, (buf, np.int64(words), out))
     warm_words = min(words, WARM_BYTES // 4)
-    cuda.launch(cuda.kernel(CU_FILE, kernel_name), 1, CHASE_THREADS,
+    cuda.launch(cuda.kernel(CU_FILE, kernel_name, CU_OPTIONS), 1, CHASE_THREADS,
                 (buf, np.int64(warm_words), np.int64(iters), out))
     return out
 # --8<-- [end:launch]

@@ -32,7 +32,8 @@ from snippets.registry import Impl, Op, register
 
 CU_FILE = "part2/spill.cu"
 SLOTS = (8, 16, 32, 64)  # the instantiations in spill.cu (CHAIN_KERNELS)
-THREADS = 256  # chain_bounded_* is compiled for at most 256 threads per block
+THREADS = 256  # threads per block; chain_bounded_* is compiled for at most that many
+CU_OPTIONS = cuda.defines(CU_FILE, THREADS=THREADS)  # spill.cu's launch bound, as a -D option
 C, D = 0.96875, 0.0625  # C and D in spill.cu: exact in fp32
 # The run-time permutation of v2: any odd step and any offset visit every slot once. These values
 # are fixed here, but the kernel cannot know them: they arrive as kernel arguments.
@@ -66,7 +67,7 @@ def _launch_chain(variant: str, x: torch.Tensor, slots: int, *scalars) -> torch.
     """The one launcher of every version: one thread per element, blocks of 256 threads."""
     out = torch.empty_like(x)
     n = x.numel()
-    fn = cuda.kernel(CU_FILE, f"chain_{variant}_{slots}")
+    fn = cuda.kernel(CU_FILE, f"chain_{variant}_{slots}", CU_OPTIONS)
     cuda.launch(fn, triton.cdiv(n, THREADS), THREADS, (x, out, np.int64(n), *scalars))
     return out
 # --8<-- [end:launch]

@@ -64,10 +64,10 @@ def _check_matrix(x: torch.Tensor, dtypes: tuple, device: str) -> tuple[int, int
 
 # --8<-- [start:cuda_launch]
 @dataclass(frozen=True)
-class Config:
+class TransposeConfig:
     """How a CUDA version is launched: each block of ``threads`` = (x, y) threads covers a ``tile``
-    of (rows, columns) of x, so each thread moves rows * columns / (x * y) elements. The kernel
-    hard-codes the same numbers; the GPU tests at ragged sizes catch a mismatch."""
+    of (rows, columns) of x, so each thread moves rows * columns / (x * y) elements. The kernels
+    are compiled with these numbers (``CU_OPTIONS``)."""
 
     kernel: str
     tile: tuple[int, int]
@@ -78,15 +78,23 @@ class Config:
         return self.tile[0] * self.tile[1] // (self.threads[0] * self.threads[1])
 
 
+TILE = 32  # the side of the square tile of v3 to v7
 CONFIGS = {
-    "v1": Config("transpose_v1", tile=(8, 32), threads=(32, 8)),
-    "v2": Config("transpose_v2", tile=(32, 8), threads=(32, 8)),
-    "v3": Config("transpose_v3", tile=(32, 32), threads=(32, 32)),
-    "v4": Config("transpose_v4", tile=(32, 32), threads=(32, 32)),
-    "v5": Config("transpose_v5", tile=(32, 32), threads=(32, 32)),
-    "v6": Config("transpose_v6", tile=(32, 32), threads=(32, 8)),
-    "v7": Config("transpose_v7", tile=(32, 32), threads=(8, 8)),
+    "v1": TransposeConfig("transpose_v1", tile=(8, 32), threads=(32, 8)),
+    "v2": TransposeConfig("transpose_v2", tile=(32, 8), threads=(32, 8)),
+    "v3": TransposeConfig("transpose_v3", tile=(TILE, TILE), threads=(TILE, TILE)),
+    "v4": TransposeConfig("transpose_v4", tile=(TILE, TILE), threads=(TILE, TILE)),
+    "v5": TransposeConfig("transpose_v5", tile=(TILE, TILE), threads=(TILE, TILE)),
+    "v6": TransposeConfig("transpose_v6", tile=(TILE, TILE), threads=(TILE, 8)),
+    # a float4 per thread: TILE / 4 threads span a tile row
+    "v7": TransposeConfig("transpose_v7", tile=(TILE, TILE), threads=(TILE // 4, 8)),
 }
+# transpose.cu is compiled with v1's and v2's blocks, TILE, and the threads along y of each tiled
+# version (its ROWS): -D options, so that the numbers are written only here
+CU_OPTIONS = cuda.defines(
+    CU_FILE, BLOCK_X_V1=CONFIGS["v1"].threads[0], BLOCK_Y_V1=CONFIGS["v1"].threads[1],
+    BLOCK_X_V2=CONFIGS["v2"].threads[0], BLOCK_Y_V2=CONFIGS["v2"].threads[1], TILE=TILE,
+    **{f"ROWS_{v.upper()}": CONFIGS[v].threads[1] for v in ("v3", "v4", "v5", "v6", "v7")})
 
 
 def vector_path_ok(x: torch.Tensor) -> bool:
@@ -97,14 +105,14 @@ def vector_path_ok(x: torch.Tensor) -> bool:
     return m % 4 == 0 and n % 4 == 0 and x.data_ptr() % 16 == 0
 
 
-def _launch_transpose(x: torch.Tensor, cfg: Config) -> torch.Tensor:
+def _launch_transpose(x: torch.Tensor, cfg: TransposeConfig) -> torch.Tensor:
     """The one launcher of every CUDA version: a 1-D grid with one block per tile."""
     cuda.require_gpu()
     m, n = _check_matrix(x, (torch.float32,), "cuda")
     out = torch.empty((n, m), dtype=x.dtype, device=x.device)
     # 2**31 - 1 blocks: 2 TiB of fp32
     blocks = triton.cdiv(m, cfg.tile[0]) * triton.cdiv(n, cfg.tile[1])
-    cuda.launch(cuda.kernel(CU_FILE, cfg.kernel), blocks, cfg.threads,
+    cuda.launch(cuda.kernel(CU_FILE, cfg.kernel, CU_OPTIONS), blocks, cfg.threads,
                 (x, out, np.int64(m), np.int64(n)))
     return out
 # --8<-- [end:cuda_launch]

@@ -1,8 +1,8 @@
 """Measuring GPU code: the same work timed the wrong ways and the right way, side by side.
 
 ``timing_pitfalls()`` runs on a GPU and returns one row per method;
-``python -m snippets.part3.measuring`` prints them (the GPU runner captures that output for the
-chapter). Every row times real work on random data:
+``python scripts/capture_timing_pitfalls.py`` prints them (the GPU runner captures that output for
+the chapter). Every row times real work on random data:
 
 1. host clock, no synchronize: measures only the launch, since kernels run asynchronously;
 2. host clock around one call with a synchronize before and after: right for one call, but includes
@@ -91,8 +91,3 @@ def format_rows(rows: list[dict]) -> str:
         lines.append(f"{r['method']:<{width}}  {r['what']:<22} {r['ms'] * 1e3:>9.1f} us  "
                      f"{r['rate']:,.1f} {r['unit']}")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(f"GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}")
-    print(format_rows(timing_pitfalls()))

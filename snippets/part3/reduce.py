@@ -88,7 +88,7 @@ def _check_vector(x: torch.Tensor, dtypes: tuple, device: str) -> int:
 
 # --8<-- [start:cuda_launch]
 @dataclass(frozen=True)
-class Config:
+class ReduceConfig:
     """How a CUDA version is launched. Each block has ``threads`` threads (BLOCK in the .cu file)
     and covers ``per_block`` elements per pass (v1-v6: one partial sum per block, relaunched on the
     partials) or per grid-stride iteration (``atomic``: a grid of SMs x resident blocks, one
@@ -101,32 +101,35 @@ class Config:
     options: tuple[str, ...] = ()
 
 
-THREADS = 256  # BLOCK in csrc/part3/reduce.cu
+THREADS = 256  # 8 warps: 8 blocks fill an SM's 2048 thread slots
+UNROLL = 4  # float4 loads in flight per thread per iteration of v7
+CU_OPTIONS = cuda.defines(CU_FILE, BLOCK=THREADS, UNROLL=UNROLL)  # reduce.cu is compiled with them
 CONFIGS = {
-    "v1": Config("reduce_v1", THREADS, THREADS),
-    "v2": Config("reduce_v2", THREADS, THREADS),
-    "v3": Config("reduce_v3", THREADS, THREADS),
-    "v4": Config("reduce_v4", THREADS, 2 * THREADS),
-    "v5": Config("reduce_v5", THREADS, 2 * THREADS),
-    "v6": Config("reduce_v6", THREADS, 2 * THREADS),
-    # 4 float4 per thread per iteration
-    "v7": Config("reduce_v7", THREADS, 16 * THREADS, atomic=True),
-    "cg": Config("reduce_cg", THREADS, 16 * THREADS, atomic=True, options=("-DREDUCE_WITH_CG",)),
+    "v1": ReduceConfig("reduce_v1", THREADS, THREADS),
+    "v2": ReduceConfig("reduce_v2", THREADS, THREADS),
+    "v3": ReduceConfig("reduce_v3", THREADS, THREADS),
+    "v4": ReduceConfig("reduce_v4", THREADS, 2 * THREADS),
+    "v5": ReduceConfig("reduce_v5", THREADS, 2 * THREADS),
+    "v6": ReduceConfig("reduce_v6", THREADS, 2 * THREADS),
+    # UNROLL float4 per thread per iteration
+    "v7": ReduceConfig("reduce_v7", THREADS, 4 * UNROLL * THREADS, atomic=True),
+    "cg": ReduceConfig("reduce_cg", THREADS, 4 * UNROLL * THREADS, atomic=True,
+                       options=("-DREDUCE_WITH_CG",)),
 }
 
 
-def _grid_stride_blocks(fn, cfg: Config, n: int, device: torch.device) -> int:
+def _grid_stride_blocks(fn, cfg: ReduceConfig, n: int, device: torch.device) -> int:
     """One wave of blocks: every SM holds as many as fit at once (occupancy calculator), but no more
     blocks than there are elements to give them."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return max(1, min(sms * cuda.resident_blocks(fn, cfg.threads), triton.cdiv(n, cfg.per_block)))
 
 
-def _launch_reduce(x: torch.Tensor, cfg: Config) -> torch.Tensor:
+def _launch_reduce(x: torch.Tensor, cfg: ReduceConfig) -> torch.Tensor:
     """The one launcher of every CUDA version; returns a 0-d float32 tensor."""
     cuda.require_gpu()
     n = _check_vector(x, FP32, "cuda")
-    fn = cuda.kernel(CU_FILE, cfg.kernel, cfg.options)
+    fn = cuda.kernel(CU_FILE, cfg.kernel, CU_OPTIONS + cfg.options)
     if cfg.atomic:
         out = torch.zeros((), dtype=torch.float32, device=x.device)  # the atomics add onto 0
         cuda.launch(fn, _grid_stride_blocks(fn, cfg, n, x.device), cfg.threads,

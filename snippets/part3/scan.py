@@ -72,13 +72,18 @@ def scan_torch(x: torch.Tensor) -> torch.Tensor:
 # CUDA C (csrc/part3/scan.cu), launched through CuPy
 # --------------------------------------------------------------------------------------------------
 
-TILE = 1024         # elements per tile in v1 and v2 (TILE in scan.cu)
-RTS_THREADS = 256   # threads per block in v3 and v5 (RTS_THREADS in scan.cu)
-RTS_TILE = 4096     # elements per tile in v3 and v5: 16 per thread (RTS_TILE in scan.cu)
+TILE = 1024         # elements per tile in v1 and v2
+RTS_THREADS = 256   # threads per block in v3, v5 and v6
+ITEMS = 16          # elements per thread in v3, v5 and v6
+RTS_TILE = RTS_THREADS * ITEMS  # elements per tile in v3, v5 and v6
+SUMS_THREADS = 1024  # the one block that scans v3's tile sums
+# scan.cu is compiled with these numbers (-D options): they are written only here
+CU_OPTIONS = cuda.defines(CU_FILE, TILE=TILE, RTS_THREADS=RTS_THREADS, ITEMS=ITEMS,
+                          SUMS_THREADS=SUMS_THREADS)
 
 
 def _kernel(name: str, dtype: torch.dtype):
-    return cuda.kernel(CU_FILE, f"{name}_{SUFFIX[dtype]}")
+    return cuda.kernel(CU_FILE, f"{name}_{SUFFIX[dtype]}", CU_OPTIONS)
 
 
 # --8<-- [start:three_phase]
@@ -127,7 +132,7 @@ def scan_reduce_then_scan(x: torch.Tensor) -> torch.Tensor:
     sums = torch.empty(tiles, dtype=x.dtype, device=x.device)
     cuda.launch(_kernel("reduce_tiles", x.dtype), tiles, RTS_THREADS, (x, sums, np.int64(n)))
     # now exclusive offsets
-    cuda.launch(_kernel("scan_sums", x.dtype), 1, 1024, (sums, np.int64(tiles)))
+    cuda.launch(_kernel("scan_sums", x.dtype), 1, SUMS_THREADS, (sums, np.int64(tiles)))
     cuda.launch(_kernel("scan_tiles_rts", x.dtype), tiles, RTS_THREADS, (x, out, sums, np.int64(n)))
     return out
 

@@ -37,11 +37,10 @@ import torch
 import triton
 
 from snippets import cuda
-from snippets._checks import check_tensors
+from snippets.common.gemm import check_operands
 from snippets.registry import Impl, Op, device_generator, register
 
 CU_DIR = "part3/sgemm"
-INT32_MAX = 2**31 - 1
 GRID_Y_MAX = 65535  # CUDA's limit on gridDim.y
 
 
@@ -66,22 +65,8 @@ def _reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a @ b
 
 
-def check_operands(a: torch.Tensor, b: torch.Tensor, device: str = "cuda") -> tuple[int, int, int]:
-    """A (M x K) and B (K x N): contiguous, non-empty, 2-D, float32, on ``device``; returns (M,
-    N, K)."""
-    check_tensors(("a", "b"), (a, b), dtypes=(torch.float32,), device=device, same_shape=False,
-                  allow_empty=False)
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"a and b must be 2-D matrices, got shapes {tuple(a.shape)} and "
-                         f"{tuple(b.shape)}")
-    (m, k), (k2, n) = a.shape, b.shape
-    if k != k2:
-        raise ValueError(f"inner dimensions differ: a is {m} x {k} but b is {k2} x {n} (a.shape[1] "
-                         "must equal b.shape[0])")
-    for name, v in (("M", m), ("N", n), ("K", k)):
-        if v > INT32_MAX:
-            raise ValueError(f"{name} = {v} does not fit the kernels' 32-bit sizes")
-    return m, n, k
+# check_operands (snippets.common.gemm): A (M x K) and B (K x N), contiguous, non-empty, 2-D,
+# float32 by default, on ``device``; returns (M, N, K).
 
 
 # --8<-- [start:cublas]
@@ -105,11 +90,11 @@ def sgemm_cublas(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # --8<-- [start:cuda_launch]
 @dataclass(frozen=True)
-class Config:
+class SgemmConfig:
     """How a CUDA version is launched. A block of ``threads`` computes a ``tile`` = (rows, columns)
     of C and walks K in steps of ``bk``; ``rows_on_x`` puts the tile rows on gridDim.x (v1's
-    mapping) instead of the tile columns. The kernel hard-codes the same numbers (template
-    arguments); the GPU tests at ragged sizes catch a mismatch."""
+    mapping) instead of the tile columns. v1 and v2 read their numbers from blockDim; the other
+    kernels are compiled with theirs (``CU_OPTIONS``)."""
 
     file: str  # in csrc/part3/sgemm/
     kernel: str
@@ -128,43 +113,54 @@ class Config:
 
 
 CONFIGS = {
-    "v1": Config("v1_naive.cu", "sgemm_v1", tile=(32, 32), bk=1, threads=(32, 32), rows_on_x=True),
-    "v2": Config("v2_coalesced.cu", "sgemm_v2", tile=(32, 32), bk=1, threads=(32, 32)),
-    "v3": Config("v3_smem.cu", "sgemm_v3", tile=(32, 32), bk=32, threads=(32, 32)),
-    "v4": Config("v4_blocktile_1d.cu", "sgemm_v4", tile=(64, 64), bk=8, threads=(512,)),
-    "v5": Config("v5_blocktile_2d.cu", "sgemm_v5", tile=(128, 128), bk=8, threads=(256,)),
-    "v6": Config("v6_vectorized.cu", "sgemm_v6", tile=(128, 128), bk=8, threads=(256,)),
-    "v7": Config("v7_warptile.cu", "sgemm_v7", tile=(128, 128), bk=8, threads=(256,)),
-    "v8": Config("v8_double_buffer.cu", "sgemm_v8", tile=(128, 128), bk=8, threads=(256,)),
+    "v1": SgemmConfig("v1_naive.cu", "sgemm_v1", tile=(32, 32), bk=1, threads=(32, 32),
+                      rows_on_x=True),
+    "v2": SgemmConfig("v2_coalesced.cu", "sgemm_v2", tile=(32, 32), bk=1, threads=(32, 32)),
+    "v3": SgemmConfig("v3_smem.cu", "sgemm_v3", tile=(32, 32), bk=32, threads=(32, 32)),
+    "v4": SgemmConfig("v4_blocktile_1d.cu", "sgemm_v4", tile=(64, 64), bk=8, threads=(512,)),
+    "v5": SgemmConfig("v5_blocktile_2d.cu", "sgemm_v5", tile=(128, 128), bk=8, threads=(256,)),
+    "v6": SgemmConfig("v6_vectorized.cu", "sgemm_v6", tile=(128, 128), bk=8, threads=(256,)),
+    "v7": SgemmConfig("v7_warptile.cu", "sgemm_v7", tile=(128, 128), bk=8, threads=(256,)),
+    "v8": SgemmConfig("v8_double_buffer.cu", "sgemm_v8", tile=(128, 128), bk=8, threads=(256,)),
 }
 
 
 def tuned_config(bm: int, bn: int, bk: int, wm: int, wn: int, threads: int, group: int,
-                 pad: int) -> Config:
+                 pad: int) -> SgemmConfig:
     """A configuration of the template in v11_tuned.cu; the kernel name spells out its
     template arguments."""
-    return Config("v11_tuned.cu", f"sgemm_t_{bm}x{bn}_k{bk}_w{wm}x{wn}_t{threads}_g{group}_p{pad}",
-                  tile=(bm, bn), bk=bk, threads=(threads,))
+    return SgemmConfig("v11_tuned.cu",
+                       f"sgemm_t_{bm}x{bn}_k{bk}_w{wm}x{wn}_t{threads}_g{group}_p{pad}",
+                       tile=(bm, bn), bk=bk, threads=(threads,))
 
 
-# The configurations instantiated in v11_tuned.cu (SGEMM_TUNED lines), in the same order; the first
-# is v11.
-TUNED_CONFIGS = [tuned_config(*c) for c in (
-    (128, 128, 8, 64, 64, 128, 0, 4),
+# The configurations of the template in v11_tuned.cu, as (bm, bn, bk, wm, wn, threads, group, pad):
+# the file instantiates one kernel per entry (SGEMM_TUNED_CONFIGS below). The first is v11.
+TUNED = (
+    (128, 128, 8, 64, 64, 128, 0, 4),  # v11
     (128, 128, 8, 64, 64, 128, 8, 4),
-    (128, 128, 8, 64, 32, 256, 8, 4),
-    (128, 128, 16, 64, 32, 256, 8, 4),
+    (128, 128, 8, 64, 32, 256, 8, 4),  # v8's tiles, grouped
+    (128, 128, 16, 64, 32, 256, 8, 4),  # BK = 16: half the barriers per FMA
     (128, 256, 8, 64, 64, 256, 8, 4),
     (256, 128, 8, 64, 64, 256, 8, 4),
     (64, 128, 16, 32, 64, 128, 8, 4),
-    (128, 256, 16, 64, 64, 256, 8, 0),
+    (128, 256, 16, 64, 64, 256, 8, 0),  # BK = 16 in exactly 48 KB
     (256, 128, 16, 64, 64, 256, 8, 0),
     (128, 256, 8, 64, 64, 256, 16, 4),
-)]
+)
+TUNED_CONFIGS = [tuned_config(*c) for c in TUNED]
 CONFIGS["v11"] = TUNED_CONFIGS[0]
+# Each file is compiled with the numbers of these tables (-D options), which are written only here:
+# v3 to v8 get their block tile, step and threads; v11_tuned.cu gets its list of configurations.
+CU_OPTIONS = {cfg.path: cuda.defines(cfg.path, TILE_M=cfg.tile[0], TILE_N=cfg.tile[1],
+                                     TILE_K=cfg.bk, THREADS=math.prod(cfg.threads))
+              for v, cfg in CONFIGS.items() if v in ("v3", "v4", "v5", "v6", "v7", "v8")}
+CU_OPTIONS[CONFIGS["v11"].path] = cuda.defines(
+    CONFIGS["v11"].path,
+    SGEMM_TUNED_CONFIGS="".join(f"SGEMM_TUNED({','.join(map(str, c))})" for c in TUNED))
 
 
-def _launch_sgemm(a: torch.Tensor, b: torch.Tensor, cfg: Config,
+def _launch_sgemm(a: torch.Tensor, b: torch.Tensor, cfg: SgemmConfig,
                   out: torch.Tensor | None = None) -> torch.Tensor:
     """The one launcher of every CUDA version: a 2-D grid with one block per tile of C."""
     m, n, k = check_operands(a, b)
@@ -175,8 +171,8 @@ def _launch_sgemm(a: torch.Tensor, b: torch.Tensor, cfg: Config,
         raise ValueError(f"{cfg.kernel}: {grid[1]} tiles along gridDim.y exceed CUDA's limit of "
                          f"{GRID_Y_MAX} (a is {m} x {k}, b is {k} x {n})")
     c = torch.empty((m, n), dtype=a.dtype, device=a.device) if out is None else out
-    cuda.launch(cuda.kernel(cfg.path, cfg.kernel), grid, cfg.threads,
-                (a, b, c, np.int32(m), np.int32(n), np.int32(k)))
+    cuda.launch(cuda.kernel(cfg.path, cfg.kernel, CU_OPTIONS.get(cfg.path, ())), grid,
+                cfg.threads, (a, b, c, np.int32(m), np.int32(n), np.int32(k)))
     return c
 # --8<-- [end:cuda_launch]
 
@@ -240,10 +236,10 @@ def sgemm_tuned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 # --8<-- [start:autotune]
-_TUNED: dict[tuple, Config] = {}  # (device, M, N, K) -> the fastest configuration measured
+_TUNED: dict[tuple, SgemmConfig] = {}  # (device, M, N, K) -> the fastest configuration measured
 
 
-def autotune(a: torch.Tensor, b: torch.Tensor, configs=TUNED_CONFIGS, reps: int = 5) -> Config:
+def autotune(a: torch.Tensor, b: torch.Tensor, configs=TUNED_CONFIGS, reps: int = 5) -> SgemmConfig:
     """The fastest of ``configs`` for this problem shape, timed with CUDA events on these operands
     the first time the shape is seen and remembered after that (what ``triton.autotune`` does with
     its ``key``). Each configuration runs once untimed (compilation, caches) and then ``reps``

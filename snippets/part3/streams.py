@@ -34,9 +34,10 @@ launches, the host is usually the bottleneck: events on the GPU would see the GP
 next launch, which is the same time seen from the other end, but would leave out the first launch
 and the final synchronize that v4 and v5 amortize.
 
-Also here: :func:`launch_round_trip` (one launch followed by a synchronize, per launcher) and
-``python -m snippets.part3.streams OUTDIR``, which captures a profiler timeline of v0 and v3 of
-stream_overlap and a summary of launch costs for the chapter.
+Also here: :func:`launch_round_trip` (one launch followed by a synchronize, per launcher), and
+:func:`trace_pipelines` and :func:`launch_summary`: a profiler timeline of v0 and v3 of
+stream_overlap and a summary of launch costs, which ``python scripts/capture_streams.py OUTDIR``
+writes for the chapter.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ import datetime as _dt
 import functools
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -58,10 +58,11 @@ import triton.language as tl
 
 from snippets import cuda
 from snippets._checks import check_int, check_tensors, triton_device
-# Importing host_transfer registers the "host_link" ceiling (pinned copy bandwidth) that
-# stream_overlap is compared against, and gives the cheap, block-shifted test pattern used for
-# its inputs.
-from snippets.part2.host_transfer import _pattern
+# snippets.common.ceilings registers the "host_link" ceiling (pinned copy bandwidth) that
+# stream_overlap is compared against; block_pattern is the cheap, block-shifted input pattern of
+# Part 2's host transfers.
+from snippets.common import ceilings  # noqa: F401
+from snippets.common.inputs import block_pattern
 from snippets.registry import Impl, Op, register
 
 CU_FILE = "part3/streams.cu"
@@ -431,7 +432,7 @@ def _pipeline_inputs(size, dtype, device, gen):
                          f"{device!r}")
     n = size["n"]
     x = torch.empty(n, dtype=dtype, pin_memory=True)
-    x.copy_(_pattern(n, gen).to(dtype))
+    x.copy_(block_pattern(n, gen).to(dtype))
     out = torch.empty(n, dtype=dtype, pin_memory=True)
     out.fill_(float("nan"))
     return x, out, size["fmas"], size["chunks"]
@@ -502,7 +503,7 @@ launch_overhead.add(Impl("v5", launches_persistent, "CUDA", "one persistent laun
 
 
 # --------------------------------------------------------------------------------------------------
-# Capture for the chapter: python -m snippets.part3.streams OUTDIR
+# Capture for the chapter (scripts/capture_streams.py OUTDIR writes what these return)
 # --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:trace]
@@ -618,18 +619,3 @@ def launch_summary(launches: int = LAUNCH_HEADLINE["launches"], reps: int = 1000
     lines.append(f"  CUDA graph of {n} nodes, replay alone{'':<13} {t.median:9.3f} ms per call "
                  f"{t.median * 1e6 / n:9.1f} ns per node")
     return "\n".join(lines) + "\n"
-
-
-def capture(outdir: Path) -> None:
-    """Write ``stream_overlap.json`` (the timeline) and ``launch_latency.txt`` into ``outdir``."""
-    cuda.require_gpu()
-    outdir.mkdir(parents=True, exist_ok=True)
-    trace = trace_pipelines()
-    (outdir / "stream_overlap.json").write_text(json.dumps(trace, indent=1) + "\n")
-    (outdir / "launch_latency.txt").write_text(launch_summary())
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m snippets.part3.streams OUTDIR")
-    capture(Path(sys.argv[1]))

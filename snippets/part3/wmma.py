@@ -29,7 +29,6 @@ that runs anywhere.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,13 +37,13 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_tensors, triton_device, triton_interpreting
+from snippets._checks import triton_device
+from snippets.common.gemm import (HALF_TYPES, check_operands, gemm_flops, make_operands,
+                                  matmul_kernel, tolerance_for, triton_half_dtypes)
 from snippets.registry import Impl, Op, device_generator, register
 
 CU_FILE = "part3/wmma_gemm.cu"
-INT32_MAX = 2**31 - 1
 GRID_Y_MAX = 65535  # CUDA's limit on gridDim.y
-HALF_TYPES = (torch.float16, torch.bfloat16)
 # Kernel name suffix per input dtype: the .cu file instantiates each kernel once per type.
 SUFFIX = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "tf32"}
 
@@ -64,54 +63,8 @@ def _reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a @ b
 
 
-def check_operands(a: torch.Tensor, b: torch.Tensor, dtypes: tuple[torch.dtype, ...],
-                   device: str = "cuda") -> tuple[int, int, int]:
-    """A (M x K) and B (K x N): contiguous, non-empty, 2-D, one of ``dtypes``, on ``device``;
-    returns (M, N, K)."""
-    check_tensors(("a", "b"), (a, b), dtypes=dtypes, device=device, same_shape=False,
-                  allow_empty=False)
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"a and b must be 2-D matrices, got shapes {tuple(a.shape)} and "
-                         f"{tuple(b.shape)}")
-    (m, k), (k2, n) = a.shape, b.shape
-    if k != k2:
-        raise ValueError(f"inner dimensions differ: a is {m} x {k} but b is {k2} x {n} (a.shape[1] "
-                         "must equal b.shape[0])")
-    for name, v in (("M", m), ("N", n), ("K", k)):
-        if v > INT32_MAX:
-            raise ValueError(f"{name} = {v} does not fit the kernels' 32-bit sizes")
-    return m, n, k
-
-
-# --8<-- [start:tolerance]
-UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
-TF32_UNIT_ROUNDOFF = 2.0**-11  # 10 stored mantissa bits, like fp16
-
-
-def tolerance_for(k: int, dtype: torch.dtype) -> tuple[float, float]:
-    """(rtol, atol) against the float64 product, for standard normal inputs of ``dtype`` (float32
-    meaning: fp32 inputs multiplied in TF32). An entry of C is a sum of K products of size ~1, so it
-    is ~sqrt(K).
-
-    fp16/bf16: the products are exact in fp32 and the fp32 sum is off by ~1e-6 * K at most, so the
-    error that matters is the final rounding of C to the dtype, at most u * |C| (u = 2^-11 for fp16,
-    2^-8 for bf16): rtol = 2u. atol = 16u * sqrt(K) leaves room for cuBLAS rounding partial sums (of
-    size ~sqrt(K)) to the dtype, which torch allows it in split-K kernels
-    (allow_fp16/bf16_reduced_precision_reduction): even 16 partial sums added one by one in the
-    dtype stay within it. A wrong tile or index is off by ~sqrt(K): 1/(16u) = 128 (fp16) or 16
-    (bf16) times atol.
-
-    TF32: each input is rounded to a 10-bit mantissa (relative error up to u = 2^-11 when rounded to
-    nearest, 2^-10 when the low bits are simply dropped), so each product is off by ~u and the K
-    errors add up like a random walk: ~u * sqrt(K). atol = 16u * sqrt(K) is several standard
-    deviations of that even for truncation, and more than 100 times the fp32 tolerance of the SGEMM
-    chapter. Truncation also shrinks every input a little, which shrinks C by up to ~2u of itself:
-    rtol = 2u."""
-    if dtype == torch.float32:
-        return 2 * TF32_UNIT_ROUNDOFF, 16 * TF32_UNIT_ROUNDOFF * math.sqrt(k) + 1e-6 * k
-    u = UNIT_ROUNDOFF[dtype]
-    return 2 * u, 16 * u * math.sqrt(k) + 1e-6 * k
-# --8<-- [end:tolerance]
+# The operand checks (check_operands) and the tolerance (tolerance_for) of every GEMM are in
+# snippets.common.gemm.
 
 
 # --8<-- [start:cublas]
@@ -142,7 +95,7 @@ def tf32_cublas(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # --8<-- [start:cuda_launch]
 @dataclass(frozen=True)
-class Config:
+class WmmaConfig:
     """How a CUDA version is launched and what it accepts. A block of ``threads`` computes a
     ``tile`` = (rows, columns) of C; the kernel name gets the dtype's suffix (``wmma_v2`` ->
     ``wmma_v2_f16``). ``multiple``: M, N and K must be multiples of these; ``align``: A and B must
@@ -158,18 +111,24 @@ class Config:
 
 
 CONFIGS = {
-    "v1": Config("wmma_v1", tile=(32, 32), threads=128, multiple=(16, 16, 16), align=32,
-                 why="v1 loads whole 16 x 16 fragments from global memory, with no bounds checks"),
-    "v2": Config("wmma_v2", tile=(128, 128), threads=256, multiple=(1, 8, 8), align=16,
-                 why="rows are copied in 16-byte pieces of 8 elements"),
-    "v3": Config("wmma_v3", tile=(128, 128), threads=256, multiple=(1, 8, 8), align=16,
-                 why="rows are copied in 16-byte pieces of 8 elements"),
+    "v1": WmmaConfig("wmma_v1", tile=(32, 32), threads=128, multiple=(16, 16, 16), align=32,
+                     why="v1 loads whole 16 x 16 fragments from global memory, with no bounds "
+                         "checks"),
+    "v2": WmmaConfig("wmma_v2", tile=(128, 128), threads=256, multiple=(1, 8, 8), align=16,
+                     why="rows are copied in 16-byte pieces of 8 elements"),
+    "v3": WmmaConfig("wmma_v3", tile=(128, 128), threads=256, multiple=(1, 8, 8), align=16,
+                     why="rows are copied in 16-byte pieces of 8 elements"),
 }
-TF32_CONFIG = Config("wmma_v2", tile=(128, 128), threads=256, multiple=(1, 4, 4), align=16,
-                     why="rows are copied in 16-byte pieces of 4 floats")
+TF32_CONFIG = WmmaConfig("wmma_v2", tile=(128, 128), threads=256, multiple=(1, 4, 4), align=16,
+                         why="rows are copied in 16-byte pieces of 4 floats")
+# wmma_gemm.cu is compiled with v1's and v2's tiles and threads (-D options; v3 and TF32_CONFIG use
+# v2's kernel template): the numbers are written only here
+CU_OPTIONS = cuda.defines(CU_FILE, NAIVE_TILE=CONFIGS["v1"].tile[0],
+                          NAIVE_THREADS=CONFIGS["v1"].threads, TILED_M=CONFIGS["v2"].tile[0],
+                          TILED_N=CONFIGS["v2"].tile[1], TILED_THREADS=CONFIGS["v2"].threads)
 
 
-def check_supported(cfg: Config, a: torch.Tensor, b: torch.Tensor) -> None:
+def check_supported(cfg: WmmaConfig, a: torch.Tensor, b: torch.Tensor) -> None:
     """Refuse, with a ValueError that says why, the shapes and alignments ``cfg``'s kernel
     cannot take."""
     (m, k), n = a.shape, b.shape[1]
@@ -185,7 +144,7 @@ def check_supported(cfg: Config, a: torch.Tensor, b: torch.Tensor) -> None:
                              "call .clone() first")
 
 
-def _launch_wmma(a: torch.Tensor, b: torch.Tensor, cfg: Config,
+def _launch_wmma(a: torch.Tensor, b: torch.Tensor, cfg: WmmaConfig,
                  dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
     """The one launcher of every CUDA version: a 2-D grid with one block per tile of C."""
     m, n, k = check_operands(a, b, dtypes)
@@ -196,8 +155,8 @@ def _launch_wmma(a: torch.Tensor, b: torch.Tensor, cfg: Config,
         raise ValueError(f"{cfg.kernel}: {grid[1]} tiles along gridDim.y exceed CUDA's limit of "
                          f"{GRID_Y_MAX} (a is {m} x {k})")
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    cuda.launch(cuda.kernel(CU_FILE, f"{cfg.kernel}_{SUFFIX[a.dtype]}"), grid, cfg.threads,
-                (a, b, c, np.int32(m), np.int32(n), np.int32(k)))
+    cuda.launch(cuda.kernel(CU_FILE, f"{cfg.kernel}_{SUFFIX[a.dtype]}", CU_OPTIONS), grid,
+                cfg.threads, (a, b, c, np.int32(m), np.int32(n), np.int32(k)))
     return c
 # --8<-- [end:cuda_launch]
 
@@ -235,45 +194,7 @@ def tf32_wmma(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:triton]
-@triton.jit
-def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    # Grouped order: consecutive programs take GROUP_M block rows of C down one block column before
-    # moving right, so the tiles of A and B they share are still in L2 when the next program
-    # needs them.
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)  # the last group may be short
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
-    pid_n = (pid % num_pid_in_group) // group_size_m
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    # int64 row offsets: M * K passes 2**31 at 65536 x 32768.
-    # (BLOCK_M, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-    # (BLOCK_K, BLOCK_N)
-    b_ptrs = b_ptr + offs_k[:, None].to(tl.int64) * stride_bk + offs_n[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        # Zeros outside A and B add nothing to the sums, so ragged M, N and K need no other care.
-        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < K - k0), other=0.0)
-        b = tl.load(b_ptrs, mask=(offs_k[:, None] < K - k0) & (offs_n[None, :] < N), other=0.0)
-        # One block-level matrix product on the tensor cores, summed into fp32. INPUT_PRECISION
-        # matters only for fp32 operands ("tf32": rounded to TF32 for the tensor cores; "ieee":
-        # plain fp32 FMAs).
-        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K * stride_bk
-    c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
+# The kernel is matmul_kernel of snippets/common/gemm.py (Part 4 tunes it); this is its launch.
 
 # One fixed config per input width, sized for an H100/H200 SM (up to 227 KB of shared memory): 8
 # warps, a 128 x 128 tile of C, and 3 stages of A and B tiles in flight: (128 + 128) x 64 x 2 bytes
@@ -290,16 +211,10 @@ def _triton_gemm(a: torch.Tensor, b: torch.Tensor, dtypes: tuple[torch.dtype, ..
     cfg = TRITON_CONFIGS[a.element_size()]
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
-    _matmul_kernel[grid](a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0),
-                         INPUT_PRECISION="tf32", **cfg)
+    matmul_kernel[grid](a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0),
+                        INPUT_PRECISION="tf32", **cfg)
     return c
 # --8<-- [end:triton]
-
-
-def triton_half_dtypes() -> tuple[torch.dtype, ...]:
-    """fp16 and bf16 on a GPU; fp16 only under the CPU interpreter, which has no bf16 arithmetic
-    (NumPy stores bf16 as raw 16-bit integers, and a tl.dot on them returns garbage)."""
-    return (torch.float16,) if triton_interpreting() else HALF_TYPES
 
 
 def wmma_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -352,20 +267,6 @@ def tf32_matmul_emulated(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # Registration
 # --------------------------------------------------------------------------------------------------
 
-def _make_inputs(size, dtype, device, gen):
-    """A (m x k) and B (k x n) of standard normal values, drawn in fp32 on the target device from a
-    seed taken from ``gen`` and rounded to ``dtype`` (the reference then uses the
-    rounded values)."""
-    dev_gen = device_generator(gen, device)
-    a = torch.randn((size["m"], size["k"]), generator=dev_gen, device=device, dtype=torch.float32)
-    b = torch.randn((size["k"], size["n"]), generator=dev_gen, device=device, dtype=torch.float32)
-    return a.to(dtype), b.to(dtype)
-
-
-def _flops(size, dtype) -> int:
-    return 2 * size["m"] * size["n"] * size["k"]  # one multiply and one add per (i, j, k)
-
-
 def _bytes(size, dtype) -> int:
     m, n, k = size["m"], size["n"], size["k"]
     return (m * k + k * n + m * n) * dtype.itemsize
@@ -386,11 +287,11 @@ WMMA_TEST_SIZES = [{"m": m, "n": n, "k": k}
 TF32_TEST_SIZES = [{"m": m, "n": n, "k": k} for m, n, k in ((1, 4, 4), (17, 36, 20), (64, 64, 64),
                                                            (130, 136, 68))]
 SOURCES = (cuda.source_path(CU_FILE), _launch_wmma, check_operands, check_supported)
-TRITON_SOURCES = (_matmul_kernel, _triton_gemm, check_operands)
+TRITON_SOURCES = (matmul_kernel, _triton_gemm, check_operands)
 
 wmma_gemm = register(Op(
     name="wmma_gemm", part=3, chapter="part3/tensor-cores.md", title="Tensor-core GEMM (fp16/bf16)",
-    reference=_reference, make_inputs=_make_inputs, bytes_moved=_bytes, flops=_flops,
+    reference=_reference, make_inputs=make_operands, bytes_moved=_bytes, flops=gemm_flops,
     metric="TFLOP/s", ceiling="gemm_fp16", headline=HEADLINE, sweep=SWEEP, dtypes=HALF_TYPES,
     test_sizes=WMMA_TEST_SIZES, sweep_axis="m", bench_dtypes=HALF_TYPES,
     # One tolerance per dtype for every size checked, so sized for the largest K; the module's tests
@@ -406,7 +307,7 @@ wmma_gemm.add(Impl("v4", wmma_triton, "Triton", "tl.dot, 128x128x64, 3 stages", 
 
 tf32_gemm = register(Op(
     name="tf32_gemm", part=3, chapter="part3/tensor-cores.md", title="TF32 GEMM",
-    reference=_reference, make_inputs=_make_inputs, bytes_moved=_bytes, flops=_flops,
+    reference=_reference, make_inputs=make_operands, bytes_moved=_bytes, flops=gemm_flops,
     metric="TFLOP/s", ceiling="gemm_tf32", headline=HEADLINE, sweep=SWEEP, dtypes=(torch.float32,),
     test_sizes=TF32_TEST_SIZES, sweep_axis="m",
     tolerances={torch.float32: tolerance_for(MAX_K, torch.float32)}))

@@ -1,10 +1,10 @@
 """Autotuning the Part 3 Triton GEMM: the space of launch configurations, pruning it,
 ``triton.autotune``, and a measured sweep over the space.
 
-There is no new op here: everything tunes ``_matmul_kernel`` of ``snippets/part3/wmma.py``
-(``wmma_gemm`` v4), imported, not copied. A configuration is the kernel's five tile constexprs
-(``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``) plus the two compiler options ``num_warps``
-and ``num_stages``.
+There is no new op here: everything tunes ``matmul_kernel`` of ``snippets/common/gemm.py`` (the
+Part 3 tensor-core chapter's ``wmma_gemm`` v4), imported, not copied. A configuration is the
+kernel's five tile constexprs (``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``) plus the two
+compiler options ``num_warps`` and ``num_stages``.
 
 - ``matmul_space`` builds a space as the product of the choices for each knob;
 - ``smem_bytes`` estimates a configuration's shared memory, ``prune`` drops what cannot run on the
@@ -32,12 +32,8 @@ import torch
 import triton
 
 from snippets._checks import check_int, triton_device, triton_interpreting
-from snippets.part3.wmma import HALF_TYPES, _matmul_kernel, check_operands, tolerance_for
-
-# Shared memory one block may use after opting in, on compute capability 9.0 (H100, H200): 227 KiB
-# (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"). Used when no GPU
-# is there to ask.
-SMEM_LIMIT_SM90 = 227 * 1024
+from snippets.common.gemm import (HALF_TYPES, SMEM_LIMIT_SM90, check_operands, device_smem_limit,
+                                  matmul_kernel, tolerance_for)
 
 
 # --8<-- [start:space]
@@ -95,9 +91,7 @@ def smem_limit(device: torch.device | str | None = None) -> int:
     it; the sm_90 limit when there is no GPU."""
     if device is not None and torch.device(device).type == "cuda" and not triton_interpreting():
         idx = torch.device(device).index
-        props = triton.runtime.driver.active.utils.get_device_properties(
-            torch.cuda.current_device() if idx is None else idx)
-        return int(props["max_shared_mem"])
+        return int(device_smem_limit(torch.cuda.current_device() if idx is None else idx))
     return SMEM_LIMIT_SM90
 
 
@@ -163,13 +157,13 @@ def _autotune_options() -> dict:
 
 
 def make_autotuned(configs: Sequence[MatmulConfig]):
-    """``_matmul_kernel`` behind triton.autotune over ``configs``. The key names the arguments whose
+    """``matmul_kernel`` behind triton.autotune over ``configs``. The key names the arguments whose
     values pick the tuning: a new (M, N, K) is tuned again, a repeated one reuses the winner.
     (Triton also adds the dtype of every tensor argument to the key, so fp16 and bf16 are
     tuned apart.)"""
     return triton.autotune(configs=[c.to_triton() for c in configs], key=["M", "N", "K"],
                            prune_configs_by={"early_config_prune": early_config_prune},
-                           **_autotune_options())(_matmul_kernel)
+                           **_autotune_options())(matmul_kernel)
 
 
 _tuned_kernel = make_autotuned(TUNE_SPACE)
@@ -205,9 +199,9 @@ def matmul_with(a: torch.Tensor, b: torch.Tensor, cfg: MatmulConfig) -> torch.Te
         raise TypeError(f"cfg must be a MatmulConfig, got {type(cfg).__name__}")
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
     grid = (triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(n, cfg.BLOCK_N),)
-    _matmul_kernel[grid](a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0),
-                         INPUT_PRECISION="tf32", num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                         **cfg.constexprs())
+    matmul_kernel[grid](a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0),
+                        INPUT_PRECISION="tf32", num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                        **cfg.constexprs())
     return c
 
 
@@ -231,7 +225,7 @@ def sweep_configs() -> list[MatmulConfig]:
 def sweep(configs: Sequence[MatmulConfig], m: int = 4096, n: int = 4096, k: int = 4096,
           dtype: torch.dtype = torch.bfloat16, seed: int = 0,
           budget_ms: float = 100.0) -> list[dict]:
-    """Check, then time, ``_matmul_kernel`` with each configuration on the GPU; one record
+    """Check, then time, ``matmul_kernel`` with each configuration on the GPU; one record
     per configuration.
 
     Each output is compared with an fp32 torch.matmul of the same inputs (tolerance_for of the GEMM

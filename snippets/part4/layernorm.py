@@ -35,15 +35,12 @@ contiguous; the output has x's dtype and shape. Statistics and every sum are com
 fp64 for fp64 inputs, which only the gradient check uses). Cost: the forward reads x, w, b and
 writes y; the backward reads x, dy, w and writes dx, dw, db (see ``_bytes`` and ``_bytes_fwd_bwd``).
 
-The goals, bf16 16384 x 4096 on an H200: the forward at least as fast as Liger-Kernel's (3.56 TB/s
-there), and forward + backward at most the 0.333 ms that eager PyTorch takes (both measured on an
-H200 with torch 2.11).
+The goals, bf16 16384 x 4096: v3 at least as fast as Liger-Kernel's forward, torch.compile's and
+eager PyTorch's, and forward + backward at least as fast as all three; the chapter's goal checks
+(docs/part4/layernorm.md) measure them on every GPU with results.
 """
 
 from __future__ import annotations
-
-import functools
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -53,16 +50,17 @@ import triton.language as tl
 
 from snippets import cuda
 from snippets._checks import check_tensors, triton_device
-from snippets.part4.baselines import compiled, grads_through, liger_missing, needs_gpu
+from snippets.common.baselines import compiled, grads_through, liger, liger_missing, needs_gpu
+from snippets.common.rows import (MAX_N, NORM_HEADLINE, NORM_SWEEP, NORM_TEST_SIZES, RowConfig,
+                                  check_rows, compute_dtype)
+from snippets.common.rows import backward_groups as row_backward_groups
+from snippets.common.rows import config_for as row_config_for
 from snippets.registry import Impl, Op, device_generator, register
 
 EPS = 1e-5
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 CU_FILE = "part4/layernorm.cu"
-# The whole row lives in registers (v3 and v4). 65536 fp32 over 16 warps is 128 registers per
-# thread, about what a thread can hold with its other values; a longer row would spill and needs a
-# loop over the row (an exercise of the chapter).
-MAX_N = 65536
+# The whole row lives in registers (v3 and v4): rows of at most MAX_N (snippets.common.rows).
 
 
 # --8<-- [start:reference]
@@ -123,23 +121,16 @@ def layernorm_fwd_bwd_compiled(x, w, b, dy):
     return grads_through(_layernorm_compiled, (x, w, b), dy)
 
 
-@functools.lru_cache(maxsize=None)
-def _liger():
-    from liger_kernel.ops import layer_norm
-
-    return layer_norm
-
-
 def layernorm_liger(x, w, b):
     """v2: Liger-Kernel's forward kernel, called directly (no autograd node): one program per row,
     the row in registers, mean and rstd stored for a backward."""
-    return _liger().layer_norm_forward(x, w, b, EPS)[0]
+    return liger("layer_norm").layer_norm_forward(x, w, b, EPS)[0]
 
 
 def layernorm_fwd_bwd_liger(x, w, b, dy):
     """v2: Liger-Kernel's autograd function, forward and backward, as ``LigerLayerNorm`` runs it."""
-    return grads_through(lambda x, w, b: _liger().LigerLayerNormFunction.apply(x, w, b, EPS),
-                         (x, w, b), dy)
+    fn = liger("layer_norm").LigerLayerNormFunction
+    return grads_through(lambda x, w, b: fn.apply(x, w, b, EPS), (x, w, b), dy)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,58 +138,28 @@ def layernorm_fwd_bwd_liger(x, w, b, dy):
 # --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:configs]
-@dataclass(frozen=True)
-class Config:
-    """Launch parameters for one row length (BLOCK_N, the row rounded up to a power of two).
-
-    rows: rows per forward program. Short rows are packed several to a program so that each
-    thread still
-        holds two 16-byte vectors of x and each program moves enough bytes to be worth its
-        launch slot.
-    fwd_warps: warps per forward program: 16 elements (two 16-byte bf16 vectors) per thread at 4096
-    and below,
-        so a program's loads are all issued before its first reduction waits on them.
-    bwd_warps: warps per backward program, which holds x, dy, w and the dw, db sums: five
-    row-long fp32
-        values per element.
-    groups_per_sm: backward programs per SM. Each writes 2*N fp32 partial sums, so more groups
-    mean more
-        partial traffic but more rows in flight to hide the latency of each row's two reductions.
-    """
-
-    rows: int
-    fwd_warps: int
-    bwd_warps: int
-    groups_per_sm: int
-
-
-# Chosen in tuning runs on an H200 (Triton 3.6) at 16384 x 4096 bf16: the forward with 1 row and 8
-# warps a program is ahead of Liger-Kernel's; the backward with 8 warps and 2 groups per SM beat 1
-# and 4 groups per SM and 4 or 16 warps. The other rows are not tuned: warps keep 16 to 32 elements
+# Launch parameters per row length, a RowConfig (snippets.common.rows) each. Chosen in tuning runs
+# on an H200 (Triton 3.6) at 16384 x 4096 bf16: the forward with 1 row and 8 warps a program is
+# ahead of Liger-Kernel's; the backward with 8 warps and 2 groups per SM beat 1 and 4 groups per SM
+# and 4 or 16 warps. The other rows are not tuned: warps keep 16 to 32 elements
 # per thread (the backward, with five row-long values per thread, gets twice the forward's warps
 # past 4096), and groups_per_sm falls as N grows to keep the (GROUPS, N) partial buffers near 1/20
 # of the backward's traffic.
-CONFIGS = {  # BLOCK_N -> Config; shorter rows use the 1024 entry with more rows per program
-    1024: Config(rows=4, fwd_warps=8, bwd_warps=4, groups_per_sm=4),
-    2048: Config(rows=2, fwd_warps=8, bwd_warps=4, groups_per_sm=4),
-    4096: Config(rows=1, fwd_warps=8, bwd_warps=8, groups_per_sm=2),
-    8192: Config(rows=1, fwd_warps=16, bwd_warps=16, groups_per_sm=1),
-    16384: Config(rows=1, fwd_warps=16, bwd_warps=32, groups_per_sm=1),
-    32768: Config(rows=1, fwd_warps=16, bwd_warps=32, groups_per_sm=1),
-    65536: Config(rows=1, fwd_warps=16, bwd_warps=32, groups_per_sm=1),
+CONFIGS = {  # BLOCK_N -> RowConfig; shorter rows use the 1024 entry with more rows per program
+    1024: RowConfig(rows=4, fwd_warps=8, bwd_warps=4, groups_per_sm=4),
+    2048: RowConfig(rows=2, fwd_warps=8, bwd_warps=4, groups_per_sm=4),
+    4096: RowConfig(rows=1, fwd_warps=8, bwd_warps=8, groups_per_sm=2),
+    8192: RowConfig(rows=1, fwd_warps=16, bwd_warps=16, groups_per_sm=1),
+    16384: RowConfig(rows=1, fwd_warps=16, bwd_warps=32, groups_per_sm=1),
+    32768: RowConfig(rows=1, fwd_warps=16, bwd_warps=32, groups_per_sm=1),
+    65536: RowConfig(rows=1, fwd_warps=16, bwd_warps=32, groups_per_sm=1),
 }
 
 
-def config_for(n: int, configs: dict[int, Config] | None = None) -> tuple[int, Config]:
-    """(BLOCK_N, Config) for rows of length ``n``, from ``configs`` (this module's CONFIGS by
-    default; the RMSNorm of Part 5 passes its own table)."""
-    configs = CONFIGS if configs is None else configs
-    block_n = triton.next_power_of_2(n)
-    if block_n < 1024:  # keep about 4096 elements per program: 4 rows of 1024, 64 rows of 64, ...
-        base = configs[1024]
-        return block_n, Config(rows=base.rows * 1024 // block_n, fwd_warps=base.fwd_warps,
-                               bwd_warps=max(1, block_n // 256), groups_per_sm=base.groups_per_sm)
-    return block_n, configs[block_n]
+def config_for(n: int) -> tuple[int, RowConfig]:
+    """(BLOCK_N, RowConfig) for rows of length ``n``, from this module's CONFIGS (the rule for
+    short rows is snippets.common.rows.config_for)."""
+    return row_config_for(n, CONFIGS)
 # --8<-- [end:configs]
 
 
@@ -296,36 +257,9 @@ def _layernorm_dwdb_kernel(dw_part_ptr, db_part_ptr, dw_ptr, db_ptr, GROUPS, N,
 
 
 # --8<-- [start:checks]
-def check_rows(x, params: dict[str, torch.Tensor], dtypes, device: str) -> tuple[int, int]:
-    """x (..., N) and per-column parameters of shape (N,) (``{"w": w, "b": b}``), one dtype and
-    device, contiguous, 1 <= N <= MAX_N; returns (M, N), with the leading dimensions of x flattened
-    into M rows (M may be 0: an empty batch gives an empty output). Shared with Part 5's RMSNorm."""
-    check_tensors(("x", *params), (x, *params.values()), dtypes=dtypes, device=device,
-                  same_shape=False)
-    if x.dim() == 0:
-        raise ValueError("x must have at least one dimension (the normalised one), got shape "
-                         f"{tuple(x.shape)}")
-    n = x.shape[-1]
-    for name, t in params.items():
-        if t.shape != (n,):
-            raise ValueError(f"{name} must have shape ({n},), the last dimension of x "
-                             f"{tuple(x.shape)}; got {tuple(t.shape)}")
-    if n == 0:
-        raise ValueError(f"x has rows of length 0 (shape {tuple(x.shape)}): there is nothing to "
-                         "normalise")
-    if n > MAX_N:
-        raise ValueError(f"rows of length {n} do not fit in registers: at most {MAX_N} elements")
-    return x.numel() // n, n
-
-
 def _check_inputs(x, w, b, dtypes, device: str) -> tuple[int, int]:
-    """LayerNorm's inputs: x (..., N), w and b (N,); see check_rows."""
+    """LayerNorm's inputs: x (..., N), w and b (N,); see check_rows (snippets.common.rows)."""
     return check_rows(x, {"w": w, "b": b}, dtypes, device)
-
-
-def compute_dtype(dtype: torch.dtype):
-    """fp32 for every storage type; fp64 stays fp64 (for torch.autograd.gradcheck)."""
-    return tl.float64 if dtype == torch.float64 else tl.float32
 # --8<-- [end:checks]
 
 
@@ -357,21 +291,10 @@ def layernorm_triton(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
 
 
 # --8<-- [start:bwd_host]
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of the GPU (4 under the interpreter, so that tests see
-    several groups)."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def backward_groups(m: int, n: int, device: torch.device,
-                    configs: dict[int, Config] | None = None) -> int:
-    """How many groups of rows the backward splits M rows into: enough programs to keep every SM
-    busy (groups_per_sm of them per SM, from ``configs``: this module's CONFIGS by default), never
-    more than there are rows."""
-    _, cfg = config_for(n, configs)
-    return max(1, min(m, sm_count(device) * cfg.groups_per_sm))
+def backward_groups(m: int, n: int, device: torch.device) -> int:
+    """How many groups of rows the backward splits M rows into: groups_per_sm programs per SM
+    (from this module's CONFIGS), at most M (snippets.common.rows.backward_groups)."""
+    return row_backward_groups(m, n, device, CONFIGS)
 
 
 def _layernorm_bwd(dy, x, w, mean, rstd):
@@ -442,7 +365,8 @@ def layernorm_fwd_bwd_triton(x, w, b, dy):
 # --8<-- [start:cuda_launch]
 CUDA_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 VECS = (1, 2, 4)  # 16-byte vectors per thread: the kernels compiled in layernorm.cu
-CUDA_THREADS = 512   # the most threads per block: __launch_bounds__(512) in layernorm.cu
+CUDA_THREADS = 512   # the most threads per block: the kernels' __launch_bounds__
+CU_OPTIONS = cuda.defines(CU_FILE, CUDA_THREADS=CUDA_THREADS)  # layernorm.cu gets it as a -D option
 
 
 def cuda_launch_shape(n: int, itemsize: int) -> tuple[int, int]:
@@ -472,7 +396,7 @@ def layernorm_cuda(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
         return y
     vecs, threads = cuda_launch_shape(n, x.element_size())
     aligned = all(t.data_ptr() % 16 == 0 for t in (x, w, b, y)) and (n * x.element_size()) % 16 == 0
-    fn = cuda.kernel(CU_FILE, f"layernorm_fwd_{CUDA_SUFFIX[x.dtype]}_v{vecs}")
+    fn = cuda.kernel(CU_FILE, f"layernorm_fwd_{CUDA_SUFFIX[x.dtype]}_v{vecs}", CU_OPTIONS)
     cuda.launch(fn, m, threads, (x, w, b, y, np.int32(n), np.float32(eps), np.int32(aligned)))
     return y
 # --8<-- [end:cuda_launch]
@@ -514,13 +438,9 @@ def _bytes_fwd_bwd(size, dtype) -> int:
     return (5 * m * n + 5 * n) * dtype.itemsize
 
 
-HEADLINE = {"m": 16384, "n": 4096}  # bf16: 128 MiB of x and as much of y, 5x the H200's L2
-# M * N fixed at 2^26: every point moves the same bytes, so the curve shows only what the row length
-# changes (elements per program, programs per SM, reduction depth). A fixed M would shrink N = 1024
-# to 32 MiB of bf16, which the H200's L2 nearly holds.
-SWEEP = [{"m": 2**26 // n, "n": n} for n in (1024, 2048, 4096, 8192, 16384)]
-TEST_SIZES = [{"m": 1, "n": 1}, {"m": 3, "n": 17}, {"m": 17, "n": 123}, {"m": 33, "n": 1000},
-              {"m": 5, "n": 4097}, {"m": 123, "n": 781}]
+# bf16 16384 x 4096 (128 MiB of x and as much of y, 5x the H200's L2), a sweep with M * N fixed at
+# 2^26, and odd test shapes: the sizes both norms are measured at (snippets.common.rows).
+HEADLINE, SWEEP, TEST_SIZES = NORM_HEADLINE, NORM_SWEEP, NORM_TEST_SIZES
 # Against a float64 reference, with every sum in fp32: the outputs are rounded once to their type,
 # at most half an ulp (2^-11 fp16, 2^-8 bf16, relative), and fp32 sums over N <= 4097 columns or M
 # <= 123 rows add a few fp32 ulp. fp16 allows 4 of its ulps; bf16 allows 2 of its ulps, because
@@ -545,7 +465,7 @@ layernorm.add(Impl("v0", layernorm_torch, "PyTorch", "torch.nn.functional.layer_
 layernorm.add(Impl("v1", layernorm_compiled, "Triton", "torch.compile(F.layer_norm)",
                    (layernorm_torch,), device="cuda", requires=needs_gpu, origin="library"))
 layernorm.add(Impl("v2", layernorm_liger, "Triton", "Liger-Kernel 0.8.5 layer_norm_forward",
-                   (_liger,), device="cuda", requires=liger_missing, origin="library"))
+                   (liger,), device="cuda", requires=liger_missing, origin="library"))
 layernorm.add(Impl("v3", layernorm_triton, "Triton", "row in registers, fp32 two-pass statistics",
                    TRITON_SOURCES, device="any"))
 layernorm.add(Impl("v4", layernorm_cuda, "CUDA", "block per row, 16-byte vectors, shuffles",
@@ -568,7 +488,7 @@ layernorm_fwd_bwd.add(Impl("v1", layernorm_fwd_bwd_compiled, "Triton",
                            "torch.compile forward and backward", (layernorm_torch, grads_through),
                            device="cuda", requires=needs_gpu, origin="library"))
 layernorm_fwd_bwd.add(Impl("v2", layernorm_fwd_bwd_liger, "Triton",
-                           "Liger-Kernel 0.8.5 LigerLayerNormFunction", (_liger, grads_through),
+                           "Liger-Kernel 0.8.5 LigerLayerNormFunction", (liger, grads_through),
                            device="cuda", requires=liger_missing, origin="library"))
 layernorm_fwd_bwd.add(Impl("v3", layernorm_fwd_bwd_triton, "Triton",
                            "LayerNormFunction: saved stats, (GROUPS, N) partial dW/dB", BWD_SOURCES,

@@ -38,16 +38,16 @@ operations on at least (M*K + K*N) * in_bytes + M*N * out_bytes bytes.
 from __future__ import annotations
 
 import functools
-import sys
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from snippets._checks import check_tensors, triton_device, triton_interpreting
-from snippets.part3.wmma import (HALF_TYPES, INT32_MAX, _flops, _make_inputs, tolerance_for,
-                                 triton_half_dtypes)
+from snippets._checks import triton_device, triton_interpreting
+from snippets.common.gemm import (GROUP_M, HALF_TYPES, INTERPRET, check_operands, check_tma,
+                                  config_space, gemm_flops, launch_tma, make_operands, needs_hopper,
+                                  prune_configs, set_block_shapes, tile_coords, tolerance_for,
+                                  triton_half_dtypes)
 from snippets.registry import Impl, Op, device_generator, register, register_ceiling
 
 FP8 = torch.float8_e4m3fn
@@ -89,25 +89,7 @@ def _reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:checks]
-def check_operands(a: torch.Tensor, b: torch.Tensor, dtypes: tuple[torch.dtype, ...],
-                   device: str = "cuda") -> tuple[int, int, int]:
-    """A (M x K) and B (K x N): 2-D, non-empty, one dtype from ``dtypes``, one device; any strides
-    (the kernels take them as arguments). Returns (M, N, K)."""
-    check_tensors(("a", "b"), (a, b), dtypes=dtypes, device=device, same_shape=False,
-                  contiguous=False, allow_empty=False)
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"a and b must be 2-D matrices, got shapes {tuple(a.shape)} and "
-                         f"{tuple(b.shape)}")
-    (m, k), (k2, n) = a.shape, b.shape
-    if k != k2:
-        raise ValueError(f"inner dimensions differ: a is {m} x {k} but b is {k2} x {n} (a.shape[1] "
-                         "must equal b.shape[0])")
-    for name, v in (("M", m), ("N", n), ("K", k)):
-        if v > INT32_MAX:
-            raise ValueError(f"{name} = {v} does not fit the kernels' 32-bit sizes")
-    return m, n, k
-
-
+# check_operands and check_tma are in snippets.common.gemm; the fp8 versions add their scales.
 def check_scales(scale_a: torch.Tensor, scale_b: torch.Tensor, device: torch.device) -> None:
     """Per-tensor scales: fp32 tensors of one element (0-d or shape (1,)) on the
     operands' device."""
@@ -121,25 +103,6 @@ def check_scales(scale_a: torch.Tensor, scale_b: torch.Tensor, device: torch.dev
                              f"{tuple(s.shape)}; per-row scales are not supported here")
         if s.device != device:
             raise ValueError(f"{name} is on {s.device} but the operands are on {device}")
-
-
-def check_tma(**tensors: torch.Tensor) -> None:
-    """The Tensor Memory Accelerator copies 2-D boxes described by a base address, a row stride and
-    a box shape: the base must be 16-byte aligned, one stride must be 1 (elements contiguous along a
-    row) and the other, in bytes, a multiple of 16."""
-    for name, t in tensors.items():
-        if t.stride(1) != 1 and t.stride(0) != 1:
-            raise ValueError(f"TMA needs {name} contiguous along one dimension, got strides "
-                             f"{t.stride()}")
-        row = t.stride(0) if t.stride(1) == 1 else t.stride(1)
-        if (row * t.element_size()) % 16:
-            raise ValueError(f"TMA needs 16-byte aligned rows: {name} is {t.shape[0]} x "
-                             f"{t.shape[1]} {t.dtype} with rows {row * t.element_size()} bytes "
-                             "apart, not a multiple of 16 (pad that dimension to a multiple of 16 "
-                             "bytes, or use the pointer-based version)")
-        if t.data_ptr() % 16:
-            raise ValueError(f"TMA needs {name} to start on a 16-byte boundary, its data pointer "
-                             f"is {t.data_ptr():#x}; call .clone() first")
 # --8<-- [end:checks]
 
 
@@ -147,25 +110,7 @@ def check_tma(**tensors: torch.Tensor) -> None:
 # v1, v2, v3: one program per tile of C
 # --------------------------------------------------------------------------------------------------
 
-# --8<-- [start:tile_order]
-@triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Which tile (row pid_m, column pid_n) of C the tile_id-th program computes."""
-    if GROUP_M == 1:
-        # Row-major: programs 0, 1, 2, ... walk along the first block row of C, then the second, ...
-        pid_m = tile_id // num_pid_n
-        pid_n = tile_id % num_pid_n
-    else:
-        # Grouped: programs walk down GROUP_M block rows of one block column before moving one
-        # column right.
-        num_pid_in_group = GROUP_M * num_pid_n
-        first_pid_m = (tile_id // num_pid_in_group) * GROUP_M
-        group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)  # the last group may be short
-        pid_m = first_pid_m + (tile_id % num_pid_in_group) % group_size_m
-        pid_n = (tile_id % num_pid_in_group) // group_size_m
-    return pid_m, pid_n
-# --8<-- [end:tile_order]
-
+# The tile order, tile_coords (snippets.common.gemm), maps a program to its tile of C.
 
 # --8<-- [start:kernel]
 @triton.jit
@@ -173,7 +118,7 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, scale_a_ptr, scale_b_ptr, M, N, K,
                    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, INT_ACC: tl.constexpr, HAS_SCALES: tl.constexpr):
-    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -206,57 +151,8 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, scale_a_ptr, scale_b_ptr, M, N, K,
 # v1 and v2: the Part 3 chapter's one config (128 x 128 x 64, 8 warps, 3 stages: 96 KB of shared
 # memory); v1 in row-major order, v2 grouped by 8 block rows.
 FIXED = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
-GROUP_M = 8
-
-# v3's space, per input width in bytes: tile shapes from 64 x 64 (many programs: small or skinny
-# problems) to 256 x 128 (the most reuse per byte loaded); K steps of 128 bytes (64 halves, 128
-# fp8/int8 values: one TMA box row and one 128-byte shared-memory swizzle); 3 or 4 stages; 4 or 8
-# warps (one or two warpgroups).
-TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
-
-
-def config_space(in_bytes: int, persistent: bool = False) -> list[triton.Config]:
-    block_k = 128 // in_bytes
-    tiles = TILES if not persistent else ((128, 128), (128, 256), (256, 128))
-    out = []
-    for bm, bn in tiles:
-        for stages in (3, 4):
-            for warps in (4, 8):
-                if bm * bn >= 128 * 256 and warps == 4:
-                    # a 32K-element fp32 accumulator over 128 threads is 256 registers each: spills
-                    continue
-                kw = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=block_k, GROUP_M=GROUP_M)
-                out.append(triton.Config(kw, num_warps=warps, num_stages=stages,
-                                         pre_hook=_set_block_shapes if persistent else None))
-    return out
-
-
-def smem_bytes(cfg: triton.Config, in_bytes: int, out_bytes: int, persistent: bool) -> int:
-    """Shared memory a config needs: num_stages buffers of an A tile and a B tile, plus (persistent
-    kernel) the staging tile of the epilogue's TMA store, half of C's tile."""
-    k = cfg.kwargs
-    tiles = cfg.num_stages * (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * in_bytes
-    return tiles + (k["BLOCK_M"] * k["BLOCK_N"] // 2 * out_bytes if persistent else 0)
-
-
-@functools.lru_cache(maxsize=None)
-def device_smem_limit(index: int) -> int:
-    """Bytes of shared memory one program may use on this GPU (227 KB on an H100 or H200)."""
-    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
-
-
-def _prune(configs, named_args, **kwargs):
-    """Drop the configs whose shared memory exceeds the device's limit (they would fail
-    to launch)."""
-    first = named_args.get("a_ptr", named_args.get("a_desc"))
-    base = getattr(first, "base", first)
-    out = named_args.get("c_ptr", named_args.get("c_desc"))
-    out = getattr(out, "base", out)
-    persistent = "a_desc" in named_args
-    limit = device_smem_limit(base.device.index or 0)
-    kept = [c for c in configs
-            if smem_bytes(c, base.element_size(), out.element_size(), persistent) <= limit]
-    return kept or configs[:1]
+# v3 and v4 autotune over config_space (snippets.common.gemm, with GROUP_M = 8), pruned to the
+# device's shared memory by prune_configs.
 
 
 @functools.lru_cache(maxsize=None)
@@ -266,13 +162,11 @@ def autotuned(persistent: bool, dtype: torch.dtype):
     cannot tell fp16 from bf16 through the TMA kernel's descriptors."""
     kernel = _matmul_tma_kernel if persistent else _matmul_kernel
     return triton.autotune(configs=config_space(dtype.itemsize, persistent), key=["M", "N", "K"],
-                           prune_configs_by={"early_config_prune": _prune})(kernel)
+                           prune_configs_by={"early_config_prune": prune_configs})(kernel)
 # --8<-- [end:configs]
 
 
-# Under the interpreter there is nothing to tune (and every config would be run): one small config,
-# so that the CPU tests cover several tiles and groups even at small sizes.
-INTERPRET = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=2)
+# Under the interpreter nothing is tuned: one small config, INTERPRET (snippets.common.gemm).
 
 
 # --8<-- [start:launch]
@@ -300,12 +194,12 @@ def _launch(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, config: dict | No
 def matmul_cublas(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """v0: cuBLAS through torch.matmul (fp32 sums; torch lets cuBLAS round split-K partial sums to
     the dtype, which tolerance_for allows for)."""
-    check_operands(a, b, HALF_TYPES)
+    check_operands(a, b, HALF_TYPES, contiguous=False)
     return torch.matmul(a, b)
 
 
 def _half(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    m, n, _ = check_operands(a, b, triton_half_dtypes(), device=triton_device())
+    m, n, _ = check_operands(a, b, triton_half_dtypes(), device=triton_device(), contiguous=False)
     return torch.empty((m, n), dtype=a.dtype, device=a.device)
 
 
@@ -344,7 +238,7 @@ def _matmul_tma_kernel(a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K
     # epilogue of one tile overlaps the first loads of the next. flatten=True lets the compiler
     # pipeline the two loops as one, so those loads are issued before the stores finish.
     for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=FLATTEN):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         if INT_ACC:
@@ -374,68 +268,14 @@ def _matmul_tma_kernel(a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K
 
 
 # --8<-- [start:tma_launch]
-def _set_block_shapes(nargs: dict) -> None:
-    """Autotuner pre-hook (and the fixed-config path): a host descriptor's box is part of the
-    descriptor, so it must match the config about to run."""
-    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
-    nargs["a_desc"].block_shape = [bm, bk]
-    nargs["b_desc"].block_shape = [bn, bk] if nargs["B_KMAJOR"] else [bk, bn]
-    nargs["c_desc"].block_shape = [bm, bn // 2]
-
-
-@functools.lru_cache(maxsize=None)
-def num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-INTERPRET_SMS = 3  # under the interpreter: few "SMs", so each program loops over several tiles
-
-
 def _launch_tma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
                 scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    check_tma(a=a, b=b, c=c)
-    if a.stride(1) != 1:
-        raise ValueError("TMA version: a must be row-major (K contiguous), got strides "
-                         f"{a.stride()}")
-    (m, k), n = a.shape, b.shape[1]
-    b_kmajor = b.stride(0) == 1 and (b.stride(1) != 1 or n == 1)
-    # Boxes are set per config by _set_block_shapes; [16, 16] is only a placeholder.
-    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [16, 16])
-    b_desc = (TensorDescriptor(b, [n, k], [b.stride(1), 1], [16, 16]) if b_kmajor
-              else TensorDescriptor(b, [k, n], [b.stride(0), 1], [16, 16]))
-    c_desc = TensorDescriptor(c, [m, n], [c.stride(0), 1], [16, 16])
+    """v4 (and its fp8 and int8 forms) through the persistent TMA launcher (launch_tma of
+    snippets.common.gemm): the scales, if any, are the kernel's two extra arguments."""
     sa, sb = scales if scales is not None else (None, None)
-    interp = triton_interpreting()
-    sms = INTERPRET_SMS if interp else num_sms(a.device.index or 0)
-    flags = dict(NUM_SMS=sms, B_KMAJOR=b_kmajor, INT_ACC=a.dtype == torch.int8,
-                 HAS_SCALES=scales is not None, FLATTEN=True)
-    args = (a_desc, b_desc, c_desc, sa, sb, m, n, k)
-    if interp:
-        cfg = {key: v for key, v in INTERPRET.items() if key not in ("num_warps", "num_stages")}
-        _set_block_shapes({"a_desc": a_desc, "b_desc": b_desc, "c_desc": c_desc, **cfg, **flags})
-        tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
-        _matmul_tma_kernel[(min(sms, tiles),)](*args, **flags, **cfg)
-    else:
-        grid = lambda meta: (  # noqa
-            min(sms, triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),)
-        autotuned(True, a.dtype)[grid](*args, **flags)
-    return c
+    flags = dict(INT_ACC=a.dtype == torch.int8, HAS_SCALES=scales is not None)
+    return launch_tma(_matmul_tma_kernel, autotuned, a, b, c, (sa, sb), flags)
 # --8<-- [end:tma_launch]
-
-
-def needs_hopper() -> str | None:
-    """For ``Impl(requires=...)``: the TMA versions need sm_90 (the interpreter
-    emulates descriptors)."""
-    if triton_interpreting():
-        return None
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU"
-    if torch.cuda.get_device_capability() < (9, 0):
-        return ("TMA needs compute capability 9.0 (Hopper), this GPU has "
-                f"{torch.cuda.get_device_capability()}")
-    return None
 
 
 def matmul_persistent(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -453,7 +293,7 @@ def compile_for_hopper(dtype: torch.dtype, persistent: bool = True, num_warps: i
     checked without a Hopper GPU. Inputs of ``dtype`` with the output dtype of its op; B K-major for
     8-bit inputs, as they arrive. Returns the compiled kernel (``.asm["ptx"]``,
     ``.metadata.shared``). Needs TRITON_INTERPRET unset."""
-    from snippets.part4.introspect import TRITON_TYPES, triton_compile
+    from snippets.common.introspect import TRITON_TYPES, triton_compile
 
     out = {FP8: torch.bfloat16, torch.int8: torch.int32}.get(dtype, dtype)
     bm, bn, bk = (blocks.get("BLOCK_M", 128), blocks.get("BLOCK_N", 256),
@@ -495,7 +335,7 @@ def compile_for_hopper(dtype: torch.dtype, persistent: bool = True, num_warps: i
 # --------------------------------------------------------------------------------------------------
 
 def _check_fp8(a, b, scale_a, scale_b, device):
-    m, n, k = check_operands(a, b, (FP8,), device=device)
+    m, n, k = check_operands(a, b, (FP8,), device=device, contiguous=False)
     check_scales(scale_a, scale_b, a.device)
     return m, n, k
 
@@ -542,7 +382,7 @@ def matmul_fp8_persistent(a, b, scale_a, scale_b):
 
 # --8<-- [start:int8]
 def _check_int8(a, b, device):
-    m, n, k = check_operands(a, b, (torch.int8,), device=device)
+    m, n, k = check_operands(a, b, (torch.int8,), device=device, contiguous=False)
     if k > INT8_MAX_K:
         raise ValueError(f"K = {k} > {INT8_MAX_K}: K products of up to 128 * 128 could overflow "
                          "the int32 sums")
@@ -660,14 +500,14 @@ LOW_TEST_SIZES = [{"m": m, "n": n, "k": k}
                   for m, n, k in ((32, 16, 16), (48, 80, 96), (96, 64, 160))]
 MAX_K = max(s["k"] for s in [HEADLINE, *SWEEP])
 
-SOURCES = (_matmul_kernel, _tile_coords, _launch, check_operands)
-TUNED_SOURCES = (*SOURCES, config_space, _prune, autotuned)
-TMA_SOURCES = (_matmul_tma_kernel, _tile_coords, _launch_tma, _set_block_shapes, config_space,
-               _prune, autotuned, check_tma)
+SOURCES = (_matmul_kernel, tile_coords, _launch, check_operands)
+TUNED_SOURCES = (*SOURCES, config_space, prune_configs, autotuned)
+TMA_SOURCES = (_matmul_tma_kernel, tile_coords, _launch_tma, launch_tma, set_block_shapes,
+               config_space, prune_configs, autotuned, check_tma)
 
 matmul = register(Op(
     name="matmul", part=4, chapter="part4/matmul.md", title="Matrix product (fp16/bf16)",
-    reference=_reference, make_inputs=_make_inputs, bytes_moved=_bytes({}), flops=_flops,
+    reference=_reference, make_inputs=make_operands, bytes_moved=_bytes({}), flops=gemm_flops,
     metric="TFLOP/s", ceiling="gemm_bf16", headline=HEADLINE, sweep=SWEEP,
     dtypes=(torch.bfloat16, torch.float16), bench_dtypes=(torch.bfloat16, torch.float16),
     test_sizes=TEST_SIZES, sweep_axis="m",
@@ -697,7 +537,7 @@ FP8_OUT = {FP8: torch.bfloat16}
 matmul_fp8 = register(Op(
     name="matmul_fp8", part=4, chapter="part4/matmul.md",
     title="Matrix product (fp8 e4m3, per-tensor scales)", reference=matmul_fp8_ref,
-    make_inputs=_make_fp8_inputs, bytes_moved=_bytes(FP8_OUT), flops=_flops, metric="TFLOP/s",
+    make_inputs=_make_fp8_inputs, bytes_moved=_bytes(FP8_OUT), flops=gemm_flops, metric="TFLOP/s",
     ceiling="gemm_fp8", headline=HEADLINE, sweep=LOW_SWEEP, dtypes=(FP8,), bench_dtypes=(FP8,),
     test_sizes=LOW_TEST_SIZES, sweep_axis="m", output_dtypes=FP8_OUT,
     # The products and fp32 sums are (nearly) exact; what is left is C's rounding to bf16.
@@ -714,7 +554,7 @@ INT8_OUT = {torch.int8: torch.int32}
 matmul_int8 = register(Op(
     name="matmul_int8", part=4, chapter="part4/matmul.md",
     title="Matrix product (int8, int32 sums)", reference=matmul_int8_ref,
-    make_inputs=_make_int8_inputs, bytes_moved=_bytes(INT8_OUT), flops=_flops, metric="TFLOP/s",
+    make_inputs=_make_int8_inputs, bytes_moved=_bytes(INT8_OUT), flops=gemm_flops, metric="TFLOP/s",
     ceiling="gemm_int8", headline=HEADLINE, sweep=LOW_SWEEP, dtypes=(torch.int8,),
     bench_dtypes=(torch.int8,), test_sizes=LOW_TEST_SIZES, sweep_axis="m", output_dtypes=INT8_OUT,
     tolerances={torch.int8: (0.0, 0.0)}))
@@ -726,46 +566,3 @@ matmul_int8.add(Impl("v2", matmul_int8_persistent, "Triton",
                      "matmul v4's persistent TMA kernel, int32", TMA_SOURCES, device="any",
                      requires=needs_hopper))
 
-
-# --------------------------------------------------------------------------------------------------
-# Odd shapes on the GPU: python -m snippets.part4.matmul OUTDIR
-# --------------------------------------------------------------------------------------------------
-
-def capture_shapes(outdir: Path) -> Path:
-    """Time every matmul version in bf16 at odd_shapes() with the harness's timer and write a text
-    table to OUTDIR/matmul_shapes.txt (commit it
-    as benchmarks/results/outputs/<gpu>/matmul_shapes.txt)."""
-    from snippets.bench.timing import rotation, time_device
-
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    lines = [(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
-              f"triton {triton.__version__}, bf16"),
-             f"{'M x N x K':>20} {'version':>8} {'ms':>9} {'TFLOP/s':>9} {'% of v0':>8}"]
-    gen = torch.Generator().manual_seed(0)
-    for size in odd_shapes():
-        sets, flush = rotation(matmul.bytes_moved(size, torch.bfloat16), l2)
-        arg_sets = [_make_inputs(size, torch.bfloat16, "cuda", gen) for _ in range(sets)]
-        flush_buf = torch.empty(2 * l2 // 4, device="cuda") if flush else None
-        label = f"{size['m']} x {size['n']} x {size['k']}"
-        base = None
-        for name, impl in matmul.impls.items():
-            try:
-                impl.fn(*arg_sets[0])
-            except ValueError as e:
-                lines.append(f"{label:>20} {name:>8}   refused: {e}")
-                continue
-            t = time_device(impl.fn, arg_sets, flush=flush_buf)
-            rate = _flops(size, torch.bfloat16) / (t.median * 1e-3) / 1e12
-            base = base or rate
-            lines.append(f"{label:>20} {name:>8} {t.median:9.4f} {rate:9.1f} "
-                         f"{100 * rate / base:7.1f}%")
-    outdir.mkdir(parents=True, exist_ok=True)
-    path = outdir / "matmul_shapes.txt"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m snippets.part4.matmul OUTDIR")
-    print(capture_shapes(Path(sys.argv[1])).read_text())

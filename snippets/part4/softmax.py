@@ -12,10 +12,10 @@ input dtype:
 - v3  Triton, like v2, but persistent: a grid of (SMs x programs per SM) programs, each looping over
       rows with the next row's load issued while the current one is reduced
       (``tl.range(num_stages=...)``), plus an eviction hint on the load. Launch and scheduling cost
-      is paid once per program instead of per row. In tuning runs on an H200 (Triton 3.6) it was a
-      few percent *slower* than v2 at every N it takes: the block scheduler already keeps every SM
-      full of v2's short-lived programs, and the static round-robin of rows over programs leaves a
-      tail. Kept as the experiment the chapter discusses; softmax() uses v2.
+      is paid once per program instead of per row. The chapter's tables show it *slower* than v2 at
+      every N it takes: the block scheduler already keeps every SM full of v2's short-lived
+      programs, and the static round-robin of rows over programs leaves a tail. Kept as the
+      experiment the chapter discusses; softmax() uses v2.
 - v4  Triton, online (streaming) softmax, for rows that do not fit on chip: one pass over the row in
       BLOCK_N-wide chunks keeps a running max and a running sum rescaled to it, a second pass writes
       ``exp(x - max) / sum``. Any N, at the price of reading x twice: 3 N element transfers instead
@@ -44,7 +44,8 @@ import triton.language as tl
 
 from snippets import cuda
 from snippets._checks import check_int, check_tensors, triton_device, triton_interpreting
-from snippets.part4.baselines import compiled, needs_gpu
+from snippets.common.baselines import compiled, needs_gpu
+from snippets.common.rows import ONLINE_BLOCK_N, ONLINE_NUM_WARPS
 from snippets.registry import Impl, Op, device_generator, register
 
 CU_FILE = "part4/softmax.cu"
@@ -199,8 +200,8 @@ class PersistentConfig:
 # (num_stages=2): over 100 KB of loads in flight per SM, far above the ~30 KB per SM that Little's
 # law asks for at 4.8 TB/s and ~0.8 us of DRAM latency over 132 SMs. The entries are the best of
 # sweep_persistent_configs() on an H200 (Triton 3.6, M * N = 2^27) for fp32 and bf16 together; the
-# best and the worst of the top ten at 8192 were within 2% of each other, and the eviction hint made
-# no difference beyond run-to-run noise.
+# top entries at 8192 were close to each other, and the eviction hint made no difference beyond
+# run-to-run noise.
 PERSISTENT_CONFIGS: dict[int, PersistentConfig] = {
     1024: PersistentConfig(num_warps=4, programs_per_sm=16, num_stages=1),
     2048: PersistentConfig(num_warps=4, programs_per_sm=16, num_stages=1),
@@ -276,13 +277,7 @@ def softmax_persistent(x: torch.Tensor, config: PersistentConfig | None = None) 
 # --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:online]
-# Chunk width and warps of v4: 4096 columns over 8 warps is 16 values per thread per chunk (four
-# 16-byte fp32 loads in flight per thread), and three 16-value arrays (x, running max, running sum)
-# stay in registers, so several programs fit on an SM and take turns keeping the memory system busy.
-ONLINE_BLOCK_N = 4096
-ONLINE_NUM_WARPS = 8
-
-
+# Chunk width and warps of v4: ONLINE_BLOCK_N and ONLINE_NUM_WARPS (snippets.common.rows).
 @triton.jit
 def _softmax_online_kernel(x_ptr, y_ptr, n_cols, stride, BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -343,7 +338,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     Rows of up to ONE_PASS_MAX_N columns take the one-pass kernel (v2): the row stays in registers,
     2 element transfers per element. Longer rows would need more than 32 registers per thread for
     the row alone, so they take the online kernel (v4) instead: 3 transfers per element, but any
-    length. (The persistent v3 was slower than v2 in tuning runs on an H200 at every N it takes, so
+    length. (The persistent v3 is slower than v2 at every N it takes, in the chapter's tables, so
     it is not used here.)"""
     _, n = check_rows(x, triton_device())
     return softmax_one_pass(x) if n <= ONE_PASS_MAX_N else softmax_online(x)
@@ -356,11 +351,11 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 
 # --8<-- [start:cuda_launch]
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-# VALUES in csrc/part4/softmax.cu: each thread holds up to 32 fp32 values of its row
-VALUES_PER_THREAD = 32
-# MAX_THREADS in the .cu file (its __launch_bounds__: up to 128 registers per thread)
-MAX_THREADS = 512
+VALUES_PER_THREAD = 32  # each thread holds up to 32 fp32 values of its row
+MAX_THREADS = 512  # the kernel's __launch_bounds__: up to 65536 / 512 = 128 registers per thread
 CUDA_MAX_N = VALUES_PER_THREAD * MAX_THREADS  # 16384: past it a row does not fit in the block
+# softmax.cu is compiled with both numbers (-D options), so this is the one place they are written
+CU_OPTIONS = cuda.defines(CU_FILE, VALUES_PER_THREAD=VALUES_PER_THREAD, MAX_THREADS=MAX_THREADS)
 
 
 def cuda_threads(n: int) -> int:
@@ -378,7 +373,8 @@ def softmax_cuda(x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"x has {n} columns; the CUDA kernel keeps a row in one block's registers "
                          f"and takes at most {CUDA_MAX_N}; use softmax(x)")
     vec_ok = (n * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0
-    fn = cuda.kernel(CU_FILE, f"softmax_{SUFFIX[x.dtype]}_{'vec' if vec_ok else 'scalar'}")
+    fn = cuda.kernel(CU_FILE, f"softmax_{SUFFIX[x.dtype]}_{'vec' if vec_ok else 'scalar'}",
+                     CU_OPTIONS)
     y = torch.empty_like(x)
     cuda.launch(fn, m, cuda_threads(n), (x, y, np.int32(n)))
     return y

@@ -43,16 +43,13 @@ bytes, and is measured against the copy ceiling (the kernel reads each row twice
 element, not 2). ``linear_cross_entropy`` is three GEMMs of ``2 * T * V * D`` FLOPs each, measured
 against cuBLAS's bf16 GEMM.
 
-The goal, at 8192 tokens x 128256 vocabulary in bf16 on an H200: the fused cross-entropy no slower
-than ``torch.compile`` (4.0 ms there) with at most a quarter of its extra peak memory (2.1 GB
-there), both measured on an H200 with torch 2.11 (eager PyTorch took 14.9 ms and 12.6 GB).
+The goal, at 8192 tokens x 128256 vocabulary in bf16: the fused cross-entropy no slower than
+``torch.compile`` with at most a quarter of its extra peak memory; the chapter's goal check
+(docs/part5/cross-entropy.md) measures both, and its table eager PyTorch's, on every GPU with
+results.
 """
 
 from __future__ import annotations
-
-import functools
-import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -60,9 +57,8 @@ import triton
 import triton.language as tl
 
 from snippets._checks import check_int, check_scalar, check_tensors, describe, triton_device
-from snippets.part4.baselines import compiled, liger_missing, needs_gpu
-from snippets.part4.softmax import ONLINE_BLOCK_N, ONLINE_NUM_WARPS
-from snippets.part4.layernorm import compute_dtype
+from snippets.common.baselines import compiled, grads_through, liger, liger_missing, needs_gpu
+from snippets.common.rows import ONLINE_BLOCK_N, ONLINE_NUM_WARPS, compute_dtype
 from snippets.registry import Impl, Op, device_generator, register
 
 # PyTorch's default: padding and prompt tokens carry this target and add nothing
@@ -245,8 +241,8 @@ def count_targets(targets: torch.Tensor, v: int, ignore_index: int) -> int:
 
 # --8<-- [start:host]
 # BLOCK_V and warps: Part 4's online softmax streams rows in chunks of 4096 over 8 warps (16 values
-# per thread, four 16-byte fp32 loads in flight each); this kernel keeps the same per-lane state (x,
-# m, s) plus the sum for label smoothing, so the same shape fits.
+# per thread, four 16-byte fp32 loads in flight each; snippets.common.rows); this kernel keeps the
+# same per-lane state (x, m, s) plus the sum for label smoothing, so the same shape fits.
 BLOCK_V = ONLINE_BLOCK_N
 NUM_WARPS = ONLINE_NUM_WARPS
 
@@ -446,13 +442,12 @@ _compiled_loss = compiled(_eager_loss)
 _compiled_linear_loss = compiled(_eager_linear_loss)
 
 
-def _grads(loss_fn, inputs, *rest):
-    """One training step through ``loss_fn``: fresh leaves (``detach`` makes views, no copies), the
-    forward, then ``torch.autograd.grad``. Returns the loss in the first input's dtype and
-    the gradients."""
-    leaves = [t.detach().requires_grad_() for t in inputs]
-    loss = loss_fn(*leaves, *rest)
-    return (loss.detach().to(inputs[0].dtype), *torch.autograd.grad(loss, leaves))
+def _grads(loss_fn, inputs, targets):
+    """One training step through ``loss_fn`` (grads_through: fresh leaves, the forward, then
+    ``torch.autograd.grad``). Returns the loss in the first input's dtype and the gradients."""
+    loss, *grads = grads_through(lambda *leaves: loss_fn(*leaves, targets), inputs,
+                                 with_output=True)
+    return (loss.to(inputs[0].dtype), *grads)
 
 
 def cross_entropy_torch(logits, targets):
@@ -465,18 +460,11 @@ def cross_entropy_compiled(logits, targets):
     return _grads(_compiled_loss, (logits,), targets)
 
 
-@functools.lru_cache(maxsize=None)
-def _liger():
-    from liger_kernel.ops import cross_entropy, fused_linear_cross_entropy
-
-    return cross_entropy, fused_linear_cross_entropy
-
-
 def cross_entropy_liger(logits, targets):
     """v2: LigerCrossEntropyFunction as LigerCrossEntropyLoss calls it; its forward writes the
     gradient over the logits (so the returned dlogits is the input buffer), its backward hands that
     buffer back."""
-    fn = _liger()[0].LigerCrossEntropyFunction.apply
+    fn = liger("cross_entropy").LigerCrossEntropyFunction.apply
     return _grads(lambda x, t: fn(x, t, None, IGNORE_INDEX)[0], (logits,), targets)
 
 
@@ -504,7 +492,7 @@ def linear_cross_entropy_compiled(h, w, targets):
 
 def linear_cross_entropy_liger(h, w, targets):
     """v2: LigerFusedLinearCrossEntropyFunction with its defaults (dW accumulated in W's dtype)."""
-    fn = _liger()[1].LigerFusedLinearCrossEntropyFunction.apply
+    fn = liger("fused_linear_cross_entropy").LigerFusedLinearCrossEntropyFunction.apply
     return _grads(lambda h, w, t: fn(h, w, t, None, None, IGNORE_INDEX)[0], (h, w), targets)
 
 
@@ -610,7 +598,7 @@ cross_entropy.add(Impl("v0", cross_entropy_torch, "PyTorch",
 cross_entropy.add(Impl("v1", cross_entropy_compiled, "PyTorch", "torch.compile of v0's loss",
                        (_eager_loss, _grads), device="cuda", requires=needs_gpu, origin="library"))
 cross_entropy.add(Impl("v2", cross_entropy_liger, "Triton",
-                       "Liger-Kernel 0.8.5 LigerCrossEntropyFunction", (_liger, _grads),
+                       "Liger-Kernel 0.8.5 LigerCrossEntropyFunction", (liger, _grads),
                        device="cuda", requires=liger_missing, origin="library"))
 cross_entropy.add(Impl("v3", cross_entropy_inplace, "Triton",
                        "fused, online softmax, gradient over the logits", SOURCES, device="any"))
@@ -633,7 +621,7 @@ linear_cross_entropy.add(Impl("v1", linear_cross_entropy_compiled, "PyTorch",
                               requires=needs_gpu, origin="library"))
 linear_cross_entropy.add(Impl("v2", linear_cross_entropy_liger, "Triton",
                               "Liger-Kernel 0.8.5 LigerFusedLinearCrossEntropyFunction",
-                              (_liger, _grads), device="cuda", requires=liger_missing,
+                              (liger, _grads), device="cuda", requires=liger_missing,
                               origin="library"))
 linear_cross_entropy.add(Impl("v3", linear_cross_entropy_chunked, "Triton",
                               "token chunks: cuBLAS GEMMs + fused kernel in place", LINEAR_SOURCES,
@@ -641,7 +629,7 @@ linear_cross_entropy.add(Impl("v3", linear_cross_entropy_chunked, "Triton",
 
 
 # --------------------------------------------------------------------------------------------------
-# The chunk-size sweep (GPU only, never at import): python -m snippets.part5.cross_entropy OUT.txt
+# The chunk-size sweep (GPU only): python scripts/capture_linear_ce_chunks.py OUT.txt
 # --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:chunk_sweep]
@@ -687,13 +675,3 @@ def format_sweep(rows: list[dict], t: int = 8192, v: int = 128256, d: int = 4096
                      f"{r['chunk_logits_gb']:>16.3f}")
     return "\n".join(lines) + "\n"
 # --8<-- [end:chunk_sweep]
-
-
-if __name__ == "__main__":
-    started = time.time()
-    text = format_sweep(sweep_chunks())
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            f.write(text)
-    print(text, end="")
-    print(f"({time.time() - started:.0f} s)", file=sys.stderr)

@@ -37,12 +37,11 @@ import triton
 import triton.language as tl
 
 from snippets._checks import check_tensors, triton_device, triton_interpreting
-from snippets.part3.wmma import HALF_TYPES, _flops, tolerance_for, triton_half_dtypes
-from snippets.part3.wmma import _make_inputs as _make_ab
-from snippets.part4.baselines import compiled, needs_gpu
-from snippets.part4.matmul import (GROUP_M, INTERPRET, INTERPRET_SMS, _prune, _set_block_shapes,
-                                   _tile_coords, check_operands, check_tma, config_space,
-                                   needs_hopper, num_sms)
+from snippets.common.baselines import compiled, needs_gpu
+from snippets.common.gemm import (GROUP_M, HALF_TYPES, INTERPRET, check_operands, check_tma,
+                                  config_space, gemm_flops, launch_tma, make_operands, needs_hopper,
+                                  prune_configs, set_block_shapes, tile_coords, tolerance_for,
+                                  triton_half_dtypes)
 from snippets.registry import Impl, Op, device_generator, register
 
 ACTS = ("gelu", "relu", "silu", "none")
@@ -72,9 +71,9 @@ def matmul_bias_act_ref(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor,
 
 
 def _check(a, b, bias, act: str, device: str, dtypes=HALF_TYPES) -> tuple[int, int, int]:
-    """A (M x K) and B (K x N) any strides (check_operands of Part 4), bias (N,) contiguous, same
-    dtype and device; act one of ACTS. Returns (M, N, K)."""
-    m, n, k = check_operands(a, b, dtypes, device=device)
+    """A (M x K) and B (K x N) any strides (check_operands), bias (N,) contiguous, same dtype and
+    device; act one of ACTS. Returns (M, N, K)."""
+    m, n, k = check_operands(a, b, dtypes, device=device, contiguous=False)
     check_tensors(("a", "bias"), (a, bias), dtypes=dtypes, device=device, same_shape=False,
                   contiguous=False)
     if bias.shape != (n,):
@@ -161,7 +160,7 @@ def _matmul_epilogue_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
                             stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, ACT: tl.constexpr):
-    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -192,7 +191,7 @@ def autotuned(persistent: bool, dtype: torch.dtype):
     pruning as matmul v3 and v4, so the only difference measured is the epilogue."""
     kernel = _matmul_epilogue_tma_kernel if persistent else _matmul_epilogue_kernel
     return triton.autotune(configs=config_space(dtype.itemsize, persistent), key=["M", "N", "K"],
-                           prune_configs_by={"early_config_prune": _prune})(kernel)
+                           prune_configs_by={"early_config_prune": prune_configs})(kernel)
 
 
 # --8<-- [start:launch]
@@ -234,7 +233,7 @@ def _matmul_epilogue_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=FLATTEN):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -259,36 +258,11 @@ def _matmul_epilogue_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
 # --8<-- [start:tma_launch]
 def matmul_bias_act_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor,
                                act: str = "gelu") -> torch.Tensor:
-    """v4: one program per SM over the tiles of C; A, B and C moved by TMA; the epilogue
-    in registers."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    m, n, k = _check(a, b, bias, act, triton_device(), triton_half_dtypes())
+    """v4: one program per SM over the tiles of C; A, B and C moved by TMA (launch_tma, the
+    launcher of Part 4's v4); the epilogue in registers."""
+    m, n, _ = _check(a, b, bias, act, triton_device(), triton_half_dtypes())
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    check_tma(a=a, b=b, c=c)
-    if a.stride(1) != 1:
-        raise ValueError("TMA version: a must be row-major (K contiguous), got strides "
-                         f"{a.stride()}")
-    b_kmajor = b.stride(0) == 1 and (b.stride(1) != 1 or n == 1)
-    # boxes set per config by the pre-hook
-    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [16, 16])
-    b_desc = (TensorDescriptor(b, [n, k], [b.stride(1), 1], [16, 16]) if b_kmajor
-              else TensorDescriptor(b, [k, n], [b.stride(0), 1], [16, 16]))
-    c_desc = TensorDescriptor(c, [m, n], [c.stride(0), 1], [16, 16])
-    interp = triton_interpreting()
-    sms = INTERPRET_SMS if interp else num_sms(a.device.index or 0)
-    flags = dict(NUM_SMS=sms, B_KMAJOR=b_kmajor, ACT=act, FLATTEN=True)
-    args = (a_desc, b_desc, c_desc, bias, m, n, k)
-    if interp:
-        cfg = {key: v for key, v in INTERPRET.items() if key not in ("num_warps", "num_stages")}
-        _set_block_shapes({"a_desc": a_desc, "b_desc": b_desc, "c_desc": c_desc, **cfg, **flags})
-        tiles = triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"])
-        _matmul_epilogue_tma_kernel[(min(sms, tiles),)](*args, **flags, **cfg)
-    else:
-        grid = lambda meta: (  # noqa
-            min(sms, triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),)
-        autotuned(True, a.dtype)[grid](*args, **flags)
-    return c
+    return launch_tma(_matmul_epilogue_tma_kernel, autotuned, a, b, c, (bias,), dict(ACT=act))
 
 
 def matmul_bias_gelu_persistent(a, b, bias):
@@ -302,7 +276,7 @@ def hopper_job(dtype: torch.dtype = torch.bfloat16, act: str = "gelu", persisten
                block_m: int = 128, block_n: int = 256, num_warps: int = 8,
                num_stages: int = 3) -> tuple:
     """A ``(kernel, signature, constexprs, options)`` job for
-    snippets.part4.introspect.compile_many: v4's (or v3's) kernel as the autotuner would launch one
+    snippets.common.introspect.compile_many: v4's (or v3's) kernel as the autotuner would launch one
     of its configs on sm_90, for checking without a Hopper GPU that the epilogue compiles next to
     wgmma and TMA and costs no spills."""
     t = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
@@ -364,7 +338,7 @@ def _make_inputs(size, dtype, device, gen):
     """A (m x k) and B (k x n) standard normal (as the Part 3 and 4 GEMMs), and a bias of n drawn
     from N(0, 4^2): entries of A @ B are ~sqrt(K) in size, so a bias of that order moves the GELU's
     operating point."""
-    a, b = _make_ab(size, dtype, device, gen)
+    a, b = make_operands(size, dtype, device, gen)
     bias = 4.0 * torch.randn(size["n"], generator=device_generator(gen, device), device=device)
     return a, b, bias.to(dtype)
 
@@ -393,16 +367,16 @@ MAX_K = max(s["k"] for s in [HEADLINE, *SWEEP])
 TEST_SIZES = [{"m": m, "n": n, "k": k}
               for m, n, k in ((1, 8, 8), (17, 40, 24), (64, 64, 64), (100, 136, 72))]
 
-SOURCES = (_matmul_epilogue_kernel, _bias_act, _sigmoid, _tile_coords, matmul_bias_act,
-           config_space, _prune, _check)
-TMA_SOURCES = (_matmul_epilogue_tma_kernel, _bias_act, _sigmoid, _tile_coords,
-               matmul_bias_act_persistent, _set_block_shapes, config_space, _prune, check_tma,
-               _check)
+SOURCES = (_matmul_epilogue_kernel, _bias_act, _sigmoid, tile_coords, matmul_bias_act,
+           config_space, prune_configs, _check)
+TMA_SOURCES = (_matmul_epilogue_tma_kernel, _bias_act, _sigmoid, tile_coords,
+               matmul_bias_act_persistent, launch_tma, set_block_shapes, config_space,
+               prune_configs, check_tma, _check)
 
 matmul_epilogue = register(Op(
     name="matmul_epilogue", part=5, chapter="part5/epilogue.md",
     title="GEMM + bias + GELU (epilogue fusion)", reference=matmul_bias_act_ref,
-    make_inputs=_make_inputs, bytes_moved=_bytes, flops=_flops, metric="TFLOP/s",
+    make_inputs=_make_inputs, bytes_moved=_bytes, flops=gemm_flops, metric="TFLOP/s",
     ceiling="gemm_bf16", headline=HEADLINE, sweep=SWEEP, dtypes=(torch.bfloat16, torch.float16),
     bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES, sweep_axis="m",
     # Part 4's matmul tolerance: C's rounding, and cuBLAS's split-K partial sums; the GELU's slope

@@ -49,8 +49,8 @@ import triton
 import triton.language as tl
 
 from snippets._checks import check_tensors, triton_device
-from snippets.part4.baselines import compiled, needs_gpu
-from snippets.part4.dropout import check_p_seed, keep_ref, seeded_dropout
+from snippets.common.baselines import compiled, needs_gpu
+from snippets.common.dropout import check_p_seed, keep_ref, seeded_dropout
 from snippets.registry import Impl, Op, device_generator, register
 
 FLOAT_TYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -546,7 +546,7 @@ def spill_report(n: int, dtype: torch.dtype = torch.float32) -> dict[str, dict]:
     rows of ``n`` columns and return, per kernel, the registers per thread, the spill bytes ptxas
     reports and the threads per program. The whole-row kernel's needs grow with n; the chunked
     kernels' do not."""
-    from snippets.part4.introspect import TRITON_TYPES, compile_many
+    from snippets.common.introspect import TRITON_TYPES, compile_many
 
     t = TRITON_TYPES[dtype]
     block_n = triton.next_power_of_2(n)

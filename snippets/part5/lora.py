@@ -52,9 +52,8 @@ import triton.language as tl
 
 from snippets._checks import (check_scalar, check_tensors, describe, triton_device,
                               triton_interpreting)
-from snippets.part3.wmma import triton_half_dtypes
-from snippets.part4.baselines import compiled, needs_gpu
-from snippets.part4.matmul import _tile_coords, device_smem_limit
+from snippets.common.baselines import compiled, grads_through, needs_gpu
+from snippets.common.gemm import device_smem_limit, tile_coords, triton_half_dtypes
 from snippets.registry import Impl, Op, device_generator, register
 
 FLOAT_TYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -102,12 +101,10 @@ def lora_linear_compiled(x, w, a, b, scale):
 
 
 def _grads_through(forward, x, w, a, b, scale, dy):
-    """A training step through ``forward``: x, A and B become leaves that require gradients
-    (``detach`` makes views, not copies), W stays frozen; then ``torch.autograd.grad`` with ``dy``
-    as the incoming gradient."""
-    x, a, b = (t.detach().requires_grad_() for t in (x, a, b))
-    y = forward(x, w.detach(), a, b, scale)
-    return torch.autograd.grad(y, (x, a, b), dy)
+    """A training step through ``forward`` (grads_through): x, A and B become leaves that require
+    gradients, W stays frozen; then ``torch.autograd.grad`` with ``dy`` as the
+    incoming gradient."""
+    return grads_through(lambda x, a, b: forward(x, w.detach(), a, b, scale), (x, a, b), dy)
 
 
 def lora_linear_fwd_bwd_torch(x, w, a, b, scale, dy):
@@ -166,7 +163,7 @@ def _lora_matmul_kernel(a_ptr, b_ptr, c_ptr, u_ptr, p_ptr, q_ptr, M, N, K, R, sc
     u_ptr, or, if U_IN_LOOP, computed here as scale * A @ P (P: K x R) from the A tiles the K loop
     loads anyway; then the programs of the first column of tiles store it (STORE_U) for a
     backward pass."""
-    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -490,7 +487,7 @@ def compile_for_hopper(dtype: torch.dtype = torch.bfloat16, u_in_loop: bool = Tr
     the strides of the forward (x and W row-major: W^T is K-major) and sizes that are multiples
     of 16. Returns the compiled kernel (``.asm["ptx"]``, ``.metadata.shared``). Needs
     TRITON_INTERPRET unset."""
-    from snippets.part4.introspect import TRITON_TYPES, triton_compile
+    from snippets.common.introspect import TRITON_TYPES, triton_compile
 
     t = TRITON_TYPES[dtype]
     consts = dict(stride_ak=1, stride_bk=1, stride_cn=1, stride_ur=1, stride_pk=1, stride_qr=1,
@@ -584,7 +581,7 @@ TOLERANCES = {**{d: (2 * u, 8 * u * (1 + SCALE)) for d, u in _U.items()},
               torch.float32: (1e-5, 1e-5)}
 TRITON_DTYPES = (*triton_half_dtypes(), torch.float32)
 
-FWD_SOURCES = (_lora_matmul_kernel, _project_kernel, _tile_coords, _lora_matmul, _project, _forward,
+FWD_SOURCES = (_lora_matmul_kernel, _project_kernel, tile_coords, _lora_matmul, _project, _forward,
                check_lora, gemm_configs, project_configs, _prune_gemm)
 BWD_SOURCES = (*FWD_SOURCES, _backward, LoRALinearFunction.forward, LoRALinearFunction.backward,
                _grads_through)

@@ -31,14 +31,12 @@ Inputs are ``x`` of shape (..., N) (leading dimensions are flattened into rows) 
 Every sum is taken in fp32 (in fp64 for fp64 inputs, which only the gradient check uses). Cost:
 ``_bytes`` and ``_bytes_fwd_bwd``.
 
-The goals, bf16 16384 x 4096 on an H200 with torch 2.11: the forward at least as fast as
-Liger-Kernel's (3.95 TB/s there; torch.compile 3.55 TB/s), forward + backward in at most
-Liger-Kernel's 0.255 ms (torch.compile 0.271 ms).
+The goals, bf16 16384 x 4096: the forward, and forward + backward, at least as fast as
+torch.compile's and Liger-Kernel's; the chapter's goal checks (docs/part5/norms-activations.md)
+measure them on every GPU with results.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -46,17 +44,17 @@ import triton
 import triton.language as tl
 
 from snippets._checks import check_tensors, triton_device
-from snippets.part4.baselines import compiled, grads_through, liger_missing, needs_gpu
-from snippets.part4 import layernorm
-from snippets.part4.layernorm import Config, compute_dtype
-from snippets.part4.layernorm import config_for as layernorm_config_for
+from snippets.common.baselines import compiled, grads_through, liger, liger_missing, needs_gpu
+from snippets.common.rows import (MAX_N, NORM_HEADLINE, NORM_SWEEP, NORM_TEST_SIZES, RowConfig,
+                                  check_rows, compute_dtype)
+from snippets.common.rows import backward_groups as row_backward_groups
+from snippets.common.rows import config_for as row_config_for
 from snippets.registry import Impl, Op, device_generator, register
 
 EPS = 1e-6
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
-# The whole row lives in registers: 65536 fp32 over 16 warps is 128 registers a thread (Part 4's
-# LayerNorm limit, which check_rows enforces).
-MAX_N = layernorm.MAX_N
+# The whole row lives in registers: rows of at most MAX_N (65536 fp32 over 16 warps is 128
+# registers a thread; snippets.common.rows, which check_rows enforces), as in Part 4's LayerNorm.
 
 
 # --8<-- [start:reference]
@@ -110,13 +108,6 @@ def rmsnorm_fwd_bwd_compiled(x, w, dy):
     return grads_through(_rmsnorm_compiled, (x, w), dy)
 
 
-@functools.lru_cache(maxsize=None)
-def _liger():
-    from liger_kernel.ops import rms_norm
-
-    return rms_norm
-
-
 # Liger-Kernel's casting modes: "llama" rounds x * rstd to bf16 before multiplying by w, and its
 # backward sums dw from bf16 products (about 2^-9 of relative error per term, which over 16384 rows
 # leaves some dw entries farther from the float64 answer than bf16's own rounding); "gemma" computes
@@ -128,14 +119,14 @@ LIGER_MODE = "gemma"
 def rmsnorm_liger(x, w):
     """v2: Liger-Kernel's forward kernel, called directly (no autograd node): a program per row (or
     a block of 16 short rows), the row in registers, rstd stored for a backward."""
-    return _liger().rms_norm_forward(x, w, EPS, 0.0, LIGER_MODE, None)[0]
+    return liger("rms_norm").rms_norm_forward(x, w, EPS, 0.0, LIGER_MODE, None)[0]
 
 
 def rmsnorm_fwd_bwd_liger(x, w, dy):
     """v2: ``LigerRMSNormFunction`` as ``LigerRMSNorm`` runs it, with its default ``in_place=True``:
     the backward writes dx over dy (the incoming gradient has no other use in a model), so the
     caller's dy is overwritten."""
-    fn = _liger().LigerRMSNormFunction
+    fn = liger("rms_norm").LigerRMSNormFunction
     return grads_through(lambda x, w: fn.apply(x, w, EPS, 0.0, LIGER_MODE, True), (x, w), dy)
 
 
@@ -144,27 +135,28 @@ def rmsnorm_fwd_bwd_liger(x, w, dy):
 # --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:configs]
-# Launch parameters per row length: Part 4's LayerNorm Config (rows per forward program, forward and
-# backward warps, backward groups per SM). Part 4's LayerNorm table, measured there on an H200 at
-# 16384 x 4096 bf16 (1 row and 8 warps a forward program; 8 warps and 2 groups per SM for the
-# backward). RMSNorm holds one row-long value fewer per element in each kernel and does one
-# reduction fewer per row, so the same shapes apply; one partial buffer instead of two halves the
-# partial traffic, which leaves room for 4 groups per SM at 4096 (more rows in flight per SM).
-CONFIGS = {  # BLOCK_N -> Config; shorter rows use the 1024 entry with more rows per program
-    1024: Config(rows=4, fwd_warps=8, bwd_warps=4, groups_per_sm=4),
-    2048: Config(rows=2, fwd_warps=8, bwd_warps=4, groups_per_sm=4),
-    4096: Config(rows=1, fwd_warps=8, bwd_warps=8, groups_per_sm=4),
-    8192: Config(rows=1, fwd_warps=16, bwd_warps=16, groups_per_sm=2),
-    16384: Config(rows=1, fwd_warps=16, bwd_warps=32, groups_per_sm=1),
-    32768: Config(rows=1, fwd_warps=16, bwd_warps=32, groups_per_sm=1),
-    65536: Config(rows=1, fwd_warps=16, bwd_warps=32, groups_per_sm=1),
+# Launch parameters per row length: a RowConfig (snippets.common.rows: rows per forward program,
+# forward and backward warps, backward groups per SM), as for Part 4's LayerNorm. Part 4's
+# LayerNorm table, measured there on an H200 at 16384 x 4096 bf16 (1 row and 8 warps a forward
+# program; 8 warps and 2 groups per SM for the backward). RMSNorm holds one row-long value fewer
+# per element in each kernel and does one reduction fewer per row, so the same shapes apply; one
+# partial buffer instead of two halves the partial traffic, which leaves room for 4 groups per SM
+# at 4096 (more rows in flight per SM).
+CONFIGS = {  # BLOCK_N -> RowConfig; shorter rows use the 1024 entry with more rows per program
+    1024: RowConfig(rows=4, fwd_warps=8, bwd_warps=4, groups_per_sm=4),
+    2048: RowConfig(rows=2, fwd_warps=8, bwd_warps=4, groups_per_sm=4),
+    4096: RowConfig(rows=1, fwd_warps=8, bwd_warps=8, groups_per_sm=4),
+    8192: RowConfig(rows=1, fwd_warps=16, bwd_warps=16, groups_per_sm=2),
+    16384: RowConfig(rows=1, fwd_warps=16, bwd_warps=32, groups_per_sm=1),
+    32768: RowConfig(rows=1, fwd_warps=16, bwd_warps=32, groups_per_sm=1),
+    65536: RowConfig(rows=1, fwd_warps=16, bwd_warps=32, groups_per_sm=1),
 }
 
 
-def config_for(n: int) -> tuple[int, Config]:
-    """(BLOCK_N, Config) for rows of length ``n``, from this module's table (LayerNorm's rule for
-    short rows)."""
-    return layernorm_config_for(n, CONFIGS)
+def config_for(n: int) -> tuple[int, RowConfig]:
+    """(BLOCK_N, RowConfig) for rows of length ``n``, from this module's table (the rule for
+    short rows is snippets.common.rows.config_for, as for LayerNorm)."""
+    return row_config_for(n, CONFIGS)
 # --8<-- [end:configs]
 
 
@@ -247,9 +239,9 @@ def _column_sum_kernel(part_ptr, out_ptr, GROUPS, N,
 
 # --8<-- [start:checks]
 def _check_inputs(x, w, dtypes, device: str) -> tuple[int, int]:
-    """RMSNorm's inputs: x (..., N) and w (N,), with Part 4 LayerNorm's
-    rules (layernorm.check_rows)."""
-    return layernorm.check_rows(x, {"w": w}, dtypes, device)
+    """RMSNorm's inputs: x (..., N) and w (N,), with Part 4 LayerNorm's rules (check_rows of
+    snippets.common.rows)."""
+    return check_rows(x, {"w": w}, dtypes, device)
 # --8<-- [end:checks]
 
 
@@ -283,7 +275,7 @@ def rmsnorm_triton(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.
 def backward_groups(m: int, n: int, device: torch.device) -> int:
     """How many groups of rows the backward splits M rows into: groups_per_sm programs per SM (from
     this module's table), at most M."""
-    return layernorm.backward_groups(m, n, device, CONFIGS)
+    return row_backward_groups(m, n, device, CONFIGS)
 
 
 def _rmsnorm_bwd(dy, x, w, rstd):
@@ -374,7 +366,7 @@ def _bytes_fwd_bwd(size, dtype) -> int:
 # Part 4's LayerNorm sizes: the headline (bf16: 128 MiB of x and as much of y, 5x the H200's L2),
 # the sweep with M * N fixed at 2^26 (every point moves the same bytes, so the curve shows only what
 # the row length changes) and the odd test shapes.
-HEADLINE, SWEEP, TEST_SIZES = layernorm.HEADLINE, layernorm.SWEEP, layernorm.TEST_SIZES
+HEADLINE, SWEEP, TEST_SIZES = NORM_HEADLINE, NORM_SWEEP, NORM_TEST_SIZES
 # Against a float64 reference with every sum in fp32: outputs rounded once to their type (half an
 # ulp: 2^-11 for fp16, 2^-8 relative for bf16) plus a few fp32 ulps from sums over N <= 4097 columns
 # or M <= 123 rows; fp16 allows 4 of its ulps, bf16 2. bf16 runs on the GPU only; the library
@@ -398,7 +390,7 @@ rmsnorm.add(Impl("v0", rmsnorm_torch, "PyTorch", "torch.nn.functional.rms_norm",
                  device="cuda"))
 rmsnorm.add(Impl("v1", rmsnorm_compiled, "Triton", "torch.compile(F.rms_norm)", (rmsnorm_torch,),
                  device="cuda", requires=needs_gpu, origin="library"))
-rmsnorm.add(Impl("v2", rmsnorm_liger, "Triton", "Liger-Kernel 0.8.5 rms_norm_forward", (_liger,),
+rmsnorm.add(Impl("v2", rmsnorm_liger, "Triton", "Liger-Kernel 0.8.5 rms_norm_forward", (liger,),
                  device="cuda", requires=liger_missing, origin="library"))
 rmsnorm.add(Impl("v3", rmsnorm_triton, "Triton", "row in registers, fp32 sum of squares",
                  TRITON_SOURCES, device="any"))
@@ -416,7 +408,7 @@ rmsnorm_fwd_bwd.add(Impl("v1", rmsnorm_fwd_bwd_compiled, "Triton",
                          "torch.compile forward and backward", (rmsnorm_torch, grads_through),
                          device="cuda", requires=needs_gpu, origin="library"))
 rmsnorm_fwd_bwd.add(Impl("v2", rmsnorm_fwd_bwd_liger, "Triton",
-                         "Liger-Kernel 0.8.5 LigerRMSNormFunction", (_liger, grads_through),
+                         "Liger-Kernel 0.8.5 LigerRMSNormFunction", (liger, grads_through),
                          device="cuda", requires=liger_missing, origin="library"))
 rmsnorm_fwd_bwd.add(Impl("v3", rmsnorm_fwd_bwd_triton, "Triton",
                          "RMSNormFunction: saved fp32 rstd, (GROUPS, N) partial dW", BWD_SOURCES,

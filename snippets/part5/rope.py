@@ -36,14 +36,12 @@ Liger-Kernel's, at B 4, S 4096, 32 query heads, 8 key-value heads (Llama-3 8B's 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from snippets._checks import check_tensors, triton_device
-from snippets.part4.baselines import compiled, liger_missing, needs_gpu
+from snippets.common.baselines import compiled, grads_through, liger, liger_missing, needs_gpu
 from snippets.registry import Impl, Op, device_generator, register
 
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -103,35 +101,22 @@ def rope_compiled(q, k, cos, sin):
     return _rope_compiled(q, k, cos, sin)
 
 
-def _grads_through(forward, q, k, cos, sin, dq_rot, dk_rot):
-    """A training step: q, k as fresh leaves (views), the forward, ``torch.autograd.grad`` into q
-    and k."""
-    q, k = (t.detach().requires_grad_() for t in (q, k))
-    return torch.autograd.grad(forward(q, k, cos, sin), (q, k), (dq_rot, dk_rot))
-
-
 def rope_fwd_bwd_torch(q, k, cos, sin, dq_rot, dk_rot):
-    """v0: eager autograd through the formula."""
-    return _grads_through(rope_torch, q, k, cos, sin, dq_rot, dk_rot)
+    """v0: eager autograd through the formula: q, k as fresh leaves (views), the forward,
+    ``torch.autograd.grad`` into q and k."""
+    return grads_through(lambda q, k: rope_torch(q, k, cos, sin), (q, k), (dq_rot, dk_rot))
 
 
 def rope_fwd_bwd_compiled(q, k, cos, sin, dq_rot, dk_rot):
     """v1: like v0 with the forward compiled; AOTAutograd compiles the backward."""
-    return _grads_through(_rope_compiled, q, k, cos, sin, dq_rot, dk_rot)
-
-
-@functools.lru_cache(maxsize=None)
-def _liger():
-    from liger_kernel.ops import rope
-
-    return rope
+    return grads_through(lambda q, k: _rope_compiled(q, k, cos, sin), (q, k), (dq_rot, dk_rot))
 
 
 def rope_liger(q, k, cos, sin):
     """v2: Liger-Kernel's ``rope_forward``, given the (B, H, S, D) views HuggingFace passes. It
     rotates q and k in place (their storage is the (B, S, H, D) tensors given here) and returns
     views of them."""
-    q_rot, k_rot, _, _ = _liger().rope_forward(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    q_rot, k_rot, _, _ = liger("rope").rope_forward(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
     return q_rot.transpose(1, 2), k_rot.transpose(1, 2)
 
 
@@ -139,7 +124,7 @@ def rope_fwd_bwd_liger(q, k, cos, sin, dq_rot, dk_rot):
     """v2: ``LigerRopeFunction`` on the (B, H, S, D) views, forward and backward; both rotate in
     place (the backward rotates the incoming gradients dq_rot, dk_rot)."""
     q, k = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k))
-    out = _liger().LigerRopeFunction.apply(q, k, cos, sin)
+    out = liger("rope").LigerRopeFunction.apply(q, k, cos, sin)
     dq, dk = torch.autograd.grad(out, (q, k), (dq_rot.transpose(1, 2), dk_rot.transpose(1, 2)))
     return dq.transpose(1, 2), dk.transpose(1, 2)
 
@@ -285,7 +270,8 @@ def rope_fwd_bwd_triton(q, k, cos, sin, dq_rot, dk_rot):
     """v3: RoPEFunction through autograd: one launch forward, one backward."""
     check_tensors(("q", "dq_rot"), (q, dq_rot), dtypes=FLOAT_TYPES, device=triton_device())
     check_tensors(("k", "dk_rot"), (k, dk_rot), dtypes=FLOAT_TYPES, device=triton_device())
-    return _grads_through(RoPEFunction.apply, q, k, cos, sin, dq_rot, dk_rot)
+    return grads_through(lambda q, k: RoPEFunction.apply(q, k, cos, sin), (q, k),
+                         (dq_rot, dk_rot))
 # --8<-- [end:function]
 
 
@@ -339,7 +325,7 @@ TEST_SIZES = [{"b": 1, "s": 1, "h": 1, "hkv": 1, "d": 2},
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 5e-3),
               torch.bfloat16: (1.6e-2, 4e-2)}
 SOURCES = (_rope_kernel, _load_halves, _store_rotated, _rope_launch, _check_inputs)
-BWD_SOURCES = (*SOURCES, RoPEFunction.forward, RoPEFunction.backward, _grads_through)
+BWD_SOURCES = (*SOURCES, RoPEFunction.forward, RoPEFunction.backward, grads_through)
 
 rope = register(Op(
     name="rope", part=5, chapter="part5/norms-activations.md", title="RoPE forward (q and k)",
@@ -351,7 +337,7 @@ rope.add(Impl("v0", rope_torch, "PyTorch", "q * cos + rotate_half(q) * sin (HF)"
               (rope_ref, rotate_half), device="any"))
 rope.add(Impl("v1", rope_compiled, "Triton", "torch.compile of the HF formula",
               (rope_ref, rotate_half), device="cuda", requires=needs_gpu, origin="library"))
-rope.add(Impl("v2", rope_liger, "Triton", "Liger-Kernel 0.8.5 rope_forward (in place)", (_liger,),
+rope.add(Impl("v2", rope_liger, "Triton", "Liger-Kernel 0.8.5 rope_forward (in place)", (liger,),
               device="cuda", requires=liger_missing, origin="library"))
 rope.add(Impl("v3", rope_triton, "Triton", "program per token, halves loaded once", SOURCES,
               device="any"))
@@ -364,12 +350,12 @@ rope_fwd_bwd = register(Op(
     bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES, tolerances=TOLERANCES, sweep_axis="s",
     measure_memory=True))
 rope_fwd_bwd.add(Impl("v0", rope_fwd_bwd_torch, "PyTorch", "HF formula + torch.autograd.grad",
-                      (rope_ref, rotate_half, _grads_through), device="any"))
+                      (rope_ref, rotate_half, grads_through), device="any"))
 rope_fwd_bwd.add(Impl("v1", rope_fwd_bwd_compiled, "Triton", "torch.compile forward and backward",
-                      (rope_ref, rotate_half, _grads_through), device="cuda", requires=needs_gpu,
+                      (rope_ref, rotate_half, grads_through), device="cuda", requires=needs_gpu,
                       origin="library"))
 rope_fwd_bwd.add(Impl("v2", rope_fwd_bwd_liger, "Triton",
-                      "Liger-Kernel 0.8.5 LigerRopeFunction (in place)", (_liger,), device="cuda",
+                      "Liger-Kernel 0.8.5 LigerRopeFunction (in place)", (liger,), device="cuda",
                       requires=liger_missing, origin="library"))
 rope_fwd_bwd.add(Impl("v3", rope_fwd_bwd_triton, "Triton",
                       "RoPEFunction: BACKWARD constexpr, angle -theta", BWD_SOURCES, device="any"))

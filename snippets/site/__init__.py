@@ -13,6 +13,9 @@ A chapter asks for them with HTML comments on a line of their own, so the raw Ma
     <!-- bench:plot cpu_vs_gpu y=ms -->          time instead of rate (log scale)
     <!-- bench:summary -->                       every op of the book, one row per op and GPU
     <!-- bench:ceilings -->                      the ceilings measured on each GPU
+    <!-- bench:export rmsnorm rmsnorm_fwd_bwd --> a "Use it in your project" box: the command that writes a
+                                                 self-contained copy of each op's best book version
+                                                 (python -m snippets export, snippets.export)
     <!-- bench:output device_query -->           a program's output captured on each GPU (outputs/<gpu>/NAME.txt)
     <!-- bench:ladder sgemm -->                  each version's % of the ceiling, one bar per version and size
     <!-- bench:roofline -->                      every op's best result on the roofline of each GPU

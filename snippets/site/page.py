@@ -113,10 +113,16 @@ def _ladder(c: Ctx) -> str:
     return render_ladder(c.op(), c.results)
 
 
+def _export(c: Ctx) -> str:
+    from snippets.site.export_box import render
+
+    return render(c)
+
+
 RENDERERS: dict[str, Callable[[Ctx], str]] = {
     "summary": _summary, "ceilings": _ceilings, "output": _output, "roofline": _roofline, "sweep": _sweep,
     "versus": _versus, "goal": _goal, "timeline": _timeline, "table": _table, "headline": _headline,
-    "plot": _plot, "ladder": _ladder,
+    "plot": _plot, "ladder": _ladder, "export": _export,
 }
 
 

@@ -46,17 +46,27 @@ def render_intensity_table(link_prefix: str = "../") -> str:
     """Every registered op's arithmetic intensity at its headline size, from the cost models alone
     (no GPU). ``link_prefix`` turns a chapter path relative to docs/ into a link from the page
     (``../`` from a page one level down, such as docs/part3/roofline.md)."""
-    from snippets.site.fmt import _fmt_size
+    from snippets.site.fmt import short_size
 
-    lines = ["| op | headline size | dtype | FLOPs | bytes | FLOP/byte | metric |",
-             "|:--|:--|:--|--:|--:|--:|:--|"]
+    lines = ["| op | headline size | dtype | FLOPs | bytes | FLOP/byte |",
+             "|:--|:--|:--|--:|--:|--:|"]
     for name, op in sorted(load_all().items(), key=lambda kv: (kv[1].part, kv[0])):
         dtype = op.timed_dtypes()[0]
         flops, nbytes = op.flops(op.headline, dtype), op.bytes_moved(op.headline, dtype)
-        ai = _fmt_ai(flops / nbytes) if flops else "0 (no arithmetic)"
-        lines.append(f"| {_link(name, op.chapter, link_prefix)} | {_fmt_size(op.headline)} | "
-                     f"{dtype_name(dtype)} | {flops:,} | {nbytes:,} | {ai} | {op.metric} |")
+        ai = _fmt_ai(flops / nbytes) if flops else "0"
+        lines.append(f"| {_link(name, op.chapter, link_prefix)} | {short_size(op.headline)} | "
+                     f"{dtype_name(dtype)} | {_count(flops)} | {_count(nbytes)} | {ai} |")
     return "\n".join(lines) + "\n"
+
+
+def _count(n: float) -> str:
+    """A count with an SI prefix and three significant digits: 16.8 M, 201 M, 1.10 T."""
+    if n < 1000:
+        return f"{n:,.0f}"
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g}&nbsp;{prefix}"
+    return f"{n:,.0f}"
 
 
 def _overlaps(box, others, pad: float = 1.0) -> bool:
@@ -200,20 +210,23 @@ def _gpu_block(gpu: str, g: dict, data: dict, link_prefix: str) -> str:
                "point for its values).")
         parts.append(figure_html(roofline_figure(gpu, g).svg(), cap))
         lines = [f"**{gpu}**: every op on the roofline (the number is its marker)", "",
-                 "| # | op | best version | dtype | FLOP/byte | roof | ridge (FLOP/byte) | bound | "
-                 "achieved | % of roof at its intensity |",
-                 "|--:|:--|:--|:--|--:|:--|--:|:--|--:|--:|"]
+                 "| # | op | best version | FLOP/byte | roof (its ridge) | bound | achieved | "
+                 "% of roof |",
+                 "|--:|:--|:--|--:|:--|:--|--:|--:|"]
         for i, p in enumerate(g["points"], 1):
             stale = ' <span class="bench-stale">stale</span>' if p["stale"] else ""
             label = ROOF_LABEL.get(p["roof"], p["roof"])
             roof = label if p["peak"] else f"{label} (not measured)" if p["roof"] else "-"
-            ridge = _fmt_ai(p["ridge"]) if p["ridge"] else "-"
+            if p["ridge"]:
+                roof += f" ({_fmt_ai(p['ridge'])})"
             frac = "-" if p["fraction_of_roof"] is None else f"{100 * p['fraction_of_roof']:.1f}%"
+            # the rate that the bound is about (the hover of the point gives both)
+            rate = (_fmt_rate(bytes_per_s=p["bytes_per_s"]) if p["bound"] == "memory"
+                    else _fmt_rate(flops_per_s=p["flops_per_s"]) if p["bound"] == "compute"
+                    else _fmt_rate(p["flops_per_s"], p["bytes_per_s"]))
             lines.append(f"| {i} | {_link(p['op'], p['chapter'], link_prefix)} | "
-                         f"{p['impl']}{stale} ({p['lang']}) | {p['dtype']} | {_fmt_ai(p['ai'])} | "
-                         f"{roof} | {ridge} | "
-                         f"{p['bound'] or '-'} | {_fmt_rate(p['flops_per_s'], p['bytes_per_s'])} | "
-                         f"{frac} |")
+                         f"{p['impl']}{stale} ({p['lang']}, {p['dtype']}) | {_fmt_ai(p['ai'])} | "
+                         f"{roof} | {p['bound'] or '-'} | {rate} | {frac} |")
         parts.append("\n".join(lines))
     if g["bandwidth_only"]:
         lines = [f"**{gpu}**: off the device-memory roofline (no FLOPs in the cost model, or bytes "

@@ -9,12 +9,23 @@
 // Sizes are 32-bit (the launcher checks them), offsets into the matrices are 64-bit (size_t): M * K
 // may pass 2^31.
 
+// This step's launch configuration, CONFIGS in snippets/part3/sgemm.py, which passes it as -D
+// options: the block tile TILE_M x TILE_N, its step TILE_K along K and the THREADS per block. The
+// defaults let this file compile alone.
+#ifndef TILE_M
+#define TILE_M 32
+#define TILE_N 32
+#define TILE_K 32
+#define THREADS 1024
+#endif
+
 // --8<-- [start:kernel]
 // v3: block (32, 32) computes a 32x32 tile of C, walking K in steps of 32. Each step, every thread
 // loads one element of A's tile and one of B's (both coalesced), the block waits, and every thread
 // does 32 FMAs out of shared memory. Threads outside the matrices still load (zeros) and reach
 // both barriers.
-constexpr int S3 = 32;
+constexpr int S3 = TILE_K;  // a square tile and block: TILE_M = TILE_N = TILE_K, THREADS = S3 * S3
+static_assert(TILE_M == S3 && TILE_N == S3 && THREADS == S3 * S3, "one element per thread");
 
 extern "C" __global__ void sgemm_v3(const float* __restrict__ A, const float* __restrict__ B,
                                     float* __restrict__ C, int M, int N, int K) {

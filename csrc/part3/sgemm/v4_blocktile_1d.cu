@@ -9,6 +9,16 @@
 // Sizes are 32-bit (the launcher checks them), offsets into the matrices are 64-bit (size_t): M * K
 // may pass 2^31.
 
+// This step's launch configuration, CONFIGS in snippets/part3/sgemm.py, which passes it as -D
+// options: the block tile TILE_M x TILE_N, its step TILE_K along K and the THREADS per block. The
+// defaults let this file compile alone.
+#ifndef TILE_M
+#define TILE_M 64
+#define TILE_N 64
+#define TILE_K 8
+#define THREADS 512
+#endif
+
 // --8<-- [start:kernel]
 // v4: a BM x BN tile of C per block of BM * BN / TM threads (1-D block). Thread t owns column t %
 // BN of the tile and the TM rows (t / BN) * TM .. + TM - 1: one value of B, read once from shared
@@ -47,9 +57,10 @@ __device__ __forceinline__ void sgemm_1d(const float* __restrict__ A, const floa
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void __launch_bounds__(THREADS)
     sgemm_v4(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
              int M, int N, int K) {
-    sgemm_1d</*BM=*/64, /*BN=*/64, /*BK=*/8, /*TM=*/8>(A, B, C, M, N, K);  // 512 threads
+    // 64 x 64 tile, BK = 8 and 512 threads from the launcher: TM = 8 results per thread
+    sgemm_1d<TILE_M, TILE_N, TILE_K, /*TM=*/TILE_M * TILE_N / THREADS>(A, B, C, M, N, K);
 }
 // --8<-- [end:kernel]

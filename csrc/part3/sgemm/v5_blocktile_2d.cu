@@ -8,15 +8,25 @@
 // Sizes are 32-bit (the launcher checks them), offsets into the matrices are 64-bit (size_t): M * K
 // may pass 2^31.
 
+// This step's launch configuration, CONFIGS in snippets/part3/sgemm.py, which passes it as -D
+// options: the block tile TILE_M x TILE_N, its step TILE_K along K and the THREADS per block. The
+// defaults let this file compile alone.
+#ifndef TILE_M
+#define TILE_M 128
+#define TILE_N 128
+#define TILE_K 8
+#define THREADS 256
+#endif
+
 // --8<-- [start:kernel]
 // v5: a BM x BN tile of C per block of (BM / TM) * (BN / TN) threads; thread (tr, tc) owns the TM x
 // TN sub-tile at rows tr * TM.., columns tc * TN... Per k it reads TM values of A and TN of B from
 // shared memory into registers and does TM * TN FMAs with them: (TM * TN) / (TM + TN) FMAs per
 // shared load.
-template <int BM, int BN, int BK, int TM, int TN>
+template <int BM, int BN, int BK, int TM, int TN, int NT>
 __device__ __forceinline__ void sgemm_2d(const float* __restrict__ A, const float* __restrict__ B,
                                          float* __restrict__ C, int M, int N, int K) {
-    constexpr int NT = (BM / TM) * (BN / TN);
+    static_assert((BM / TM) * (BN / TN) == NT, "one thread per TM x TN sub-tile");
     static_assert((BM * BK) % NT == 0 && (BK * BN) % NT == 0, "whole loads per thread");
     __shared__ float sA[BM][BK];  // (BM, BK)
     __shared__ float sB[BK][BN];  // (BK, BN)
@@ -62,10 +72,10 @@ __device__ __forceinline__ void sgemm_2d(const float* __restrict__ A, const floa
         }
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(THREADS)
     sgemm_v5(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
              int M, int N, int K) {
-    // 256 threads
-    sgemm_2d</*BM=*/128, /*BN=*/128, /*BK=*/8, /*TM=*/8, /*TN=*/8>(A, B, C, M, N, K);
+    // 128 x 128 tile, BK = 8 and 256 threads from the launcher
+    sgemm_2d<TILE_M, TILE_N, TILE_K, /*TM=*/8, /*TN=*/8, THREADS>(A, B, C, M, N, K);
 }
 // --8<-- [end:kernel]

@@ -10,6 +10,16 @@
 // may pass 2^31.
 #include "common.cuh"
 
+// This step's launch configuration, CONFIGS in snippets/part3/sgemm.py, which passes it as -D
+// options: the block tile TILE_M x TILE_N, its step TILE_K along K and the THREADS per block. The
+// defaults let this file compile alone.
+#ifndef TILE_M
+#define TILE_M 128
+#define TILE_N 128
+#define TILE_K 8
+#define THREADS 256
+#endif
+
 // --8<-- [start:kernel]
 // v6: v5's tiling (BM = BN = 128, BK = 8, 8x8 per thread, 256 threads) with float4 everywhere it
 // fits. PAD = 4: rows of sAT are BM + 4 floats. With BK = 8 a warp's transposed stores hit sAT[c +
@@ -17,10 +27,10 @@
 // bank, and c = 0 and c = 4 collide (2-way); 132 = 4 (mod 32) shifts row c + j by 4(c + j) banks,
 // so the two halves land on banks 0..15 and 16..31. 132 floats keep each row 16-byte aligned for
 // the float4 reads.
-template <int BM, int BN, int BK, int TM, int TN, int PAD>
+template <int BM, int BN, int BK, int TM, int TN, int PAD, int NT>
 __device__ __forceinline__ void sgemm_vec(const float* __restrict__ A, const float* __restrict__ B,
                                           float* __restrict__ C, int M, int N, int K) {
-    constexpr int NT = (BM / TM) * (BN / TN);
+    static_assert((BM / TM) * (BN / TN) == NT, "one thread per TM x TN sub-tile");
     static_assert(TM % 4 == 0 && TN % 4 == 0 && PAD % 4 == 0,
                   "float4 fragments and 16-byte-aligned rows");
     __shared__ __align__(16) float sAT[BK][BM + PAD];  // (BK, BM + PAD): A tile, transposed
@@ -57,9 +67,9 @@ __device__ __forceinline__ void sgemm_vec(const float* __restrict__ A, const flo
                    make_float4(rC[i][j], rC[i][j + 1], rC[i][j + 2], rC[i][j + 3]));
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(THREADS)
     sgemm_v6(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
              int M, int N, int K) {
-    sgemm_vec</*BM=*/128, /*BN=*/128, /*BK=*/8, /*TM=*/8, /*TN=*/8, /*PAD=*/4>(A, B, C, M, N, K);
+    sgemm_vec<TILE_M, TILE_N, TILE_K, /*TM=*/8, /*TN=*/8, /*PAD=*/4, THREADS>(A, B, C, M, N, K);
 }
 // --8<-- [end:kernel]

@@ -10,12 +10,22 @@
 // may pass 2^31.
 #include "warptile.cuh"
 
+// This step's launch configuration, CONFIGS in snippets/part3/sgemm.py, which passes it as -D
+// options: the block tile TILE_M x TILE_N, its step TILE_K along K and the THREADS per block. The
+// defaults let this file compile alone.
+#ifndef TILE_M
+#define TILE_M 128
+#define TILE_N 128
+#define TILE_K 8
+#define THREADS 256
+#endif
+
 // --8<-- [start:kernel]
 // 128x128 block tile, 8 warps of 64x32 (2 x 4), BK = 8, sAT rows padded to 132 floats (as in v6)
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(THREADS)
     sgemm_v7(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
              int M, int N, int K) {
-    sgemm_warp</*BM=*/128, /*BN=*/128, /*BK=*/8, /*WM=*/64, /*WN=*/32, /*PAD=*/4,
-               /*STAGES=*/1>(A, B, C, M, N, K);
+    sgemm_warp<TILE_M, TILE_N, TILE_K, /*WM=*/64, /*WN=*/32, /*PAD=*/4, /*STAGES=*/1, THREADS>(
+        A, B, C, M, N, K);
 }
 // --8<-- [end:kernel]

@@ -15,7 +15,7 @@
 // reads 4 (64 bytes): no bank conflicts, every other lane's read is a broadcast. STAGES = 2
 // double-buffers the shared tiles: the next tile's global loads are issued before the current
 // tile's FMAs and land in the other buffer after.
-template <int BM, int BN, int BK, int WM, int WN, int PAD, int STAGES>
+template <int BM, int BN, int BK, int WM, int WN, int PAD, int STAGES, int NT>
 __device__ __forceinline__ void sgemm_warp(const float* __restrict__ A, const float* __restrict__ B,
                                            float* __restrict__ C, int M, int N, int K) {
     constexpr int LANES_M = 8, LANES_N = 4;                  // 32 lanes
@@ -24,7 +24,8 @@ __device__ __forceinline__ void sgemm_warp(const float* __restrict__ A, const fl
                   "warp tile = 2x2 pieces of 4x4 per lane");
     static_assert(BM % WM == 0 && BN % WN == 0, "whole warp tiles in a block tile");
     static_assert(STAGES == 1 || STAGES == 2, "single or double buffering");
-    constexpr int WARPS_N = BN / WN, NT = (BM / WM) * WARPS_N * 32;
+    constexpr int WARPS_N = BN / WN;
+    static_assert((BM / WM) * WARPS_N * 32 == NT, "one warp per warp tile");
     __shared__ __align__(16) float sAT[STAGES][BK][BM + PAD];  // (STAGES, BK, BM + PAD)
     __shared__ __align__(16) float sB[STAGES][BK][BN];         // (STAGES, BK, BN)
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;

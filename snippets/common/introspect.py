@@ -20,6 +20,9 @@ Under ``TRITON_INTERPRET=1`` every ``@triton.jit`` function in the process, Trit
 and ``tl.sum`` included, is an interpreted function that the compiler cannot use, so
 :func:`compile_for` then compiles in a fresh Python process without the variable (a couple of
 seconds more), importing the kernel from its module.
+
+The Triton programming model chapter (Part 4) explains these tools; Parts 4 and 5 use them to
+check that their kernels compile for sm_90 without a Hopper GPU.
 """
 
 from __future__ import annotations
@@ -277,13 +280,13 @@ def _compile_job(kernel, job: dict) -> Compiled:
 
 
 def _compile_elsewhere(jobs: list[dict]) -> list[Compiled | CompileError]:
-    """Run the jobs in ``python -m snippets.part4.introspect`` without TRITON_INTERPRET; results
-    as JSON."""
+    """Run the jobs in a fresh Python process (:func:`compile_worker`) without TRITON_INTERPRET;
+    results as JSON."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     # the default; set, so Triton 3.9 does not warn about it
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    proc = subprocess.run([sys.executable, "-m", "snippets.part4.introspect"],
+    proc = subprocess.run([sys.executable, "-c", WORKER],
                           input=json.dumps(jobs), capture_output=True, text=True, env=env,
                           cwd=REPO_ROOT)
     if proc.returncode != 0:
@@ -295,7 +298,12 @@ def _compile_elsewhere(jobs: list[dict]) -> list[Compiled | CompileError]:
     return out
 
 
-def _worker() -> None:
+WORKER = "from snippets.common.introspect import compile_worker; compile_worker()"
+
+
+def compile_worker() -> None:
+    """The helper process of :func:`_compile_elsewhere`: jobs as JSON on stdin, each kernel
+    imported from its module and compiled; results as JSON on stdout."""
     import importlib
     jobs = json.loads(sys.stdin.read())
     results = []
@@ -396,7 +404,13 @@ def parse_ptxas(report: str) -> dict[str, dict[str, int]]:
 def _ops(ptx: str, pattern: str) -> Counter:
     """How often each instruction matching ``pattern`` (its opcode with all its
     .modifiers) occurs."""
-    return Counter(re.findall(rf"(?<![\w.])((?:{pattern})(?:\.[\w:]+)*)", ptx))
+    return Counter(re.findall(rf"(?<![\w.])((?:{pattern})(?:(?:\.|::)\w+)*)", _plain(ptx)))
+
+
+def _plain(ptx: str) -> str:
+    """PTX with the CTA's own state space written the short way: Triton 3.8 prints
+    ``st.shared::cta.b32`` where 3.6 and 3.9 print ``st.shared.b32`` (the same instruction)."""
+    return re.sub(r"\.shared::cta\b", ".shared", ptx)
 
 
 def load_store_widths(ptx: str, space: str = "global") -> dict[str, set[int]]:
@@ -405,7 +419,7 @@ def load_store_widths(ptx: str, space: str = "global") -> dict[str, set[int]]:
     vector (ld.global.v4.b32)."""
     widths: dict[str, set[int]] = {"ld": set(), "st": set()}
     for op, vec, bits in re.findall(rf"\b(ld|st)\.{space}(?:\.\w+)*?(?:\.v(\d))?\.[bfsu](\d+)\b",
-                                    ptx):
+                                    _plain(ptx)):
         widths[op].add(int(vec or 1) * int(bits))
     return widths
 
@@ -449,7 +463,3 @@ def excerpt(text: str, pattern: str, context: int = 0, limit: int = 3) -> str:
             if len(out) >= limit * (1 + context):
                 break
     return "\n".join(out)
-
-
-if __name__ == "__main__":
-    _worker()
