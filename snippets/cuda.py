@@ -25,7 +25,7 @@ from snippets.registry import REPO_ROOT
 CSRC = REPO_ROOT / "csrc"
 
 
-def _cupy():
+def cupy_module():
     try:
         import cupy
     # the wheel name depends on the CUDA major version: cupy-cuda12x / cupy-cuda13x
@@ -64,7 +64,7 @@ def toolkit_include() -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def _module(path: str, arch: str, options: tuple[str, ...]):
-    cupy = _cupy()
+    cupy = cupy_module()
     source = (CSRC / path).read_text()
     # CuPy adds the target architecture of the current device itself; ``arch`` keys this cache per
     # device type. Quoted includes resolve next to the file (a step's shared header) and
@@ -106,7 +106,7 @@ def resident_blocks(fn, threads: int, shared_mem: int = 0) -> int:
     thread slots), from the driver's occupancy calculator: a grid-stride launch of SMs x this many
     blocks fills the GPU exactly once, with no second, partial wave. Cached: the answer never
     changes for a compiled kernel."""
-    cupy = _cupy()
+    cupy = cupy_module()
     try:
         return int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads,
                                                                               shared_mem))
@@ -125,18 +125,18 @@ def resident_blocks(fn, threads: int, shared_mem: int = 0) -> int:
 def launch(fn, grid: int | tuple, block: int | tuple, args: tuple, shared_mem: int = 0) -> None:
     """Launch ``fn`` on torch's current stream. Tensors become device pointers; keep scalars typed
     (``numpy.int64(n)``, ``numpy.float32(a)``) so they match the kernel's parameter types."""
-    cupy = _cupy()
+    cupy = cupy_module()
     grid = grid if isinstance(grid, tuple) else (grid,)
     block = block if isinstance(block, tuple) else (block,)
     ptr_args = tuple(cupy.uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else a for a in args)
-    with _cupy_stream(cupy):
+    with cupy_stream(cupy):
         fn(grid, block, ptr_args, shared_mem=shared_mem)
 
 
 _STREAMS: dict[tuple[int, int], object] = {}  # (device, torch stream handle) -> its CuPy stream
 
 
-def _cupy_stream(cupy):
+def cupy_stream(cupy):
     """torch's current stream as a CuPy stream (``Stream.from_external`` in CuPy 14+, else
     ``ExternalStream``). Wrapping a stream costs tens of microseconds of host time, more than a
     launch, so each torch stream is wrapped once and the wrapper kept."""

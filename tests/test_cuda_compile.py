@@ -185,10 +185,10 @@ def test_cupy_stream_wraps_each_torch_stream_once(monkeypatch):
     current = {"s": SimpleNamespace(device_index=0, cuda_stream=1234)}
     monkeypatch.setattr(cuda.torch.cuda, "current_stream", lambda: current["s"])
     monkeypatch.setattr(cuda, "_STREAMS", {})
-    assert cuda._cupy_stream(fake_cupy) == ("wrapped", 1234)
-    assert cuda._cupy_stream(fake_cupy) == ("wrapped", 1234) and made == [1234]  # cached
+    assert cuda.cupy_stream(fake_cupy) == ("wrapped", 1234)
+    assert cuda.cupy_stream(fake_cupy) == ("wrapped", 1234) and made == [1234]  # cached
     current["s"] = SimpleNamespace(device_index=0, cuda_stream=5678)  # another stream: wrapped anew
-    assert cuda._cupy_stream(fake_cupy) == ("wrapped", 5678) and made == [1234, 5678]
+    assert cuda.cupy_stream(fake_cupy) == ("wrapped", 5678) and made == [1234, 5678]
 
 
 # ---------------------------------------------------------------- numbers written once: -D options
@@ -336,7 +336,7 @@ def test_options_reach_nvrtc(monkeypatch):
 
     seen = []
     fake = SimpleNamespace(RawModule=lambda code, options: seen.append(options) or "module")
-    monkeypatch.setattr(cuda, "_cupy", lambda: fake)
+    monkeypatch.setattr(cuda, "cupy_module", lambda: fake)
     assert cuda._module.__wrapped__("part4/softmax.cu", "sm_90", ("-DMAX_THREADS=512",)) == "module"
     assert seen[0][-1] == "-DMAX_THREADS=512" and "-std=c++17" in seen[0]
 

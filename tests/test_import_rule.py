@@ -12,9 +12,8 @@
 - No module of ``snippets`` imports an underscore name from another module (``from snippets.x import
   _y``), or reaches one through a module it imported (``x._y``): a name that crosses a module
   boundary is public. A private module itself (``snippets._checks``) may be imported; it is
-  the foundation. ``KNOWN_PRIVATE`` lists the uses that remain in code this rule's change did not
-  own (``snippets.cuda``'s CuPy helpers, which three chapters call); the last test fails once one
-  of them is gone, so that the list only shrinks. ``PRIVATE_WITHIN``: the site builder's modules
+  the foundation. ``KNOWN_PRIVATE`` lists uses allowed for a while (none today); the last test fails
+  once one of them is gone, so that the list only shrinks. ``PRIVATE_WITHIN``: the site builder's modules
   share formatting helpers inside ``snippets.site``, and with nothing outside it.
 - Importing a module only defines things and registers its ops and ceilings: torch's and
   Inductor's configuration, torch's global flags, NumPy's error handling, the environment and
@@ -35,12 +34,7 @@ SNIPPETS = REPO_ROOT / "snippets"
 FOUNDATION = ("snippets", "snippets.registry", "snippets._checks", "snippets.cuda")
 CHAPTER_TOOLING = ("snippets.bench.timing",)  # the timer: ceilings and the measuring chapters
 # (module, private name of another module) still used; see the module docstring
-KNOWN_PRIVATE = {
-    ("snippets.part2.conv1d", "snippets.cuda._cupy"),
-    ("snippets.part2.host_transfer", "snippets.cuda._cupy"),
-    ("snippets.part3.streams", "snippets.cuda._cupy"),
-    ("snippets.part3.streams", "snippets.cuda._cupy_stream"),
-}
+KNOWN_PRIVATE: set[tuple[str, str]] = set()
 # packages whose modules share underscore helpers among themselves (not with other packages)
 PRIVATE_WITHIN = ("snippets.site",)
 CHAPTERS = sorted(p for p in SNIPPETS.glob("part*/*.py"))

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import check_tensors, refuse_grad, triton_device
 from snippets.registry import Impl, Op, register
 
 CU_FILE = "part2/conv1d.cu"
@@ -120,6 +120,7 @@ def _conv1d_kernel(x_ptr, w_ptr, out_ptr, n, k, BLOCK: tl.constexpr):
 def conv1d_triton(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """v4: Triton; neighbouring taps re-read x through the L1 cache, the filter through
     scalar loads."""
+    refuse_grad("conv1d_triton", x, w, instead="conv1d_torch")
     _check(x, w, triton_device())
     out = torch.empty_like(x)
     n = x.numel()
@@ -146,7 +147,7 @@ def _set_filter(w: torch.Tensor) -> None:
     copy on torch's current stream, so it is ordered after whatever wrote ``w`` and before the
     launch that reads c_filter. There is one c_filter per module: two launches with different
     filters on two streams would race."""
-    cupy = cuda._cupy()
+    cupy = cuda.cupy_module()
     # cuda.module is the module cuda.kernel takes the kernels from, so this is the c_filter
     # they read.
     # a cupy MemoryPointer to the symbol in constant memory
@@ -188,12 +189,14 @@ def _conv1d_cuda(version: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor
 
 def conv1d_cuda_global(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """v1: one thread per output; w[j] and x[i + j - k//2] both from global memory (through L1)."""
+    refuse_grad("conv1d_cuda_global", x, w, instead="conv1d_torch")
     return _conv1d_cuda("v1", x, w)
 
 
 def conv1d_cuda_constant(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """v2: like v1, but the filter in constant memory: the warp-uniform w[j] is one constant-cache
     broadcast, and the load/store unit is left to the signal."""
+    refuse_grad("conv1d_cuda_constant", x, w, instead="conv1d_torch")
     return _conv1d_cuda("v2", x, w)
 
 
@@ -201,12 +204,14 @@ def conv1d_cuda_shared(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """v3: like v1, but filter and input tile (with a k//2 halo each side) staged in shared memory
     once per block; 4 outputs per thread, so the halo is amortised over 1024 outputs and each w[j]
     read feeds 4 FMAs."""
+    refuse_grad("conv1d_cuda_shared", x, w, instead="conv1d_torch")
     return _conv1d_cuda("v3", x, w)
 
 
 def conv1d_cuda_shared_const(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """v5: like v3, but the filter from constant memory (v2's broadcast) and only the signal in
     shared memory."""
+    refuse_grad("conv1d_cuda_shared_const", x, w, instead="conv1d_torch")
     return _conv1d_cuda("v5", x, w)
 
 

@@ -220,7 +220,7 @@ def unified_memory_timings(nbytes: int = 256 * MiB) -> dict[str, float]:
     from snippets.bench.timing import SPIN_CYCLES
 
     cuda.require_gpu()
-    cupy = cuda._cupy()
+    cupy = cuda.cupy_module()
     if isinstance(nbytes, bool) or not isinstance(nbytes, int):
         raise TypeError(f"nbytes must be a Python int, got {type(nbytes).__name__}")
     if nbytes <= 0 or nbytes % 4 or nbytes > MAX_MANAGED:

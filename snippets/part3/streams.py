@@ -57,7 +57,7 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_int, check_tensors, triton_device
+from snippets._checks import check_int, check_tensors, refuse_grad, triton_device
 # snippets.common.ceilings registers the "host_link" ceiling (pinned copy bandwidth) that
 # stream_overlap is compared against; block_pattern is the cheap, block-shifted input pattern of
 # Part 2's host transfers.
@@ -129,6 +129,7 @@ def fma_chain(x: torch.Tensor, fmas: int) -> torch.Tensor:
     """y = x, then ``fmas`` times y = 0.5 * y + x, for a contiguous fp32 tensor on the GPU (or on
     the CPU under the Triton interpreter). Reads and writes each element once; the time grows
     with ``fmas``."""
+    refuse_grad("fma_chain", x, instead="fma_chain_ref")
     check_tensors(("x",), (x,), dtypes=(torch.float32,), device=triton_device(), allow_empty=False)
     fmas = check_int("fmas", fmas, 0)
     y = torch.empty_like(x)
@@ -201,6 +202,7 @@ def run_pipeline(x: torch.Tensor, out: torch.Tensor, fmas: int, chunks: int = 1,
     """out = fma_chain(x) for pinned host tensors x and out, in ``chunks`` pieces spread round-robin
     over ``streams`` streams (1: the caller's current stream). Returns out once it holds
     the result."""
+    refuse_grad("run_pipeline", x, out, instead="fma_chain_ref")
     n = _check_pipeline(x, out, fmas, chunks, streams)
     src, dst = x.view(-1), out.view(-1)
     main = torch.cuda.current_stream()
@@ -303,10 +305,10 @@ def launches_cupy(base: torch.Tensor, launches: int) -> torch.Tensor:
     launches = _check_launches(base, launches, "cuda")
     fn = cuda.kernel(CU_FILE, "add_one_at")
     out = base.clone()
-    cupy = cuda._cupy()
+    cupy = cuda.cupy_module()
     # what snippets.cuda.launch does per call, done once for all N launches
     ptr = cupy.uint64(out.data_ptr())
-    with cuda._cupy_stream(cupy):  # torch's current stream, so the launches order after the clone
+    with cuda.cupy_stream(cupy):  # torch's current stream, so the launches order after the clone
         for i in range(launches):
             fn((1,), (1,), (ptr, np.int64(i)))
     return out
@@ -565,7 +567,7 @@ def _copy_engines() -> int | None:
     """cudaDeviceProp.asyncEngineCount: how many copies the device can run at once (None
     without CuPy)."""
     try:
-        props = cuda._cupy().cuda.runtime.getDeviceProperties(torch.cuda.current_device())
+        props = cuda.cupy_module().cuda.runtime.getDeviceProperties(torch.cuda.current_device())
         return int(props["asyncEngineCount"])
     except Exception:  # noqa: BLE001 (CuPy missing or a property it does not report: leave it out)
         return None
