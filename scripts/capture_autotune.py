@@ -35,6 +35,7 @@ if "TRITON_CACHE_DIR" not in os.environ:  # before triton is imported
 
 import torch  # noqa: E402
 
+from snippets.bench.captures import record  # noqa: E402
 from snippets.bench.harness import provenance  # noqa: E402
 from snippets.bench.timing import rotation, time_device  # noqa: E402
 from snippets.common.gemm import matmul_kernel  # noqa: E402
@@ -141,6 +142,7 @@ def main() -> None:
             "provenance": provenance(), "configs": records}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
+    record(args.out)  # NAME.meta.json: the hash of the code that produced it
     ok = [r for r in records if r["status"] == "ok"]
     best = max(ok, key=lambda r: r["tflops"]) if ok else None
     best_rate = f"{best['tflops']:.1f} TFLOP/s" if best else "none"

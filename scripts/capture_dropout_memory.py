@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from snippets.bench.captures import record  # noqa: E402
 from snippets.part4.dropout import MaskedDropout, SeededDropout  # noqa: E402
 
 P = 0.1
@@ -118,6 +119,7 @@ def main() -> None:
     text = "\n".join(lines).rstrip() + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
+    record(args.out)  # NAME.meta.json: the hash of the code that produced it
     print(text, end="")
 
 

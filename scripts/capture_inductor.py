@@ -27,6 +27,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from snippets.bench.captures import record  # noqa: E402
 from snippets.part5 import inductor as ind  # noqa: E402
 
 WIDE_SOFTMAX = 32768  # a row too long for one program's registers: Inductor loops over it
@@ -85,12 +86,14 @@ def main() -> int:
                 line = wide_line
             summary.append(line)
             path.write_text(f"{header}\n\n{text}")
+            record(path)  # NAME.meta.json: the hash of the code that produced it
         except Exception as exc:  # noqa: BLE001 (report and go on: one block must not lose the others)
             status = 1
             path.write_text(f"{header}\n\nblock {name} failed:\n{traceback.format_exc()}")
             summary.append(f"{name:<28} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
         print(summary[-1], flush=True)
     (opts.outdir / "inductor_summary.txt").write_text("\n".join(summary) + "\n")
+    record(opts.outdir / "inductor_summary.txt")
     return status
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from snippets.bench.captures import record  # noqa: E402
 from snippets.part5.cross_entropy import format_sweep, sweep_chunks  # noqa: E402
 
 if __name__ == "__main__":
@@ -22,5 +23,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             f.write(text)
+        record(Path(sys.argv[1]))  # NAME.meta.json: the hash of the code that produced it
     print(text, end="")
     print(f"({time.time() - started:.0f} s)", file=sys.stderr)

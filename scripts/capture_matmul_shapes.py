@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from snippets.bench.captures import record  # noqa: E402
 from snippets.bench.timing import rotation, time_device  # noqa: E402
 from snippets.common.gemm import gemm_flops, make_operands  # noqa: E402
 from snippets.part4.matmul import matmul, odd_shapes  # noqa: E402
@@ -51,6 +52,7 @@ def capture_shapes(outdir: Path) -> Path:
     outdir.mkdir(parents=True, exist_ok=True)
     path = outdir / "matmul_shapes.txt"
     path.write_text("\n".join(lines) + "\n")
+    record(path)  # matmul_shapes.meta.json: the hash of the code that produced it
     return path
 
 

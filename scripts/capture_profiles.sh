@@ -17,7 +17,8 @@
 #   KM_PROFILE_STEPS=ncu KM_NCU_TARGETS="rope_v3 rope_v2" KM_NCU_SUMMARY=ncu_summary_part5 bash ... OUTDIR
 #
 # GPU clocks are left as they are (--clock-control none): the numbers are those of the clocks the benchmarks
-# ran at. Best effort: every step runs; the exit status is non-zero if any step failed.
+# ran at. Best effort: every step runs; the exit status is non-zero if any step failed. Each file a step wrote
+# gets its record, NAME.meta.json (the hash of the code that produced it; snippets.bench.captures).
 set -uo pipefail
 OUTDIR=${1:?usage: capture_profiles.sh OUTDIR}
 mkdir -p "$OUTDIR"
@@ -29,15 +30,17 @@ trap 'rm -rf "$TMP"' EXIT
 status=0
 STEPS=" ${KM_PROFILE_STEPS:-torch ncu sanitizer} "
 ONLY=${KM_NCU_TARGETS:-}
+record() { "$PY" -m snippets.bench.captures record "$@"; }
 
 # 1. torch.profiler
 if [[ $STEPS == *" torch "* ]]; then
-  "${PROF[@]}" "$OUTDIR" --trace "$TMP/trace.json" > /dev/null || status=1
+  "${PROF[@]}" "$OUTDIR" --trace "$TMP/trace.json" > /dev/null && record "$OUTDIR/torch_profiler.txt" || status=1
 fi
 
 # 2. Nsight Compute: one profile per target, printed twice from the saved report: the sections as text (for the
 #    reader) and every raw metric as CSV (for the summary; the warp stall reasons are only there).
 if [[ $STEPS == *" ncu "* ]] && command -v ncu > /dev/null; then
+  profiled=""  # the targets of the summary
   while IFS=$'\t' read -r name regex launches; do
     [ -z "$ONLY" ] || [[ " $ONLY " == *" $name "* ]] || continue
     cmd=(ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:$regex"
@@ -65,9 +68,12 @@ if [[ $STEPS == *" ncu "* ]] && command -v ncu > /dev/null; then
       status=1
     fi
     "${PROF[@]}" --ncu-text "$name" "$TMP/$name.details.txt" "$TMP/$name.csv" "${shown% }" \
-      > "$OUTDIR/ncu_$name.txt" || status=1
+      > "$OUTDIR/ncu_$name.txt" && record "$OUTDIR/ncu_$name.txt" || status=1
+    profiled+="$name "
   done < <("${PROF[@]}" --targets)
-  "${PROF[@]}" --ncu-summary "$TMP" > "$OUTDIR/${KM_NCU_SUMMARY:-ncu_summary}.txt" || status=1
+  summary="$OUTDIR/${KM_NCU_SUMMARY:-ncu_summary}.txt"
+  "${PROF[@]}" --ncu-summary "$TMP" > "$summary" \
+    && record "$summary" --param "targets=${profiled% }" || status=1
 fi
 
 # 3. compute-sanitizer on the planted bugs: memcheck for the out-of-bounds write, racecheck for the missing
@@ -84,7 +90,8 @@ if [[ $STEPS == *" sanitizer "* ]] && command -v nvcc > /dev/null && command -v 
           >> "$TMP/$tool.log" 2>&1 || status=1
         echo >> "$TMP/$tool.log"
       done
-      "${PROF[@]}" --trim-sanitizer < "$TMP/$tool.log" > "$OUTDIR/sanitizer_$tool.txt" || status=1
+      "${PROF[@]}" --trim-sanitizer < "$TMP/$tool.log" > "$OUTDIR/sanitizer_$tool.txt" \
+        && record "$OUTDIR/sanitizer_$tool.txt" || status=1
     done
   else
     status=1

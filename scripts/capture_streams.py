@@ -5,7 +5,8 @@
 writes OUTDIR/stream_overlap.json (v0 and v3 of ``stream_overlap`` under torch.profiler: every copy
 and kernel with its stream; ``<!-- bench:timeline stream_overlap -->`` draws it) and
 OUTDIR/launch_latency.txt (one launch round trip per launcher, every ``launch_overhead`` version at
-10,000 launches; ``<!-- bench:output launch_latency -->``).
+10,000 launches; ``<!-- bench:output launch_latency -->``), each with its record, NAME.meta.json
+(snippets.bench.captures).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from snippets import cuda  # noqa: E402
+from snippets.bench.captures import record  # noqa: E402
 from snippets.part3.streams import launch_summary, trace_pipelines  # noqa: E402
 
 
@@ -27,6 +29,8 @@ def capture(outdir: Path) -> None:
     trace = trace_pipelines()
     (outdir / "stream_overlap.json").write_text(json.dumps(trace, indent=1) + "\n")
     (outdir / "launch_latency.txt").write_text(launch_summary())
+    for name in ("stream_overlap.json", "launch_latency.txt"):
+        record(outdir / name)  # NAME.meta.json: the hash of the code that produced it
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ PY=${PYTHON:-python3}
 status=0
 
 # v0 and v3 of stream_overlap under torch.profiler (copies and kernels with their streams), then one launch
-# round trip per launcher and every launch_overhead version at 10,000 launches.
+# round trip per launcher and every launch_overhead version at 10,000 launches; the script writes each file's
+# record (NAME.meta.json: the hash of the code that produced it).
 $PY -W ignore::DeprecationWarning scripts/capture_streams.py "$OUTDIR" || status=1
 
 for f in stream_overlap.json launch_latency.txt; do

@@ -179,6 +179,8 @@ def main() -> int:
     out = Path(sys.argv[1])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+    from snippets.bench.captures import record
+    record(out)  # triton_metadata.meta.json: the hash of the code that produced it
     print(text, end="")
     return 0
 

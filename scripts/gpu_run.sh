@@ -8,7 +8,9 @@
 #   KM_CAPTURES="part4" KM_TESTS="tests/test_part4_*.py" bash scripts/gpu_run.sh out softmax matmul ...
 # KM_CAPTURES: which capture scripts run (outputs profiles streams part4; default all, "none" for none);
 # KM_TESTS: the test files (default: all; "none" skips the tests), run by scripts/gpu_tests.sh one pytest per
-# file in parallel (logs in OUTDIR/tests/); KM_SANITIZE=0 skips the compute-sanitizer pass.
+# file in parallel (logs in OUTDIR/tests/, the summary in OUTDIR/outputs/gpu_tests.txt; KM_SHARD=i/n runs a
+# shard of them, see CONTRIBUTING.md); KM_SANITIZE=0 skips the compute-sanitizer pass. Every captured file gets
+# its record, NAME.meta.json (snippets.bench.captures): commit it with the file.
 #
 # Logs and results land in OUTDIR (default ./gpu-out); copy OUTDIR/results.json over
 # benchmarks/results/<gpu>.json (or run with --out) and commit it.

@@ -1,33 +1,129 @@
 #!/usr/bin/env bash
-# The GPU test suite, one pytest per test file, several at once (the runner has 16 cores; Triton's compiles are
-# the slow part and run on the host), each file's log in OUTDIR/tests/, a summary line per file at the end.
+# The GPU test suite (REQUIRE_GPU=1): one pytest per test file, several at once (the runner has 16 cores; Triton's
+# compiles are the slow part and run on the host), each job's log in OUTDIR/tests/, a summary line per job at the
+# end, also written to OUTDIR/outputs/gpu_tests.txt with the GPU, the commit and the versions (commit it as
+# benchmarks/results/outputs/<gpu>/gpu_tests.txt, with its record gpu_tests.meta.json).
 #
 #   bash scripts/gpu_tests.sh OUTDIR [test files...]       (default: every tests/test_*.py)
+#   KM_SHARD=2/4 bash scripts/gpu_tests.sh OUTDIR           the second of four shards, one device call each
+#
+# Jobs: one per file, except that a file named in KM_SPLIT (FILE:N, default "tests/test_ops.py:8
+# tests/test_part5_lora.py:3") is N jobs, each the k-th share of its tests (KM_SPLIT_PART=k/N, tests/conftest.py;
+# an op's cases stay in one job). KM_SHARD=i/n keeps every n-th job starting at the i-th (the longest first), so n
+# calls run the whole suite; merge their summaries with
+#   python -m snippets.bench.captures merge-tests OUT1/outputs/gpu_tests.txt ... -o FILE.
+# Files in KM_ALONE (default tests/test_part2_memory.py: it reads the device's free memory, which other processes
+# move) run one at a time after the others, in the shard their job falls in.
 #
 # pyproject.toml's addopts (the docs plugin) are switched off: the GPU image has no pytest-markdown-docs.
-# KM_JOBS: files at once (default 16); KM_FILE_TIMEOUT: seconds per file (default 500). Exit status 1 if any
-# file failed or timed out.
+# KM_JOBS: jobs at once (default 16); KM_FILE_TIMEOUT: seconds per job (default 500); KM_BUDGET: seconds for the
+# whole run (default 560, under one 600 s device call): a job that starts late gets what is left, so the summary
+# is always written. Liger-Kernel (a baseline the tests compare against) is installed from .whl/ when a wheel is
+# there (the runner has no network). Exit status 1 if any job failed or timed out.
 set -uo pipefail
 OUTDIR=${1:-gpu-out}
 shift || true
-mkdir -p "$OUTDIR/tests"
+mkdir -p "$OUTDIR/tests" "$OUTDIR/outputs"
 : > "$OUTDIR/tests/rc.txt"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 REQUIRE_GPU=1
 PY=${PYTHON:-python3}
+START=$(date +%s)
+DEADLINE=$((START + ${KM_BUDGET:-560}))
+if ls .whl/liger_kernel-*.whl > /dev/null 2>&1 && ! $PY -c "import liger_kernel" 2> /dev/null; then
+  $PY -m pip install -q --no-deps --no-index --target /tmp/km-wheels .whl/liger_kernel-*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/km-wheels
+fi
+
 FILES=("$@")
 [ ${#FILES[@]} -gt 0 ] || FILES=(tests/test_*.py)
-printf '%s\n' "${FILES[@]}" | xargs -P "${KM_JOBS:-16}" -I{} sh -c '
-  f={}; b=$(basename "$f" .py)
-  timeout '"${KM_FILE_TIMEOUT:-500}"' '"$PY"' -m pytest "$f" -q -p no:cacheprovider -o addopts= --tb=short -rfE --durations=5 \
-    > "'"$OUTDIR"'/tests/$b.log" 2>&1
-  echo "$b rc $?" >> "'"$OUTDIR"'/tests/rc.txt"'
-status=0
-for f in "$OUTDIR"/tests/test_*.log; do
-  b=$(basename "$f" .log)
-  summary=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)" "$f" | tail -1)
-  [ -n "$summary" ] || summary="no summary (timed out or crashed)"
-  echo "$b: $summary"
-  grep -E "^(FAILED|ERROR)" "$f" | head -5
-  grep -q "^$b rc 0$" "$OUTDIR/tests/rc.txt" || status=1
+SPLIT=" ${KM_SPLIT-tests/test_ops.py:8 tests/test_part5_lora.py:3} "
+ALONE=" ${KM_ALONE-tests/test_part2_memory.py} "
+# Jobs as FILE or FILE@k/N, split files first (they are the longest), the files that run alone last.
+JOBS=()
+for f in "${FILES[@]}"; do
+  n=$(sed -n "s|.* $f:\([0-9][0-9]*\) .*|\1|p" <<< "$SPLIT")
+  if [ -n "$n" ] && [ "$n" -gt 1 ]; then
+    for ((k = 1; k <= n; k++)); do JOBS+=("$f@$k/$n"); done
+  fi
 done
+for f in "${FILES[@]}"; do
+  [[ $SPLIT == *" $f:"* || $ALONE == *" $f "* ]] || JOBS+=("$f")
+done
+for f in "${FILES[@]}"; do
+  [[ $ALONE == *" $f "* ]] && JOBS+=("$f")
+done
+SHARD=${KM_SHARD:-1/1}
+if ! [[ $SHARD =~ ^([0-9]+)/([0-9]+)$ ]] || [ "${BASH_REMATCH[1]}" -lt 1 ] \
+    || [ "${BASH_REMATCH[1]}" -gt "${BASH_REMATCH[2]}" ]; then
+  echo "gpu_tests.sh: KM_SHARD must be i/n with 1 <= i <= n, got $SHARD" >&2
+  exit 2
+fi
+I=${BASH_REMATCH[1]} N=${BASH_REMATCH[2]}
+PARALLEL=() SERIAL=()
+for ((j = 0; j < ${#JOBS[@]}; j++)); do
+  [ $((j % N + 1)) -eq "$I" ] || continue
+  job=${JOBS[j]}
+  if [[ $ALONE == *" ${job%@*} "* ]]; then SERIAL+=("$job"); else PARALLEL+=("$job"); fi
+done
+
+# One job: pytest on its file (its share of it), under the smaller of its timeout and the time left.
+run_job() {
+  local job=$1 f=${1%@*} part="" b left t
+  [[ $job == *@* ]] && part=${job#*@}
+  b=$(basename "$f" .py)${part:+.${part/\//of}}
+  left=$((DEADLINE - $(date +%s)))
+  t=$((left < ${KM_FILE_TIMEOUT:-500} ? left : ${KM_FILE_TIMEOUT:-500}))
+  if [ "$t" -le 0 ]; then
+    echo "not started: no time left in KM_BUDGET" > "$OUTDIR/tests/$b.log"
+    echo "$b rc 124" >> "$OUTDIR/tests/rc.txt"
+    return
+  fi
+  KM_SPLIT_PART=$part timeout "$t" $PY -m pytest "$f" -q -p no:cacheprovider -o addopts= --tb=short -rfE \
+    --durations=5 > "$OUTDIR/tests/$b.log" 2>&1
+  local rc=$?
+  [ -n "$part" ] && [ $rc = 5 ] && rc=0  # a share with no tests (fewer groups than shares)
+  echo "$b rc $rc" >> "$OUTDIR/tests/rc.txt"
+}
+export -f run_job
+export OUTDIR DEADLINE PY KM_FILE_TIMEOUT
+if [ ${#PARALLEL[@]} -gt 0 ]; then
+  printf '%s\n' "${PARALLEL[@]}" | xargs -P "${KM_JOBS:-16}" -I{} bash -c 'run_job "$1"' _ {}
+fi
+for job in "${SERIAL[@]}"; do run_job "$job"; done
+
+# The summary: one line per job, with the GPU, the commit and the versions first.
+SUMMARY=$OUTDIR/outputs/gpu_tests.txt
+COMMIT=${KM_COMMIT:-$(git rev-parse HEAD 2> /dev/null || echo unknown)}
+DIRTY=${KM_DIRTY:-$([ -n "$(git status --porcelain --untracked-files=no 2> /dev/null)" ] && echo 1 || echo 0)}
+{
+  echo "GPU tests (bash scripts/gpu_tests.sh, REQUIRE_GPU=1), shard $I/$N of ${#JOBS[@]} jobs; commit $COMMIT" \
+    "$([ "$DIRTY" = 1 ] && echo "(uncommitted changes)")"
+  $PY -c "import torch, triton; print(f'{torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"no GPU\"}; '
+f'torch {torch.__version__}, triton {triton.__version__}')" 2>&1 | tail -1
+  echo "started $(date -u -d "@$START" +%Y-%m-%dT%H:%M:%SZ 2> /dev/null || date -u +%Y-%m-%dT%H:%M:%SZ)," \
+    "$(($(date +%s) - START)) s"
+} > "$SUMMARY"
+status=0 failed=()
+for job in "${PARALLEL[@]}" "${SERIAL[@]}"; do
+  f=${job%@*} part=""
+  [[ $job == *@* ]] && part=${job#*@}
+  b=$(basename "$f" .py)${part:+.${part/\//of}}
+  summary=$(grep -E "^[0-9]+ (passed|failed|skipped|deselected)|^=+ .*(passed|failed|error|skipped)" \
+    "$OUTDIR/tests/$b.log" 2> /dev/null | tail -1)
+  [ -n "$summary" ] || summary="no summary (timed out or crashed)"
+  label=$(basename "$f" .py)${part:+[$part]}
+  echo "$label: $summary" >> "$SUMMARY"
+  grep -E "^(FAILED|ERROR)" "$OUTDIR/tests/$b.log" 2> /dev/null | head -5 | sed 's/^/    /' >> "$SUMMARY"
+  if ! grep -q "^$b rc 0$" "$OUTDIR/tests/rc.txt"; then
+    status=1
+    failed+=("$label")
+  fi
+done
+if [ $status = 0 ]; then
+  echo "result: passed (${#PARALLEL[@]} + ${#SERIAL[@]} jobs)" >> "$SUMMARY"
+else
+  echo "result: FAILED: ${failed[*]}" >> "$SUMMARY"
+fi
+cat "$SUMMARY"
+$PY -m snippets.bench.captures record "$SUMMARY" || status=1
 exit $status

@@ -14,7 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--quick", action="store_true", help="headline sizes only, smaller GEMM ceilings")
     b.add_argument("--out", type=Path, help="results file to merge into (default: benchmarks/results/<gpu>.json)")
     r = sub.add_parser("report", help="summarise committed results (no GPU needed)")
-    r.add_argument("--json", action="store_true", help="one JSON record per op and GPU")
+    r.add_argument("--json", action="store_true", help="one JSON record per op and GPU (results), and one per "
+                                                       "stale captured output (stale_captures)")
     r.add_argument("--results", type=Path, help="results folder (default: benchmarks/results)")
     sub.add_parser("list", help="list the registered ops and their implementations")
     e = sub.add_parser("export", help="write one op's kernel as a self-contained module and its test, "
@@ -31,8 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         from snippets.export import main as export_main
         return export_main(args.op, args.version, args.out)
     elif args.cmd == "report":
+        from snippets.bench.captures import stale_captures
         from snippets.bench.report import RESULTS_DIR, print_report, report
-        print_report(report(args.results or RESULTS_DIR), args.json)
+        results = args.results or RESULTS_DIR
+        print_report(report(results), args.json, stale_captures(results))
     else:
         from snippets.registry import load_all
         for name, op in load_all().items():

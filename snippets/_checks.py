@@ -3,6 +3,11 @@
 Kernels do no checking (a bad pointer or size inside a kernel is an illegal memory access or a
 silently wrong answer), so every public function calls these first and raises a ``TypeError`` or
 ``ValueError`` that names the offending argument, its shape and its dtype.
+
+Autograd too: a kernel's output is written outside autograd's graph, so a function with no backward
+calls :func:`refuse_grad` and raises a ``RuntimeError`` on inputs that require grad (with grad mode
+on), and a function with a ``torch.autograd.Function`` asks :func:`wants_grad` whether to go
+through it.
 """
 
 from __future__ import annotations
@@ -65,6 +70,34 @@ def check_tensors(
         if same_shape and t.shape != f.shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)} but {fname} has shape "
                              f"{tuple(f.shape)}")
+
+
+def wants_grad(*tensors: object) -> bool:
+    """True when autograd is recording (``torch.is_grad_enabled()``) and one of ``tensors``
+    requires grad: a call that must go through a ``torch.autograd.Function`` to have gradients.
+    Reads flags on the host only: no device work, no synchronization."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in tensors)
+
+
+FORWARD_ONLY = "is forward-only: an input requires grad and this kernel computes no gradient"
+# what a forward + backward step says: its gradients come from kernels, not from autograd's graph
+GRADS_ONLY = ("returns gradients of its own kernels, which autograd cannot differentiate: an "
+              "input requires grad")
+
+
+def refuse_grad(name: str, *tensors: object, instead: str = "its PyTorch reference",
+                why: str = FORWARD_ONLY) -> None:
+    """Raise before a forward-only kernel launches on inputs that autograd is tracking.
+
+    A kernel launched from Python writes its output outside autograd: the output does not require
+    grad, and a loss built on it backpropagates without an error but without this op's
+    contribution (a weight's ``.grad`` stays None, the gradient of an input is wrong). So a
+    function with no backward refuses such inputs, unless grad mode is off
+    (``torch.no_grad()``, ``torch.inference_mode()``). ``instead`` names what trains."""
+    if wants_grad(*tensors):
+        raise RuntimeError(f"{name} {why}; call it under torch.no_grad(), or use {instead} "
+                           "for training")
 
 
 def triton_device() -> str:

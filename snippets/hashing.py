@@ -84,7 +84,10 @@ def _module_facts(path: Path) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     tree = ast.parse(text)
     # a script block (`if __name__ == "__main__":`) never runs while a result is measured
     tree.body = [n for n in tree.body if not _is_main_block(n)]
-    package = ".".join(path.relative_to(_root_of(path)).with_suffix("").parts)
+    try:
+        package = ".".join(path.relative_to(_root_of(path)).with_suffix("").parts)
+    except ValueError:  # a file outside the package (a capture script, a test): no relative imports to resolve
+        package = path.stem
     if path.name == "__init__.py":
         package = package.rsplit(".", 1)[0] + ".__init__"
     imports: list[str] = []
@@ -102,6 +105,13 @@ def _module_facts(path: Path) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     mods = tuple(sorted({m for m in imports if m == "snippets" or m.startswith("snippets.")}))
     code = _dump(_strip_docstrings(tree))
     return code, mods, tuple(sorted(set(_CUDA_NAME.findall(text))))
+
+
+def imports_of(path: Path) -> tuple[str, ...]:
+    """The ``snippets`` modules a Python file imports (a name imported from a module is listed as ``module.name``
+    too; :func:`closure` drops what is not a module). For a file outside the package, such as a capture script,
+    whose captures depend on the closure of what it imports."""
+    return _module_facts(Path(path).resolve())[1]
 
 
 def _root_of(path: Path) -> Path:

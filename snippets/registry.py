@@ -157,6 +157,10 @@ class Op:
     impls: dict[str, Impl] = field(default_factory=dict)
     sweep_axis: str = "n"
     tolerances: Mapping[torch.dtype, tuple[float, float]] = field(default_factory=dict)
+    # (rtol, atol) at one size, for an op whose error grows with the size (a GEMM's sum over K): the
+    # tests hold each test size to its own tolerance, which ``tolerances`` (the loosest, sized for
+    # the largest benchmark size, used by the harness) would leave far too wide at small sizes.
+    tolerance_at: Callable[[Size, torch.dtype], tuple[float, float]] | None = None
     bench_dtypes: tuple[torch.dtype, ...] | None = None  # dtypes the harness times; None: the first of dtypes
     accesses: Callable[[Size, torch.dtype], int] | None = None  # for a latency: accesses or launches timed
     kind: str = "kernel"  # "kernel": a library baseline v0 is required; "micro": a micro-benchmark, v0 optional
@@ -226,7 +230,11 @@ class Op:
         return self.reference(*(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
                                 for a in args))
 
-    def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+    def tolerance(self, dtype: torch.dtype, size: Size | None = None) -> tuple[float, float]:
+        """(rtol, atol) against the float64 reference: at ``size`` when the op sizes its tolerance
+        (``tolerance_at``), else the op's table for the dtype (or the element-wise default)."""
+        if size is not None and self.tolerance_at is not None:
+            return self.tolerance_at(size, dtype)
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, (1e-5, 1e-5)))
 
 

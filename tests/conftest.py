@@ -3,11 +3,17 @@
 - No CUDA GPU: ``TRITON_INTERPRET=1`` is set before anything imports Triton, so Triton kernels run on the CPU.
 - ``@pytest.mark.gpu`` tests skip with a reason on CPU machines; with ``REQUIRE_GPU=1`` (the GPU runner) a
   missing GPU fails them instead, so a broken runner cannot pass by skipping everything.
+- A version that cannot run here (``Impl.requires``) is skipped through :func:`skip_unavailable`: with
+  ``REQUIRE_GPU=1`` its reason fails the test instead, unless the reason is the GPU itself (a compute
+  capability it lacks), so a library baseline missing on the runner (Liger-Kernel) cannot pass by skipping.
+- ``KM_SPLIT_PART=k/n`` runs the k-th of n shares of the collected tests (scripts/gpu_tests.sh splits the
+  longest files into several processes with it): tests of one op (or one test function) stay together.
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
@@ -32,6 +38,54 @@ def pytest_runtest_setup(item):
         if REQUIRE_GPU:
             pytest.fail("REQUIRE_GPU=1 but torch sees no CUDA GPU")
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+
+
+# A reason that is the GPU itself, which no install on the runner can change (needs_hopper, needs_fp8).
+HARDWARE_REASON = re.compile(r"compute capability", re.IGNORECASE)
+
+
+def skip_unavailable(reason: str) -> None:
+    """Skip a version that cannot run here (``impl.unavailable()``), giving its reason. With ``REQUIRE_GPU=1`` the
+    test fails instead, unless the reason is the GPU's compute capability: on the GPU runner a missing package
+    (Liger-Kernel), a missing GPU or a backend that refuses is a broken runner, not a pass."""
+    if REQUIRE_GPU and not HARDWARE_REASON.search(reason):
+        pytest.fail(f"REQUIRE_GPU=1, and this version cannot run: {reason}")
+    pytest.skip(reason)
+
+
+def _split_group(item) -> str:
+    """The tests that stay in one process when a file is split: an op's cases (its compiled kernels and
+    torch.compile graphs are reused between them), else a test function's cases with the same first parameter."""
+    spec = getattr(item, "callspec", None)
+    name = getattr(item, "originalname", item.name)
+    if spec is None:
+        return name
+    op = spec.params.get("op")
+    if getattr(op, "name", None):
+        return f"op {op.name}"
+    return f"{name}[{spec.id.split('-')[0]}]"
+
+
+def pytest_collection_modifyitems(config, items):
+    split = os.environ.get("KM_SPLIT_PART")
+    if not split:
+        return
+    m = re.fullmatch(r"(\d+)/(\d+)", split)
+    if not m or not 1 <= int(m[1]) <= int(m[2]):
+        raise pytest.UsageError(f"KM_SPLIT_PART must be k/n with 1 <= k <= n, got {split!r}")
+    part, parts = int(m[1]) - 1, int(m[2])
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(_split_group(item), []).append(item)
+    # the largest groups first, each to the share with the fewest tests so far: shares of about equal size
+    load, owner = [0] * parts, {}
+    for key, group in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        k = min(range(parts), key=lambda i: (load[i], i))
+        owner[key] = k
+        load[k] += len(group)
+    keep = [it for it in items if owner[_split_group(it)] == part]
+    config.hook.pytest_deselected(items=[it for it in items if owner[_split_group(it)] != part])
+    items[:] = keep
 
 
 @pytest.fixture

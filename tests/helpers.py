@@ -9,9 +9,10 @@ from snippets.bench.harness import as_tuple
 from snippets.registry import Impl, Op
 
 
-def assert_matches_reference(op: Op, impl: Impl, args: tuple, dtype: torch.dtype):
+def assert_matches_reference(op: Op, impl: Impl, args: tuple, dtype: torch.dtype, size=None):
     """Run ``impl`` on ``args`` and compare with the float64 reference; an op whose reference returns a tuple
-    (a backward pass) is compared part by part. Returns the output."""
+    (a backward pass) is compared part by part, within the op's tolerance at ``size`` (the size ``args`` were
+    made for; a GEMM's tolerance grows with K). Returns the output."""
     # The reference first: some versions (Liger) write their results over their inputs. float64 copies.
     refs = as_tuple(op.reference_fp64(args)) if op.check is None else ()
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -23,7 +24,7 @@ def assert_matches_reference(op: Op, impl: Impl, args: tuple, dtype: torch.dtype
         return out
     outs = as_tuple(out)
     assert len(outs) == len(refs), f"{op.name} {impl.name}: {len(outs)} outputs, reference has {len(refs)}"
-    rtol, atol = op.tolerance(dtype)
+    rtol, atol = op.tolerance(dtype, size)
     for i, (o, ref) in enumerate(zip(outs, refs)):
         ref = ref.to(torch.float64)  # integer references (checksums, indices) compare exactly
         part = f" output {i}" if len(refs) > 1 else ""
@@ -85,3 +86,17 @@ def load_script(name: str):
         sys.modules[key] = module
         spec.loader.exec_module(module)
     return sys.modules[key]
+
+
+def cancelling_operands(m: int, n: int, k: int, dtype: torch.dtype, device: str, offset: float = 400.0,
+                        seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """GEMM operands whose running sums over K are far larger than the product: A = [X, X], B = [Y + offset;
+    Z - Y - offset] (K even, X, Y, Z standard normal), so C = X Z (of size ~sqrt(K/2)) while halfway along K
+    every sum is about offset * sqrt(K/2). A kernel that sums in fp32 keeps C within tolerance_for(K); one
+    that rounds its running sums to fp16 or bf16 (an accumulator of the input dtype) loses about
+    offset * sqrt(K/2) * 2^-11 of it, many times that tolerance."""
+    g = torch.Generator().manual_seed(seed)
+    x, y, z = (torch.randn(r, c, generator=g) for r, c in ((m, k // 2), (k // 2, n), (k // 2, n)))
+    a = torch.cat([x, x], dim=1)
+    b = torch.cat([y + offset, z - y - offset], dim=0)
+    return a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)

@@ -2,8 +2,8 @@
 
 Needs a GPU (the ``gpu`` marker) and ``nvcc``. Each program is built once per test session with
 ``nvcc -std=c++17 -O3 -arch=native -I csrc/common -o <out> <file>.cu``, the reader's command plus the include
-path. With ``KM_OUTPUT_DIR`` set, the output of device_query, hello and vector_add_main is also saved there, so a
-GPU run leaves the real numbers behind for the book to quote.
+path. With ``KM_OUTPUT_DIR`` set, the output of device_query, hello and vector_add_main is also saved there (with
+its record, NAME.meta.json), so a GPU run leaves the real numbers behind for the book to quote.
 """
 
 from __future__ import annotations
@@ -59,10 +59,15 @@ def run(exe: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def save_output(name: str, text: str) -> None:
+    """With KM_OUTPUT_DIR set, write the program's output there, with its record (NAME.meta.json: the hash of
+    the code that produced it, this file and the program's source; snippets.bench.captures)."""
     out_dir = os.environ.get("KM_OUTPUT_DIR")
     if out_dir:
+        from snippets.bench.captures import record
+
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / name).write_text(text)
+        record(Path(out_dir) / name)
 
 
 HELLO_RE = re.compile(r"Hello from block (\d+), thread (\d+)")

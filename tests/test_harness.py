@@ -203,8 +203,9 @@ def test_report_cli_json_runs_without_gpu(tmp_path):
     fake_results(tmp_path)
     out = subprocess.run([sys.executable, "-m", "snippets", "report", "--json", "--results", str(tmp_path)],
                          capture_output=True, text=True, cwd=REPO_ROOT, check=True)
-    recs = json.loads(out.stdout)
-    assert {r["op"] for r in recs} == set(OPS)
+    data = json.loads(out.stdout)
+    assert {r["op"] for r in data["results"]} == set(OPS)
+    assert data["stale_captures"] == []  # no outputs/ in this results folder
 
 
 def test_bench_without_gpu_says_why(monkeypatch):

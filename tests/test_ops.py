@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import HAS_GPU
+from conftest import HAS_GPU, skip_unavailable
 from helpers import assert_matches_reference
 from snippets.registry import load_all, size_key
 
@@ -31,11 +31,11 @@ for op in load_all().values():
 def test_matches_reference(op, impl, dtype, size):
     reason = impl.unavailable()
     if reason:
-        pytest.skip(f"{op.name} {impl.name}: {reason}")
+        skip_unavailable(f"{op.name} {impl.name}: {reason}")  # REQUIRE_GPU=1: a failure, unless it is the GPU
     run_on = "cuda" if HAS_GPU and impl.runs_on("cuda") else "cpu"
     gen = torch.Generator().manual_seed(1234)
     args = op.make_inputs(size, dtype, impl.input_device(run_on), gen)
-    assert_matches_reference(op, impl, args, dtype)
+    assert_matches_reference(op, impl, args, dtype, size)
 
 
 def test_every_op_has_cases():

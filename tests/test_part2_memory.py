@@ -125,6 +125,9 @@ def test_host_link_ceiling_measures_something():
 
 @pytest.mark.gpu
 def test_footprint_sees_a_temporary_and_the_cache():
+    """torch's view (allocated, reserved) is this process's own; the driver's (free memory) counts every process on
+    the GPU, so the driver-side checks hold only while no other process allocates or frees: scripts/gpu_tests.sh
+    runs this file alone, after the files it runs in parallel (KM_ALONE)."""
     nbytes = 256 * MiB
     torch.cuda.empty_cache()
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from helpers import load_script
+from snippets.bench import captures
 from snippets.part3 import profiling as pf
 from snippets.registry import get_op
 
@@ -318,7 +319,12 @@ def test_capture_script_plumbing(tmp_path):
     names = pf.available_targets()
     expected = {"torch_profiler.txt", "ncu_summary.txt", "sanitizer_memcheck.txt", "sanitizer_racecheck.txt",
                 *(f"ncu_{n}.txt" for n in names)}
-    assert {p.name for p in out.iterdir()} == expected
+    # each with its record: the hash of the code that produced it (snippets.bench.captures)
+    assert {p.name for p in out.iterdir()} == expected | {f"{n[:-4]}.meta.json" for n in expected}
+    for name in expected:
+        meta = json.loads((out / f"{name[:-4]}.meta.json").read_text())
+        assert meta["file"] == name and meta["source_hash"] == captures.capture_hash(name[:-4], meta["params"])
+        assert captures.status(out / name).fresh
     report = (out / "ncu_scan_v5.txt").read_text()
     assert "$ ncu --clock-control none --kernel-name-base demangled --kernel-name 'regex:^scan_lookback_f32'" in report
     assert "--launch-skip 1 --launch-count 1" in report and "--section WarpStateStats" in report
@@ -335,8 +341,13 @@ def test_capture_script_takes_some_steps_and_targets(tmp_path):
     """KM_PROFILE_STEPS, KM_NCU_TARGETS and KM_NCU_SUMMARY: only the named targets, under the named summary."""
     out = _run_capture_script(tmp_path, {"ncu": FAKE_NCU}, KM_PROFILE_STEPS="ncu",
                               KM_NCU_TARGETS="scan_v5 rope_v3", KM_NCU_SUMMARY="ncu_summary_some")
-    assert {p.name for p in out.iterdir()} == {"ncu_scan_v5.txt", "ncu_rope_v3.txt", "ncu_summary_some.txt"}
+    files = {"ncu_scan_v5.txt", "ncu_rope_v3.txt", "ncu_summary_some.txt"}
+    assert {p.name for p in out.iterdir()} == files | {f"{n[:-4]}.meta.json" for n in files}
     assert len((out / "ncu_summary_some.txt").read_text().splitlines()) == 2 + 3 * 2
+    # the summary's record names its targets: its hash covers those two versions, not every target's
+    meta = json.loads((out / "ncu_summary_some.meta.json").read_text())
+    assert meta["params"] == {"targets": "scan_v5 rope_v3"}
+    assert meta["source_hash"] != captures.capture_hash("ncu_summary")
 
 
 # ---------------------------------------------------------------- the planted bugs

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import poison_allocator
+from helpers import cancelling_operands
 from snippets._checks import triton_interpreting
 from snippets.common import gemm
 from snippets.part3 import sgemm
@@ -204,6 +205,15 @@ def test_triton_fp16_any_shape(device, m, n, k):
     a, b = _operands(m, n, k, device, torch.float16, seed=_seed(m, n, k))
     poison_allocator(m * n * 2, device)
     _check(w.wmma_triton(a, b), a, b, f"v4 fp16 {m}x{n}x{k}")
+
+
+@pytest.mark.op("wmma_gemm")
+def test_triton_sums_in_fp32(device):
+    """Running sums far larger than C (helpers.cancelling_operands), over two K steps of 64: an fp16
+    accumulator loses C by far more than tolerance_for(K)."""
+    a, b = cancelling_operands(16, 24, 128, torch.float16, device)
+    poison_allocator(16 * 24 * 2, device)
+    _check(w.wmma_triton(a, b), a, b, "v4 fp16 cancelling sums")
 
 
 @pytest.mark.op("tf32_gemm")

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from conftest import DEVICE, HAS_GPU, poison_allocator
-from helpers import compile_script_results
+from helpers import cancelling_operands, compile_script_results
 from snippets._checks import triton_interpreting
 from snippets.common import gemm
 from snippets.part4 import matmul as mm
@@ -164,6 +164,16 @@ def test_tiled_versions_take_any_strides(version):
     b = torch.cat([b_t, b_t], dim=1)[:, ::2]              # every other column: stride 2 along N
     assert not a.is_contiguous() and b.stride(1) == 2
     _check(TILED[version](a, b), a, b, f"{version} strided")
+
+
+@pytest.mark.op("matmul")
+@pytest.mark.parametrize("version", [*sorted(TILED), "v4"])
+def test_sums_are_fp32_not_the_input_dtype(version):
+    """Running sums far larger than C (helpers.cancelling_operands): an accumulator of the input dtype
+    loses C by far more than tolerance_for(K), which ordinary random operands at test sizes never show."""
+    a, b = cancelling_operands(16, 24, 128, HALF, DEVICE)
+    _poison(16, 24)
+    _check({**TILED, "v4": mm.matmul_persistent}[version](a, b), a, b, f"{version} cancelling sums")
 
 
 @pytest.mark.op("matmul")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import snippets._checks as checks
-from conftest import DEVICE, poison_allocator
+from conftest import DEVICE, poison_allocator, skip_unavailable
 from helpers import assert_close_within, compile_script_results
 from snippets.part4.softmax import online_softmax_numpy
 from snippets.part5 import flash_attention as fa
@@ -405,7 +405,7 @@ def test_gpu_versions_at_a_benchmark_shape(version):
     op = get_op("flash_attention_fwd")
     impl = op.impls[version]
     if impl.unavailable():
-        pytest.skip(impl.unavailable())
+        skip_unavailable(impl.unavailable())
     size = {"b": 2, "h": 8, "s": 1024, "d": 128, "causal": True}
     args = op.make_inputs(size, torch.bfloat16, "cuda", torch.Generator().manual_seed(0))
     _assert_close(impl.fn(*args), op.reference_fp64(args), torch.bfloat16, f"{version} o")
@@ -420,7 +420,7 @@ def test_gpu_backward_versions_time_only_the_backward(version):
     op = get_op("flash_attention_bwd")
     impl = op.impls[version]
     if impl.unavailable():
-        pytest.skip(impl.unavailable())
+        skip_unavailable(impl.unavailable())
     args = op.make_inputs({"b": 1, "h": 4, "s": 512, "d": 128, "causal": False}, torch.bfloat16, "cuda",
                           torch.Generator().manual_seed(0))
     first = impl.fn(*args)

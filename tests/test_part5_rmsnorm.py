@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import snippets._checks as checks
-from conftest import DEVICE, poison_allocator
+from conftest import DEVICE, poison_allocator, skip_unavailable
 from helpers import assert_close_within
 from snippets.part5 import rmsnorm as rn
 
@@ -293,7 +293,7 @@ def test_gpu_fwd_bwd_peak_memory():
 def test_gpu_liger_in_place_backward():
     """Liger-Kernel writes dx over dy: checked against a reference taken before the call."""
     if rn.liger_missing():
-        pytest.skip(rn.liger_missing())
+        skip_unavailable(rn.liger_missing())
     x, w, dy = _inputs(257, 4096, torch.bfloat16, "cuda", seed=5)
     refs = rn.rmsnorm_fwd_bwd_ref(x.double(), w.double(), dy.double())
     _assert_close(rn.rmsnorm_liger(x, w), rn.rmsnorm_ref(x.double(), w.double()), torch.bfloat16, "liger y")

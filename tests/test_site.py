@@ -325,6 +325,18 @@ def test_goal_verdicts_from_the_results(tmp_path):
     assert rows[3].endswith("**met** |") and rows[4].endswith("**not met** |")
 
 
+def test_goal_of_the_books_best_version(tmp_path):
+    # version k takes 1 / (k + 1) ms: the last book version is the fastest; a library version never counts
+    fake_results(tmp_path, "reduce_sum")
+    op = OPS["reduce_sum"]
+    book = [v for v, impl in op.impls.items() if impl.origin == "book"]
+    fastest = max(book, key=lambda v: int(v[1:]))
+    md = site.render_page("<!-- bench:goal reduce_sum best v0:2 ceiling:0.000001 -->\n", "p.md", tmp_path)
+    rows = [line for line in md.splitlines() if line.startswith("| the book's best version")]
+    assert len(rows) == 2, md
+    assert all(f"| {fastest}: " in r for r in rows) and rows[0].endswith("**met** |"), rows
+
+
 def test_goal_marks_stale_and_unmeasured_terms(tmp_path):
     fake_results(tmp_path, "reduce_sum", stale=("v0",))
     md = site.render_page("<!-- bench:goal reduce_sum v3 v0:1 v1:1 memory-v1:1 -->\n", "p.md", tmp_path)

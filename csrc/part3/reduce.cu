@@ -64,7 +64,8 @@ extern "C" __global__ void reduce_v2(const float* x, float* partial, long long n
         // the same additions as v1, done by threads 0, 1, 2, ... (whole warps)
         unsigned index = 2 * s * tid;
         if (index < BLOCK) {
-            // words 2s apart: a 2s-way bank conflict (up to 32-way)
+            // words 2s apart: a 2s-way bank conflict, capped by the active threads
+            // (256 / 2s of them): 2, 4, 8, 8, 8, 4, 2, 1-way over the eight steps
             sdata[index] += sdata[index + s];
         }
         __syncthreads();

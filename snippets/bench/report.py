@@ -5,7 +5,9 @@ record names the fastest of the book's own versions (``best_*``) and, apart, the
 (``library_*``: torch, torch.compile, cuBLAS/cuDNN, Liger-Kernel), so a library's result is never credited to
 the book. A
 measurement is *fresh* when every implementation the registry declares has a headline result whose source hash
-equals the hash of its current source; otherwise the docs show it as stale.
+equals the hash of its current source; otherwise the docs show it as stale. Captured outputs (program outputs,
+profiler and Nsight Compute reports, traces, sweeps) are listed apart when they are stale or have no record of
+the code that produced them (snippets.bench.captures).
 """
 
 from __future__ import annotations
@@ -86,9 +88,12 @@ def report(results_dir: Path = RESULTS_DIR) -> list[dict[str, Any]]:
     return records
 
 
-def print_report(records: list[dict], as_json: bool) -> None:
+def print_report(records: list[dict], as_json: bool, captures: list[dict] | None = None) -> None:
+    """The records as a table, or as JSON: ``{"results": records, "stale_captures": captures}``. ``captures``
+    are the captured outputs that are stale or have no provenance (snippets.bench.captures.stale_captures)."""
+    captures = captures or []
     if as_json:
-        print(json.dumps(records, indent=1))
+        print(json.dumps({"results": records, "stale_captures": captures}, indent=1))
         return
     from rich.console import Console
     from rich.table import Table
@@ -104,3 +109,10 @@ def print_report(records: list[dict], as_json: bool) -> None:
         table.add_row(str(r["part"]), r["op"], r["device"] or "not measured", best, rate, frac, sp,
                       "yes" if r["fresh"] else "[red]stale[/]")
     Console().print(table)
+    if captures:
+        stale = Table(title="Captured outputs that are stale or have no provenance")
+        for col in ("GPU", "file", "state", "why"):
+            stale.add_column(col)
+        for c in captures:
+            stale.add_row(c["gpu"], c["file"], f"[red]{c['state']}[/]", c["why"])
+        Console().print(stale)

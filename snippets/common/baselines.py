@@ -85,9 +85,11 @@ def grads_through(forward: Callable, leaves: tuple[torch.Tensor, ...],
     ``forward(*leaves)``, then ``torch.autograd.grad`` with ``grad_out`` as the incoming gradient
     (a tuple for a forward with several outputs; None for a scalar loss). Returns the leaves'
     gradients, preceded by the detached output if ``with_output``. Arguments that are not leaves
-    (a frozen weight, targets) go in through a closure: ``lambda x: f(x, w, targets)``."""
+    (a frozen weight, targets) go in through a closure: ``lambda x: f(x, w, targets)``. Grad mode
+    is on inside, so a step called under ``torch.no_grad()`` still records its forward."""
     leaves = tuple(t.detach().requires_grad_() for t in leaves)
-    out = forward(*leaves)
-    grads = torch.autograd.grad(out, leaves, grad_out)
+    with torch.enable_grad():
+        out = forward(*leaves)
+        grads = torch.autograd.grad(out, leaves, grad_out)
     return (out.detach(), *grads) if with_output else grads
 # --8<-- [end:grads_through]

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from snippets._checks import check_int, check_scalar, check_tensors, triton_device
+from snippets._checks import check_int, check_scalar, check_tensors, refuse_grad, triton_device
 
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Triton passes a Python int as int32 or int64; the generator's key is its 64 bits
@@ -153,6 +153,7 @@ def dropout_kernel(x_ptr, y_ptr, mask_ptr, n, p, scale, seed, BLOCK: tl.constexp
 def seeded_dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     """v2: y = x * keep / (1 - p), keep regenerated from (seed, element index): no mask. Called on
     dy with the same seed, it is also the backward."""
+    refuse_grad("seeded_dropout", x, instead="SeededDropout.apply")
     p, scale, seed = check_dropout_args(x, p, seed)
     y, n = torch.empty_like(x), x.numel()
     if n:

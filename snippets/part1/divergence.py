@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import check_tensors, refuse_grad, triton_device
 from snippets.registry import Impl, Op, register
 
 CU_FILE = "part1/divergence.cu"
@@ -76,6 +76,7 @@ def two_paths_torch(x: torch.Tensor, take_a: torch.Tensor) -> torch.Tensor:
 
 def two_paths_cuda(x: torch.Tensor, take_a: torch.Tensor) -> torch.Tensor:
     """v1: one thread per element, a real branch: divergence depends on the flags' layout."""
+    refuse_grad("two_paths_cuda", x)
     cuda.require_gpu()
     _check(x, take_a, "cuda")
     out = torch.empty_like(x)
@@ -102,6 +103,7 @@ def _two_paths_kernel(x_ptr, flag_ptr, out_ptr, n, ITERS: tl.constexpr, BLOCK: t
 
 def two_paths_triton(x: torch.Tensor, take_a: torch.Tensor) -> torch.Tensor:
     """v2: Triton; both paths for every element, then a select, whatever the flags."""
+    refuse_grad("two_paths_triton", x)
     _check(x, take_a, triton_device())
     out = torch.empty_like(x)
     n = x.numel()

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_scalar, check_tensors, triton_device
+from snippets._checks import check_scalar, check_tensors, refuse_grad, triton_device
 from snippets.registry import Impl, Op, register
 
 CU_FILE = "part1/elementwise.cu"
@@ -81,6 +81,7 @@ def _add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 def add_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """v4: x + y with a Triton kernel, for float32/float16/bfloat16 tensors of one shape."""
+    refuse_grad("add_triton", x, y, instead="x + y")
     check_tensors(("x", "y"), (x, y), dtypes=FLOAT_TYPES, device=triton_device(), allow_empty=False)
     out = torch.empty_like(x)
     n = x.numel()
@@ -112,6 +113,7 @@ def _map_kernel(x_ptr, y_ptr, out_ptr, n, alpha, OP: tl.constexpr, BLOCK: tl.con
 
 def _map_triton(op: str, x: torch.Tensor, y: torch.Tensor | None, alpha: float) -> torch.Tensor:
     tensors = (x,) if y is None else (x, y)
+    refuse_grad(f"{op}_triton", *tensors)
     check_tensors(("x", "y")[: len(tensors)], tensors, dtypes=FLOAT_TYPES, device=triton_device(),
                   allow_empty=False)
     out = torch.empty_like(x)
@@ -178,18 +180,21 @@ def _check_cuda(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> to
 
 def add_cuda_naive(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """v1: one thread per element."""
+    refuse_grad("add_cuda_naive", x, y, instead="x + y")
     out = _check_cuda(("x", "y"), (x, y))
     return _launch_elementwise("vector_add_v1", False, 1, (x, y, out))
 
 
 def add_cuda_grid_stride(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """v2: like v1, but one GPU-filling wave of blocks strides over the array."""
+    refuse_grad("add_cuda_grid_stride", x, y, instead="x + y")
     out = _check_cuda(("x", "y"), (x, y))
     return _launch_elementwise("vector_add_v2", True, 1, (x, y, out))
 
 
 def add_cuda_vec4(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """v3: like v2, but float4 (16-byte) loads and stores; falls back to v2 for unaligned views."""
+    refuse_grad("add_cuda_vec4", x, y, instead="x + y")
     out = _check_cuda(("x", "y"), (x, y))
     if not _aligned16(x, y, out):
         return _launch_elementwise("vector_add_v2", True, 1, (x, y, out))
@@ -199,6 +204,7 @@ def add_cuda_vec4(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def add_cuda_vec4_unrolled(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """v5: like v3, but 4 float4 loads per array in flight per thread; falls back to v2 for
     unaligned views."""
+    refuse_grad("add_cuda_vec4_unrolled", x, y, instead="x + y")
     out = _check_cuda(("x", "y"), (x, y))
     if not _aligned16(x, y, out):
         return _launch_elementwise("vector_add_v2", True, 1, (x, y, out))
@@ -217,16 +223,19 @@ def _map_cuda(name: str, tensors: tuple[torch.Tensor, ...], scalars: tuple = ())
 
 def scale_cuda(x: torch.Tensor, alpha: float) -> torch.Tensor:
     """v1: alpha * x, the v5 pattern of vector_add."""
+    refuse_grad("scale_cuda", x)
     return _map_cuda("scale_vec4", (x,), (np.float32(check_scalar("alpha", alpha)),))
 
 
 def relu_cuda(x: torch.Tensor) -> torch.Tensor:
     """v1: max(x, 0), the v5 pattern of vector_add."""
+    refuse_grad("relu_cuda", x)
     return _map_cuda("relu_vec4", (x,))
 
 
 def saxpy_cuda(alpha: float, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """v1: alpha * x + y, the v5 pattern of vector_add (one fused multiply-add per element)."""
+    refuse_grad("saxpy_cuda", x, y)
     return _map_cuda("saxpy_vec4", (x, y), (np.float32(check_scalar("alpha", alpha)),))
 
 

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_int as _int, check_tensors, triton_device
+from snippets._checks import check_int as _int, check_tensors, refuse_grad, triton_device
 from snippets.registry import Impl, Op, register
 
 CU_FILE = "part2/coalescing.cu"
@@ -106,6 +106,7 @@ def strided_copy_triton(x: torch.Tensor, n: int, stride: int = 1, offset: int = 
     """v3: like v1, but in Triton, one program per 4096 outputs; the compiler picks the load width
     itself. The offset is folded into the pointer (``x[offset:]``), so the launch sees the real
     alignment of the first element read."""
+    refuse_grad("strided_copy_triton", x, instead="x[offset::stride][:n]")
     n, stride, offset = _check(x, n, stride, offset, triton_device())
     out = torch.empty(n, device=x.device, dtype=x.dtype)
     _strided_copy_kernel[(triton.cdiv(n, BLOCK),)](x[offset:], out, n, stride, BLOCK=BLOCK,
@@ -146,6 +147,7 @@ def _launch(x: torch.Tensor, n: int, stride: int, offset: int, vec4: bool) -> to
 
 def strided_copy_cuda(x: torch.Tensor, n: int, stride: int = 1, offset: int = 0) -> torch.Tensor:
     """v1: one thread per output element, a 4-byte load and a 4-byte store each."""
+    refuse_grad("strided_copy_cuda", x, instead="x[offset::stride][:n]")
     n, stride, offset = _check(x, n, stride, offset, "cuda")
     return _launch(x, n, stride, offset, vec4=False)
 
@@ -154,6 +156,7 @@ def strided_copy_cuda_vec4(x: torch.Tensor, n: int, stride: int = 1,
                            offset: int = 0) -> torch.Tensor:
     """v2: like v1, but 16-byte float4 loads and stores for a dense, aligned copy (stride 1 and x +
     offset on a 16-byte boundary); any other stride or offset runs v1's kernel."""
+    refuse_grad("strided_copy_cuda_vec4", x, instead="x[offset::stride][:n]")
     n, stride, offset = _check(x, n, stride, offset, "cuda")
     return _launch(x, n, stride, offset, vec4=True)
 

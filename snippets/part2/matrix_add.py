@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import check_tensors, refuse_grad, triton_device
 from snippets.registry import Impl, Op, device_generator, register
 
 CU_FILE = "part2/matrix_add.cu"
@@ -95,6 +95,7 @@ def _matrix_add_kernel(x_ptr, y_ptr, out_ptr, m, n, stride_xm, stride_ym, stride
 
 def matrix_add_triton(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """v3: a 2-D grid of 2-D blocks; float32/float16/bfloat16, rows of each input at any spacing."""
+    refuse_grad("matrix_add_triton", x, y, instead="x + y")
     m, n = _check_matrices(x, y, FLOAT_TYPES, triton_device())
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(n, BLOCK_N), min(triton.cdiv(m, BLOCK_M), MAX_GRID_Y))
@@ -133,6 +134,7 @@ def _launch_matrix_add(name: str, threads_along_rows: bool, x: torch.Tensor, y: 
 def matrix_add_cuda(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """v1: a 2-D grid, threadIdx.x along a row: each warp reads 32 consecutive floats of x and
     of y."""
+    refuse_grad("matrix_add_cuda", x, y, instead="x + y")
     return _launch_matrix_add("matrix_add_v1", False, x, y)
 
 
@@ -140,6 +142,7 @@ def matrix_add_cuda_column_major(x: torch.Tensor, y: torch.Tensor) -> torch.Tens
     """v2: like v1 with threadIdx.x and threadIdx.y swapped over the matrix: each warp touches one
     float in each of 32 rows. Same arithmetic and block shape; only the memory access
     pattern differs."""
+    refuse_grad("matrix_add_cuda_column_major", x, y, instead="x + y")
     return _launch_matrix_add("matrix_add_v2", True, x, y)
 
 
@@ -147,6 +150,7 @@ def matrix_add_cuda_vec4(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """v4: like v1, but 4 columns per thread with 16-byte accesses and 64 x 4 blocks, so each warp
     reads 512 contiguous bytes of a row. Rows that are not 16-byte aligned (n or a leading dimension
     not a multiple of 4, or an offset view) take v1 instead."""
+    refuse_grad("matrix_add_cuda_vec4", x, y, instead="x + y")
     cuda.require_gpu()
     _, n = _check_matrices(x, y, (torch.float32,), "cuda")  # validate before looking at strides
     aligned = n % 4 == 0 and all(t.stride(0) % 4 == 0 and t.data_ptr() % 16 == 0 for t in (x, y))

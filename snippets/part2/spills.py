@@ -27,7 +27,7 @@ import torch
 import triton
 
 from snippets import cuda
-from snippets._checks import check_tensors
+from snippets._checks import check_tensors, refuse_grad
 from snippets.registry import Impl, Op, register
 
 CU_FILE = "part2/spill.cu"
@@ -75,6 +75,7 @@ def _launch_chain(variant: str, x: torch.Tensor, slots: int, *scalars) -> torch.
 
 def chain_sum_registers(x: torch.Tensor, slots: int) -> torch.Tensor:
     """v1: the array in registers (every index known at compile time)."""
+    refuse_grad("chain_sum_registers", x, instead="chain_sum_ref")
     _check(x, slots)
     return _launch_chain("registers", x, slots)
 
@@ -84,6 +85,7 @@ def chain_sum_local(x: torch.Tensor, slots: int, step: int = STEP,
     """v2: like v1, but the sum's order is ``(k * step + offset) % slots``, known only at run time,
     so the array is in local memory. ``step`` must be odd (then the order visits every slot once:
     a permutation)."""
+    refuse_grad("chain_sum_local", x, instead="chain_sum_ref")
     _check(x, slots)
     for name, v in (("step", step), ("offset", offset)):
         if isinstance(v, bool) or not isinstance(v, int):
@@ -99,6 +101,7 @@ def chain_sum_bounded(x: torch.Tensor, slots: int) -> torch.Tensor:
     """v3: v1's code compiled under ``__launch_bounds__(256, 8)``: at most 32 registers per thread,
     so 8 blocks of 256 threads fit an SM; what does not fit in 32 registers is spilled to
     local memory."""
+    refuse_grad("chain_sum_bounded", x, instead="chain_sum_ref")
     _check(x, slots)
     return _launch_chain("bounded", x, slots)
 

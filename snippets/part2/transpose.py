@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import check_tensors, refuse_grad, triton_device
 from snippets.registry import Impl, Op, device_generator, register
 
 CU_FILE = "part2/transpose.cu"
@@ -121,42 +121,49 @@ def _launch_transpose(x: torch.Tensor, cfg: TransposeConfig) -> torch.Tensor:
 def transpose_naive(x: torch.Tensor) -> torch.Tensor:
     """v1: one thread per element, threadIdx.x along a row of x: reads coalesced, writes 4 * m
     bytes apart."""
+    refuse_grad("transpose_naive", x, instead="x.t().contiguous()")
     return _launch_transpose(x, CONFIGS["v1"])
 
 
 def transpose_naive_rows(x: torch.Tensor) -> torch.Tensor:
     """v2: like v1 with threadIdx.x down a column of x: writes coalesced, reads 4 * n bytes apart.
     Whichever index the warp runs along, one side of a transpose is strided."""
+    refuse_grad("transpose_naive_rows", x, instead="x.t().contiguous()")
     return _launch_transpose(x, CONFIGS["v2"])
 
 
 def transpose_smem(x: torch.Tensor) -> torch.Tensor:
     """v3: like v1, but a 32 x 32 tile is staged in shared memory so that the write is coalesced
     too; the column read of the [32][32] tile hits one bank 32 times."""
+    refuse_grad("transpose_smem", x, instead="x.t().contiguous()")
     return _launch_transpose(x, CONFIGS["v3"])
 
 
 def transpose_smem_padded(x: torch.Tensor) -> torch.Tensor:
     """v4: like v3 with rows of 33 floats in shared memory: a column read now hits 32
     different banks."""
+    refuse_grad("transpose_smem_padded", x, instead="x.t().contiguous()")
     return _launch_transpose(x, CONFIGS["v4"])
 
 
 def transpose_smem_swizzled(x: torch.Tensor) -> torch.Tensor:
     """v5: like v3, but column c of tile row r is stored at column c ^ r: no conflicts, and
     no padding."""
+    refuse_grad("transpose_smem_swizzled", x, instead="x.t().contiguous()")
     return _launch_transpose(x, CONFIGS["v5"])
 
 
 def transpose_smem_4_per_thread(x: torch.Tensor) -> torch.Tensor:
     """v6: like v4 with 32 x 8 threads per 32 x 32 tile: 4 elements per thread, so the index math is
     shared by 4 elements and each thread has 4 loads in flight before the barrier."""
+    refuse_grad("transpose_smem_4_per_thread", x, instead="x.t().contiguous()")
     return _launch_transpose(x, CONFIGS["v6"])
 
 
 def transpose_vec4(x: torch.Tensor) -> torch.Tensor:
     """v7: like v6 with 16-byte float4 loads and stores, 8 x 8 threads per tile, 16 elements per
     thread. Falls back to v6 when a dimension is not a multiple of 4 or x is not 16-byte aligned."""
+    refuse_grad("transpose_vec4", x, instead="x.t().contiguous()")
     cuda.require_gpu()
     # refuse bad input before looking at its shape or address
     _check_matrix(x, (torch.float32,), "cuda")
@@ -193,6 +200,7 @@ def _transpose_kernel(x_ptr, out_ptr, m, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 def transpose_triton(x: torch.Tensor) -> torch.Tensor:
     """v8: Triton; contiguous float32/float16/bfloat16 matrices."""
+    refuse_grad("transpose_triton", x, instead="x.t().contiguous()")
     m, n = _check_matrix(x, FLOAT_TYPES, triton_device())
     out = torch.empty((n, m), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N),)

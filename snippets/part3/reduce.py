@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import check_tensors, refuse_grad, triton_device
 from snippets.registry import Impl, Op, device_generator, register
 
 CU_FILE = "part3/reduce.cu"
@@ -149,6 +149,7 @@ def _launch_reduce(x: torch.Tensor, cfg: ReduceConfig) -> torch.Tensor:
 def reduce_interleaved_divergent(x: torch.Tensor) -> torch.Tensor:
     """v1: a tree in shared memory; at step s, threads whose index is a multiple of 2s add the
     element s away. The active threads are spread over every warp, so every warp diverges."""
+    refuse_grad("reduce_interleaved_divergent", x, instead="torch.sum")
     return _launch_reduce(x, CONFIGS["v1"])
 
 
@@ -156,30 +157,35 @@ def reduce_interleaved(x: torch.Tensor) -> torch.Tensor:
     """v2: like v1, but thread t does the addition at index 2*s*t, so the active threads are the
     first ones: whole warps idle instead of diverging. The accesses 2s words apart are
     bank conflicts."""
+    refuse_grad("reduce_interleaved", x, instead="torch.sum")
     return _launch_reduce(x, CONFIGS["v2"])
 
 
 def reduce_sequential(x: torch.Tensor) -> torch.Tensor:
     """v3: like v2, but the upper half is folded onto the lower half (s = BLOCK/2 down to 1):
     consecutive threads read consecutive words, so no bank conflicts."""
+    refuse_grad("reduce_sequential", x, instead="torch.sum")
     return _launch_reduce(x, CONFIGS["v3"])
 
 
 def reduce_first_add_on_load(x: torch.Tensor) -> torch.Tensor:
     """v4: like v3, but each thread adds two elements while loading: half the blocks, and no thread
     of the first step sits idle."""
+    refuse_grad("reduce_first_add_on_load", x, instead="torch.sum")
     return _launch_reduce(x, CONFIGS["v4"])
 
 
 def reduce_unrolled_warp(x: torch.Tensor) -> torch.Tensor:
     """v5: like v4, but once one warp is left its six steps run without block barriers (volatile
     shared memory, __syncwarp between read and write)."""
+    refuse_grad("reduce_unrolled_warp", x, instead="torch.sum")
     return _launch_reduce(x, CONFIGS["v5"])
 
 
 def reduce_shuffle(x: torch.Tensor) -> torch.Tensor:
     """v6: like v4, but each warp reduces in registers with __shfl_down_sync and only the 8 warp
     sums go through shared memory: one barrier instead of eight."""
+    refuse_grad("reduce_shuffle", x, instead="torch.sum")
     return _launch_reduce(x, CONFIGS["v6"])
 
 
@@ -187,12 +193,14 @@ def reduce_vec4_atomic(x: torch.Tensor) -> torch.Tensor:
     """v7: like v6, but one wave of blocks strides over x with float4 loads (4 in flight per thread)
     and each block adds its sum to the output with one atomicAdd: one launch, one pass. The order of
     the atomics varies, so the last bits of the result can differ between runs."""
+    refuse_grad("reduce_vec4_atomic", x, instead="torch.sum")
     return _launch_reduce(x, CONFIGS["v7"])
 
 
 def reduce_cg(x: torch.Tensor) -> torch.Tensor:
     """v7 with its warp reduce written with cooperative groups (cg::tiled_partition<32>,
     cg::reduce); shown in the warp-primitives chapter, tested, not benchmarked."""
+    refuse_grad("reduce_cg", x, instead="torch.sum")
     return _launch_reduce(x, CONFIGS["cg"])
 
 
@@ -222,6 +230,7 @@ def reduce_sum_triton(x: torch.Tensor) -> torch.Tensor:
     """v8: one program per BLOCK elements writes its block's sum; the same kernel then sums the
     partial sums, until one is left (2^28 -> 65536 -> 16 -> 1). float32/float16/bfloat16 in, a 0-d
     float32 tensor out. No atomics: the same input gives the same bits every time."""
+    refuse_grad("reduce_sum_triton", x, instead="torch.sum")
     n = _check_vector(x, FLOAT_TYPES, triton_device())
     src = x
     while True:

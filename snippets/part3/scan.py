@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import check_tensors, refuse_grad, triton_device
 from snippets.registry import Impl, Op, register
 
 CU_FILE = "part3/scan.cu"
@@ -107,6 +107,7 @@ def _scan_three_phase(x: torch.Tensor, out: torch.Tensor, tile_kernel: str,
 def scan_kogge_stone(x: torch.Tensor) -> torch.Tensor:
     """v1: Kogge-Stone tiles of 1024 elements (one per thread) in the three-phase
     device-wide scheme."""
+    refuse_grad("scan_kogge_stone", x, instead="torch.cumsum")
     cuda.require_gpu()
     _check(x, "cuda")
     return _scan_three_phase(x, torch.empty_like(x), "scan_tiles_ks", TILE)
@@ -115,6 +116,7 @@ def scan_kogge_stone(x: torch.Tensor) -> torch.Tensor:
 def scan_brent_kung(x: torch.Tensor) -> torch.Tensor:
     """v2: like v1, but Brent-Kung tiles (512 threads, two elements each): linear work instead of n
     log n."""
+    refuse_grad("scan_brent_kung", x, instead="torch.cumsum")
     cuda.require_gpu()
     _check(x, "cuda")
     return _scan_three_phase(x, torch.empty_like(x), "scan_tiles_bk", TILE // 2)
@@ -124,6 +126,7 @@ def scan_brent_kung(x: torch.Tensor) -> torch.Tensor:
 def scan_reduce_then_scan(x: torch.Tensor) -> torch.Tensor:
     """v3: like v1's three phases, but 16 elements per thread in registers and the first pass only
     sums each tile: no tile is written twice, and the tile sums fit one block's scan at any n."""
+    refuse_grad("scan_reduce_then_scan", x, instead="torch.cumsum")
     cuda.require_gpu()
     _check(x, "cuda")
     n = x.numel()
@@ -155,6 +158,7 @@ def scan_lookback(x: torch.Tensor) -> torch.Tensor:
     """v5: like v3, but one pass: each tile publishes its sum, then its inclusive prefix, in a
     zeroed status array, and finds its offset by looking back at its predecessors, one at a time. x
     is read once."""
+    refuse_grad("scan_lookback", x, instead="torch.cumsum")
     return _launch_lookback(x, "scan_lookback")
 
 
@@ -162,6 +166,7 @@ def scan_lookback_warp(x: torch.Tensor) -> torch.Tensor:
     """v6: like v5, but a whole warp looks back, 32 predecessors per round trip to L2 instead of
     one: the look-back of one thread was a chain of dependent loads that the whole block waited for.
     It also scans each tile once instead of twice."""
+    refuse_grad("scan_lookback_warp", x, instead="torch.cumsum")
     return _launch_lookback(x, "scan_lookback_warp")
 # --8<-- [end:rts_launch]
 
@@ -207,6 +212,7 @@ def _scan_block_kernel(x_ptr, out_ptr, offsets_ptr, n, BLOCK: tl.constexpr):
 def scan_triton(x: torch.Tensor) -> torch.Tensor:
     """v4: the v3 scheme in Triton: block sums, one carry program, tl.cumsum per block plus
     its offset."""
+    refuse_grad("scan_triton", x, instead="torch.cumsum")
     _check(x, triton_device())
     n = x.numel()
     out = torch.empty_like(x)

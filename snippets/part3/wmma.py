@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import triton_device
+from snippets._checks import refuse_grad, triton_device
 from snippets.common.gemm import (HALF_TYPES, check_operands, gemm_flops, make_operands,
                                   matmul_kernel, tolerance_for, triton_half_dtypes)
 from snippets.registry import Impl, Op, device_generator, register
@@ -164,6 +164,7 @@ def _launch_wmma(a: torch.Tensor, b: torch.Tensor, cfg: WmmaConfig,
 def wmma_naive(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """v1: one warp per 16 x 16 tile of C; each step loads a 16 x 16 fragment of A and one of B
     straight from global memory and issues one m16n16k16 MMA. M, N and K must be multiples of 16."""
+    refuse_grad("wmma_naive", a, b, instead="a @ b")
     return _launch_wmma(a, b, CONFIGS["v1"], HALF_TYPES)
 
 
@@ -172,6 +173,7 @@ def wmma_smem(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     tiles of A and 32 x 128 tiles of B in padded shared memory with 16-byte loads, and each warp
     computes 64 x 32 of C from them (4 x 2 fragments), so each fragment loaded serves 2 or 4 MMAs.
     Any M; N, K multiples of 8."""
+    refuse_grad("wmma_smem", a, b, instead="a @ b")
     return _launch_wmma(a, b, CONFIGS["v2"], HALF_TYPES)
 
 
@@ -179,6 +181,7 @@ def wmma_async(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """v3: like v2 with two shared-memory stages filled by cp.async: the copies of the next tile go
     straight from global to shared memory (no staging registers) while the tensor cores work on the
     current one."""
+    refuse_grad("wmma_async", a, b, instead="a @ b")
     return _launch_wmma(a, b, CONFIGS["v3"], HALF_TYPES)
 
 
@@ -186,6 +189,7 @@ def tf32_wmma(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """v1 of tf32_gemm: wmma_gemm v2's kernel on fp32 tiles, with m16n16k8 TF32 fragments; each
     fragment element is rounded to TF32 (wmma::__float_to_tf32) before the MMA. Any M; N, K
     multiples of 4."""
+    refuse_grad("tf32_wmma", a, b, instead="a @ b")
     return _launch_wmma(a, b, TF32_CONFIG, (torch.float32,))
 
 
@@ -221,6 +225,7 @@ def wmma_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """v4: Triton. Each program computes a 128 x 128 tile of C with tl.dot on 64-deep slices of A
     and B; the compiler picks the tensor-core instructions, the shared-memory layout and the 3-stage
     copy pipeline."""
+    refuse_grad("wmma_triton", a, b, instead="a @ b")
     return _triton_gemm(a, b, triton_half_dtypes())
 
 
@@ -228,6 +233,7 @@ def tf32_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """v2 of tf32_gemm: the same Triton kernel on fp32 inputs, tl.dot with input_precision="tf32".
     (Under the CPU interpreter the dot is computed in plain fp32, which is more accurate than TF32
     and passes the same tolerance.)"""
+    refuse_grad("tf32_triton", a, b, instead="a @ b")
     return _triton_gemm(a, b, (torch.float32,))
 
 
@@ -294,9 +300,9 @@ wmma_gemm = register(Op(
     reference=_reference, make_inputs=make_operands, bytes_moved=_bytes, flops=gemm_flops,
     metric="TFLOP/s", ceiling="gemm_fp16", headline=HEADLINE, sweep=SWEEP, dtypes=HALF_TYPES,
     test_sizes=WMMA_TEST_SIZES, sweep_axis="m", bench_dtypes=HALF_TYPES,
-    # One tolerance per dtype for every size checked, so sized for the largest K; the module's tests
-    # use tolerance_for per shape.
-    tolerances={d: tolerance_for(MAX_K, d) for d in HALF_TYPES}))
+    # The harness's tolerance is sized for the largest K; the tests hold each shape to its own K.
+    tolerances={d: tolerance_for(MAX_K, d) for d in HALF_TYPES},
+    tolerance_at=lambda s, d: tolerance_for(s["k"], d)))
 wmma_gemm.add(Impl("v0", wmma_cublas, "PyTorch", "cuBLAS via torch.matmul", (check_operands,)))
 wmma_gemm.add(Impl("v1", wmma_naive, "CUDA", "WMMA, one warp per 16x16 tile, from global", SOURCES))
 wmma_gemm.add(Impl("v2", wmma_smem, "CUDA", "WMMA, 128x128 tile, shared memory, 4x2 frags/warp",
@@ -310,7 +316,8 @@ tf32_gemm = register(Op(
     reference=_reference, make_inputs=make_operands, bytes_moved=_bytes, flops=gemm_flops,
     metric="TFLOP/s", ceiling="gemm_tf32", headline=HEADLINE, sweep=SWEEP, dtypes=(torch.float32,),
     test_sizes=TF32_TEST_SIZES, sweep_axis="m",
-    tolerances={torch.float32: tolerance_for(MAX_K, torch.float32)}))
+    tolerances={torch.float32: tolerance_for(MAX_K, torch.float32)},
+    tolerance_at=lambda s, d: tolerance_for(s["k"], d)))
 tf32_gemm.add(Impl("v0", tf32_cublas, "PyTorch", "cuBLAS via torch.matmul, TF32 on",
                    (check_operands,)))
 tf32_gemm.add(Impl("v1", tf32_wmma, "CUDA", "WMMA tf32 m16n16k8, shared-memory tiles", SOURCES))

@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 import torch
 import triton
 
-from snippets._checks import check_int, triton_device, triton_interpreting
+from snippets._checks import check_int, refuse_grad, triton_device, triton_interpreting
 from snippets.common.gemm import (HALF_TYPES, SMEM_LIMIT_SM90, check_operands, device_smem_limit,
                                   matmul_kernel, tolerance_for)
 
@@ -179,6 +179,7 @@ def matmul_tuned(a: torch.Tensor, b: torch.Tensor, kernel=None) -> torch.Tensor:
     """C = A @ B with the configuration the autotuner picks for this (M, N, K) and dtype: the first
     call with a new key times every configuration left after pruning; later calls reuse
     the winner."""
+    refuse_grad("matmul_tuned", a, b, instead="a @ b")
     m, n, k = check_operands(a, b, _dtypes(), device=triton_device())
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
     (kernel or _tuned_kernel)[_grid(m, n)](a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0),
@@ -194,6 +195,7 @@ def _dtypes() -> tuple[torch.dtype, ...]:
 
 def matmul_with(a: torch.Tensor, b: torch.Tensor, cfg: MatmulConfig) -> torch.Tensor:
     """C = A @ B with one fixed configuration: what the autotuner launches for each candidate."""
+    refuse_grad("matmul_with", a, b, instead="a @ b")
     m, n, k = check_operands(a, b, _dtypes(), device=triton_device())
     if not isinstance(cfg, MatmulConfig):
         raise TypeError(f"cfg must be a MatmulConfig, got {type(cfg).__name__}")

@@ -39,12 +39,15 @@ import torch
 import triton
 import triton.language as tl
 
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import check_tensors, refuse_grad, triton_device
 
 FLOAT_TYPES = (torch.float32, torch.float16)
 
 
 def _check(names, tensors, dtypes=FLOAT_TYPES, **kw) -> None:
+    """Every example's checks: its kernels are forward-only, so grad-tracking inputs are refused
+    too, in the name of the function that called this one."""
+    refuse_grad(sys._getframe(1).f_code.co_name, *tensors)
     check_tensors(names, tensors, dtypes=dtypes, device=triton_device(), allow_empty=False, **kw)
 
 

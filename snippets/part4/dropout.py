@@ -42,7 +42,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import GRADS_ONLY, check_tensors, refuse_grad, triton_device, wants_grad
 from snippets.common.dropout import (BLOCK, FLOAT_TYPES, NUM_WARPS, check_dropout_args,
                                      dropout_kernel, keep_ref, seeded_dropout)
 from snippets.registry import Impl, Op, device_generator, register
@@ -109,6 +109,7 @@ def _apply_mask_kernel(dy_ptr, mask_ptr, dx_ptr, n, scale, BLOCK: tl.constexpr):
 def dropout_with_mask(x: torch.Tensor, p: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """v1's forward: ``(y, mask)``, the mask a uint8 tensor of x's shape (1 = kept) for
     the backward."""
+    refuse_grad("dropout_with_mask", x, instead="dropout_masked or MaskedDropout.apply")
     p, scale, seed = check_dropout_args(x, p, seed)
     y, mask = torch.empty_like(x), torch.empty(x.shape, dtype=torch.uint8, device=x.device)
     n = x.numel()
@@ -120,6 +121,7 @@ def dropout_with_mask(x: torch.Tensor, p: float, seed: int) -> tuple[torch.Tenso
 
 def dropout_mask_backward(dy: torch.Tensor, mask: torch.Tensor, p: float) -> torch.Tensor:
     """v1's backward: ``dx = dy * mask / (1 - p)`` from the stored mask."""
+    refuse_grad("dropout_mask_backward", dy, instead="MaskedDropout.apply", why=GRADS_ONLY)
     p, scale, _ = check_dropout_args(dy, p, 0)
     check_tensors(("mask",), (mask,), dtypes=(torch.uint8,), device=triton_device())
     if mask.shape != dy.shape or mask.device != dy.device:
@@ -133,7 +135,11 @@ def dropout_mask_backward(dy: torch.Tensor, mask: torch.Tensor, p: float) -> tor
 
 
 def dropout_masked(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
-    """v1: y, with the mask written (and dropped here; ``dropout_with_mask`` returns it)."""
+    """v1: y, with the mask written (and dropped here; ``dropout_with_mask`` returns it). When x
+    requires grad (and grad mode is on), ``MaskedDropout`` below, which keeps the mask for
+    the backward."""
+    if wants_grad(x):
+        return MaskedDropout.apply(x, p, seed)
     return dropout_with_mask(x, p, seed)[0]
 # --8<-- [end:host_v1]
 
@@ -142,6 +148,7 @@ def dropout_masked(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
 def seeded_dropout4x(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
     """v3: like v2, one Philox evaluation for four neighbouring elements (its own stream,
     see keep_ref)."""
+    refuse_grad("seeded_dropout4x", x, instead="SeededDropout.apply")
     p, scale, seed = check_dropout_args(x, p, seed)
     y, n = torch.empty_like(x), x.numel()
     if n:

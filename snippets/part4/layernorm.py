@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import GRADS_ONLY, check_tensors, refuse_grad, triton_device, wants_grad
 from snippets.common.baselines import compiled, grads_through, liger, liger_missing, needs_gpu
 from snippets.common.rows import (MAX_N, NORM_HEADLINE, NORM_SWEEP, NORM_TEST_SIZES, RowConfig,
                                   check_rows, compute_dtype)
@@ -65,16 +65,16 @@ CU_FILE = "part4/layernorm.cu"
 
 # --8<-- [start:reference]
 def layernorm_ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
-                  eps: float = EPS) -> torch.Tensor:
+                  eps: float = 1e-5) -> torch.Tensor:
     """y = (x - mean) / sqrt(var + eps) * w + b over the last dimension, var the biased (1/N)
-    variance. Reads x (M*N), w and b (N each), writes y (M*N): (2*M*N + 2*N) * itemsize bytes, about
-    8 FLOPs an element."""
+    variance, eps = 1e-5 (F.layer_norm's default). Reads x (M*N), w and b (N each), writes y
+    (M*N): (2*M*N + 2*N) * itemsize bytes, about 8 FLOPs an element."""
     mean = x.mean(dim=-1, keepdim=True)
     var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
     return (x - mean) / torch.sqrt(var + eps) * w + b
 
 
-def layernorm_fwd_bwd_ref(x, w, b, dy, eps: float = EPS):
+def layernorm_fwd_bwd_ref(x, w, b, dy, eps: float = 1e-5):
     """The gradients of sum(y * dy) for y = layernorm(x, w, b), by the closed-form backward (derived
     in the chapter): with xhat = (x - mean) * rstd and g = dy * w,
         dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dw = sum over rows of dy * xhat,  db =
@@ -284,8 +284,12 @@ def _layernorm_fwd(x, w, b, eps: float, stats: bool):
 
 def layernorm_triton(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
                      eps: float = EPS) -> torch.Tensor:
-    """v3: layer norm of each row of x (..., N), in one launch; y has x's dtype and shape."""
+    """v3: layer norm of each row of x (..., N), in one launch; y has x's dtype and shape. With
+    grad mode on and an input that requires grad, the call goes through LayerNormFunction (below),
+    whose backward gives x, w and b their gradients."""
     _check_inputs(x, w, b, FLOAT_TYPES, triton_device())
+    if wants_grad(x, w, b):
+        return LayerNormFunction.apply(x, w, b, eps)
     return _layernorm_fwd(x, w, b, float(eps), stats=False)[0]
 # --8<-- [end:fwd_host]
 
@@ -353,6 +357,7 @@ class LayerNormFunction(torch.autograd.Function):
 def layernorm_fwd_bwd_triton(x, w, b, dy):
     """v3: LayerNormFunction through autograd, like v0: forward (1 launch), backward
     (2 launches)."""
+    refuse_grad("layernorm_fwd_bwd_triton", x, w, b, dy, instead="layernorm_triton", why=GRADS_ONLY)
     check_tensors(("x", "dy"), (x, dy), dtypes=FLOAT_TYPES, device=triton_device())
     return grads_through(lambda x, w, b: LayerNormFunction.apply(x, w, b, EPS), (x, w, b), dy)
 # --8<-- [end:function]
@@ -389,6 +394,7 @@ def layernorm_cuda(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
     """v4: the CUDA C forward, one block per row. Rows whose length is a multiple of 16 bytes and
     that start 16-byte aligned are read and written with 16-byte vectors; others element by element
     (same kernel)."""
+    refuse_grad("layernorm_cuda", x, w, b, instead="layernorm_triton")
     cuda.require_gpu()
     m, n = _check_inputs(x, w, b, FLOAT_TYPES, "cuda")
     y = torch.empty_like(x)

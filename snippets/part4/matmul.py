@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from snippets._checks import triton_device, triton_interpreting
+from snippets._checks import refuse_grad, triton_device, triton_interpreting
 from snippets.common.gemm import (GROUP_M, HALF_TYPES, INTERPRET, check_operands, check_tma,
                                   config_space, gemm_flops, launch_tma, make_operands, needs_hopper,
                                   prune_configs, set_block_shapes, tile_coords, tolerance_for,
@@ -206,6 +206,7 @@ def _half(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def matmul_rowmajor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """v1: one program per 128 x 128 tile of C, tl.dot on 64-deep slices, programs in
     row-major order."""
+    refuse_grad("matmul_rowmajor", a, b, instead="a @ b")
     return _launch(a, b, _half(a, b), dict(FIXED, GROUP_M=1))
 
 
@@ -213,11 +214,13 @@ def matmul_grouped(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """v2: like v1, but programs are grouped by 8 block rows: the ~130 programs running at once
     share 8 tiles of A's rows and ~16 of B's columns instead of 1 and ~130, so each tile read from
     device memory serves many programs out of L2."""
+    refuse_grad("matmul_grouped", a, b, instead="a @ b")
     return _launch(a, b, _half(a, b), dict(FIXED, GROUP_M=GROUP_M))
 
 
 def matmul_autotuned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """v3: like v2, with the blocks, warps and stages autotuned per (M, N, K) and dtype."""
+    refuse_grad("matmul_autotuned", a, b, instead="a @ b")
     return _launch(a, b, _half(a, b), None)
 
 
@@ -282,6 +285,7 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """v4: like v3, persistent (a grid of one program per SM looping over tiles in grouped order)
     and with A, B and C moved by TMA through tensor descriptors; the epilogue is split in
     two halves."""
+    refuse_grad("matmul_persistent", a, b, instead="a @ b")
     return _launch_tma(a, b, _half(a, b))
 
 
@@ -365,6 +369,7 @@ def matmul_fp8_cublas(a, b, scale_a, scale_b):
 def matmul_fp8_triton(a, b, scale_a, scale_b):
     """v1: matmul v3's autotuned kernel on fp8 tiles: tl.dot multiplies e4m3 directly (wgmma on
     Hopper) and sums in fp32; the scales multiply each element of C once, in the epilogue."""
+    refuse_grad("matmul_fp8_triton", a, b, scale_a, scale_b, instead="matmul_fp8_ref")
     m, n, _ = _check_fp8(a, b, scale_a, scale_b, triton_device())
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     return _launch(a, b, c, None, scales=(scale_a, scale_b))
@@ -374,6 +379,7 @@ def matmul_fp8_persistent(a, b, scale_a, scale_b):
     """v2: matmul v4's persistent TMA kernel on fp8, scales in the epilogue; B is read K-major
     (column-major B is B^T row-major), the layout Hopper's fp8 tensor-core instruction needs for
     both operands."""
+    refuse_grad("matmul_fp8_persistent", a, b, scale_a, scale_b, instead="matmul_fp8_ref")
     m, n, _ = _check_fp8(a, b, scale_a, scale_b, triton_device())
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     return _launch_tma(a, b, c, scales=(scale_a, scale_b))
@@ -511,7 +517,8 @@ matmul = register(Op(
     metric="TFLOP/s", ceiling="gemm_bf16", headline=HEADLINE, sweep=SWEEP,
     dtypes=(torch.bfloat16, torch.float16), bench_dtypes=(torch.bfloat16, torch.float16),
     test_sizes=TEST_SIZES, sweep_axis="m",
-    tolerances={d: tolerance_for(MAX_K, d) for d in HALF_TYPES}))
+    tolerances={d: tolerance_for(MAX_K, d) for d in HALF_TYPES},
+    tolerance_at=lambda s, d: tolerance_for(s["k"], d)))
 matmul.add(Impl("v0", matmul_cublas, "PyTorch", "cuBLAS via torch.matmul", (check_operands,)))
 matmul.add(Impl("v1", matmul_rowmajor, "Triton", "128x128x64 tiles, row-major program order",
                 SOURCES, device="any", dtypes=triton_half_dtypes()))
@@ -541,7 +548,8 @@ matmul_fp8 = register(Op(
     ceiling="gemm_fp8", headline=HEADLINE, sweep=LOW_SWEEP, dtypes=(FP8,), bench_dtypes=(FP8,),
     test_sizes=LOW_TEST_SIZES, sweep_axis="m", output_dtypes=FP8_OUT,
     # The products and fp32 sums are (nearly) exact; what is left is C's rounding to bf16.
-    tolerances={FP8: tolerance_for(MAX_K, torch.bfloat16)}))
+    tolerances={FP8: tolerance_for(MAX_K, torch.bfloat16)},
+    tolerance_at=lambda s, d: tolerance_for(s["k"], torch.bfloat16)))
 matmul_fp8.add(Impl("v0", matmul_fp8_cublas, "PyTorch", "cuBLAS via torch._scaled_mm",
                     (check_operands,), requires=needs_fp8))
 matmul_fp8.add(Impl("v1", matmul_fp8_triton, "Triton", "matmul v3's kernel, scales in the epilogue",

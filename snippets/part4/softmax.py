@@ -43,7 +43,8 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_int, check_tensors, triton_device, triton_interpreting
+from snippets._checks import (check_int, check_tensors, refuse_grad, triton_device,
+                             triton_interpreting)
 from snippets.common.baselines import compiled, needs_gpu
 from snippets.common.rows import ONLINE_BLOCK_N, ONLINE_NUM_WARPS
 from snippets.registry import Impl, Op, device_generator, register
@@ -157,6 +158,7 @@ def row_num_warps(block_n: int) -> int:
 
 def softmax_one_pass(x: torch.Tensor) -> torch.Tensor:
     """v2: one program per row; the row is read once into registers and written once."""
+    refuse_grad("softmax_one_pass", x, instead="torch.softmax")
     m, n = check_rows(x, triton_device())
     y = torch.empty_like(x)
     block_n = triton.next_power_of_2(n)
@@ -257,6 +259,7 @@ def persistent_grid(m: int, cfg: PersistentConfig, device: torch.device) -> int:
 def softmax_persistent(x: torch.Tensor, config: PersistentConfig | None = None) -> torch.Tensor:
     """v3: one-pass softmax with a persistent grid. Rows of up to PERSISTENT_MAX_N columns;
     ``config`` overrides the table above (for tuning)."""
+    refuse_grad("softmax_persistent", x, instead="torch.softmax")
     m, n = check_rows(x, triton_device())
     if n > PERSISTENT_MAX_N:
         raise ValueError(f"x has {n} columns: the persistent one-pass kernel is configured for "
@@ -317,6 +320,7 @@ def _softmax_online_kernel(x_ptr, y_ptr, n_cols, stride, BLOCK_N: tl.constexpr):
 def softmax_online(x: torch.Tensor, block_n: int | None = None) -> torch.Tensor:
     """v4: two passes over each row in chunks of ``block_n`` columns (default ONLINE_BLOCK_N, or
     less for short rows; a power of two); any row length up to MAX_COLS."""
+    refuse_grad("softmax_online", x, instead="torch.softmax")
     m, n = check_rows(x, triton_device())
     if block_n is None:
         block_n = min(ONLINE_BLOCK_N, triton.next_power_of_2(n))
@@ -340,6 +344,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     the row alone, so they take the online kernel (v4) instead: 3 transfers per element, but any
     length. (The persistent v3 is slower than v2 at every N it takes, in the chapter's tables, so
     it is not used here.)"""
+    refuse_grad("softmax", x, instead="torch.softmax")
     _, n = check_rows(x, triton_device())
     return softmax_one_pass(x) if n <= ONE_PASS_MAX_N else softmax_online(x)
 # --8<-- [end:dispatch]
@@ -367,6 +372,7 @@ def cuda_threads(n: int) -> int:
 def softmax_cuda(x: torch.Tensor) -> torch.Tensor:
     """v5: one block per row, the row in registers, 16-byte loads when every row starts
     16-byte aligned."""
+    refuse_grad("softmax_cuda", x, instead="torch.softmax")
     cuda.require_gpu()
     m, n = check_rows(x, "cuda")
     if n > CUDA_MAX_N:

@@ -56,7 +56,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from snippets._checks import check_int, check_scalar, check_tensors, describe, triton_device
+from snippets._checks import (GRADS_ONLY, check_int, check_scalar, check_tensors, describe,
+                             refuse_grad, triton_device)
 from snippets.common.baselines import compiled, grads_through, liger, liger_missing, needs_gpu
 from snippets.common.rows import ONLINE_BLOCK_N, ONLINE_NUM_WARPS, compute_dtype
 from snippets.registry import Impl, Op, device_generator, register
@@ -70,7 +71,7 @@ MAX_V = 2**30
 
 
 # --8<-- [start:reference]
-def cross_entropy_ref(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX,
+def cross_entropy_ref(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
                       label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The mean cross-entropy of the rows whose target is not ``ignore_index``, and its gradient,
     both in closed form (derived in the chapter): with p = softmax(x) per row, lse =
@@ -102,7 +103,7 @@ def cross_entropy_ref(logits: torch.Tensor, targets: torch.Tensor, ignore_index:
 
 
 def linear_cross_entropy_ref(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
-                             ignore_index: int = IGNORE_INDEX, label_smoothing: float = 0.0):
+                             ignore_index: int = -100, label_smoothing: float = 0.0):
     """loss = cross_entropy(h @ W.T), and its gradients by the chain rule through the linear layer:
     dh = dlogits @ W (T x D) and dW = dlogits.T @ h (V x D). Three GEMMs of 2*T*V*D FLOPs each."""
     loss, dlogits = cross_entropy_ref(h @ w.T, targets, ignore_index, label_smoothing)
@@ -280,7 +281,10 @@ def cross_entropy_fwd_bwd(logits: torch.Tensor, targets: torch.Tensor, *, inplac
     ``inplace=True`` the gradient is written over ``logits`` and the returned dlogits *is*
     ``logits``: no (T, V) memory is allocated, and the logits are gone. Use it when nothing else
     needs them, as in a training step where the logits are the loss layer's private intermediate.
-    ``block_v`` (a power of two) overrides the chunk width, for tests."""
+    ``block_v`` (a power of two) overrides the chunk width, for tests. Logits that require grad
+    are refused (with grad mode on): CrossEntropyFunction below is the version that trains."""
+    refuse_grad("cross_entropy_fwd_bwd", logits, instead="CrossEntropyFunction.apply",
+                why=GRADS_ONLY)
     ignore_index, label_smoothing = _check_options(ignore_index, label_smoothing, block_v)
     _, v = _check_logits(logits, targets, FLOAT_TYPES + (torch.float64,), triton_device())
     n_valid = count_targets(targets, v, ignore_index)
@@ -367,6 +371,8 @@ def linear_cross_entropy_grads(h: torch.Tensor, w: torch.Tensor, targets: torch.
     """loss (0-d fp32), dh (T, D) and dW (V, D) of ``cross_entropy(h @ W.T, targets)``, never
     holding more than ``chunk_tokens`` rows of logits. dW is None when ``need_dw`` is False (a
     frozen W)."""
+    refuse_grad("linear_cross_entropy_grads", h, w, instead="LinearCrossEntropyFunction.apply",
+                why=GRADS_ONLY)
     ignore_index, label_smoothing = _check_options(ignore_index, label_smoothing, block_v)
     chunk_tokens = check_int("chunk_tokens", chunk_tokens, 1)
     t, v, _ = _check_linear(h, w, targets, triton_device())
@@ -470,12 +476,16 @@ def cross_entropy_liger(logits, targets):
 
 def cross_entropy_inplace(logits, targets):
     """v3: the fused kernel, the gradient written over the logits."""
+    refuse_grad("cross_entropy_inplace", logits, instead="CrossEntropyFunction.apply",
+                why=GRADS_ONLY)
     loss, dlogits = cross_entropy_fwd_bwd(logits, targets, inplace=True)
     return loss.to(logits.dtype), dlogits
 
 
 def cross_entropy_new_buffer(logits, targets):
     """v4: the fused kernel, the gradient in a new (T, V) tensor."""
+    refuse_grad("cross_entropy_new_buffer", logits, instead="CrossEntropyFunction.apply",
+                why=GRADS_ONLY)
     loss, dlogits = cross_entropy_fwd_bwd(logits, targets, inplace=False)
     return loss.to(logits.dtype), dlogits
 
@@ -498,6 +508,8 @@ def linear_cross_entropy_liger(h, w, targets):
 
 def linear_cross_entropy_chunked(h, w, targets):
     """v3: LinearCrossEntropyFunction through autograd, as a training step calls it."""
+    refuse_grad("linear_cross_entropy_chunked", h, w,
+                instead="LinearCrossEntropyFunction.apply", why=GRADS_ONLY)
     return _grads(LinearCrossEntropyFunction.apply, (h, w), targets)
 # --8<-- [end:baselines]
 

@@ -62,7 +62,8 @@ import triton
 import triton.language as tl
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from snippets._checks import check_scalar, check_tensors, triton_device, triton_interpreting
+from snippets._checks import (GRADS_ONLY, check_scalar, check_tensors, refuse_grad, triton_device,
+                             triton_interpreting, wants_grad)
 from snippets.registry import Impl, Op, device_generator, register
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -687,6 +688,7 @@ def _forward(q, k, v, causal: bool, sm_scale: float):
 def flash_attention_forward(q, k, v, causal: bool = False, sm_scale: float | None = None):
     """v2 with its saved state: (o, lse), lse the natural log-sum-exp of each row's scaled scores
     (B, H, S)."""
+    refuse_grad("flash_attention_forward", q, k, v, instead="flash_attention")
     scale = _check_qkv(q, k, v, causal, sm_scale)
     o, lse2 = _forward(q, k, v, causal, scale)
     return o, lse2 / LOG2E
@@ -694,8 +696,11 @@ def flash_attention_forward(q, k, v, causal: bool = False, sm_scale: float | Non
 
 def attention_triton(q, k, v, causal=False):
     """v2: the Triton forward (one launch). The log-sum-exp is written too: the kernel that trains
-    is the one timed."""
+    is the one timed. With grad mode on and q, k or v requiring grad, the call goes through
+    FlashAttention (below), whose backward gives them their gradients."""
     scale = _check_qkv(q, k, v, causal, None)
+    if wants_grad(q, k, v):
+        return FlashAttention.apply(q, k, v, causal, scale)
     return _forward(q, k, v, causal, scale)[0]
 # --8<-- [end:fwd_host]
 
@@ -735,6 +740,8 @@ def flash_attention_backward(q, k, v, o, lse, do, causal: bool = False,
                              sm_scale: float | None = None):
     """(dq, dk, dv) from the forward's inputs, its output o and its lse (natural log, as
     flash_attention_forward returns it) and the incoming gradient do."""
+    refuse_grad("flash_attention_backward", q, k, v, o, lse, do, instead="flash_attention",
+                why=GRADS_ONLY)
     scale = _check_qkv(q, k, v, causal, sm_scale, extra=(o, do), extra_names=("o", "do"))
     want = (*q.shape[:3],)
     if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != want or lse.device != q.device:
@@ -777,6 +784,7 @@ def flash_attention(q, k, v, causal: bool = False, sm_scale: float | None = None
 def attention_bwd_triton(q, k, v, do, causal=False, saved=None):
     """v2: the Triton backward (three launches). The first call on an input set runs the forward and
     keeps o and lse2 in ``saved["v2"]``; the timed calls run only the backward."""
+    refuse_grad("attention_bwd_triton", q, k, v, do, instead="flash_attention", why=GRADS_ONLY)
     scale = _check_qkv(q, k, v, causal, None, extra=(do,), extra_names=("do",))
     if saved is None:
         saved = {}

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import check_tensors, refuse_grad, triton_device
 from snippets.common.baselines import compiled, needs_gpu
 from snippets.common.dropout import check_p_seed, keep_ref, seeded_dropout
 from snippets.registry import Impl, Op, device_generator, register
@@ -213,6 +213,8 @@ def bias_gelu_dropout_residual_unfused(x, bias, residual, p, seed):
     """v2: four launches, each a round trip through memory; intermediates in x's dtype, as eager
     PyTorch keeps them. The dropout step is Part 4's seeded_dropout (the element index is the
     Philox counter)."""
+    refuse_grad("bias_gelu_dropout_residual_unfused", x, bias, residual,
+                instead="bias_gelu_dropout_residual_torch")
     p, _, seed = _check_args(x, bias, residual, p, seed, triton_device())
     _check_grid(x)
     m, n = x.shape
@@ -263,6 +265,8 @@ def _bias_gelu_dropout_residual_kernel(x_ptr, bias_ptr, res_ptr, y_ptr, M, N, p,
 
 def bias_gelu_dropout_residual(x, bias, residual, p, seed):
     """v3: one launch; reads x, residual and bias once and writes y once."""
+    refuse_grad("bias_gelu_dropout_residual", x, bias, residual,
+                instead="bias_gelu_dropout_residual_torch")
     p, scale, seed = _check_args(x, bias, residual, p, seed, triton_device())
     _check_grid(x)
     m, n = x.shape
@@ -369,6 +373,7 @@ def _gemv(a, u, v):
 
 def gemv(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """A @ u: reads A (M x N) once."""
+    refuse_grad("gemv", a, u, instead="a @ u")
     return _gemv(a, u, None)[0]
 
 
@@ -376,6 +381,7 @@ def gemv_pair(a: torch.Tensor, u: torch.Tensor,
               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(A @ u, A @ v) in one kernel: A is read once for both, where gemv(a, u), gemv(a, v) read
     it twice."""
+    refuse_grad("gemv_pair", a, u, v, instead="a @ u and a @ v")
     yu, yv = _gemv(a, u, v)
     return yu, yv
 
@@ -396,14 +402,14 @@ EPS = 1e-5  # F.layer_norm's default
 
 
 # --8<-- [start:counter_reference]
-def standardize_ref(x: torch.Tensor) -> torch.Tensor:
-    """y = (x - mean) / sqrt(var + eps) per row (biased variance, as LayerNorm): a reduction over
-    the row whose two results every element of the row needs. Must read x (M N) and write y
-    (M N)."""
+def standardize_ref(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """y = (x - mean) / sqrt(var + eps) per row (biased variance and eps = 1e-5, as F.layer_norm's
+    defaults): a reduction over the row whose two results every element of the row needs. Must
+    read x (M N) and write y (M N)."""
     xf = x.double() if x.dtype == torch.float64 else x.float()
     mean = xf.mean(dim=1, keepdim=True)
     var = ((xf - mean) ** 2).mean(dim=1, keepdim=True)
-    return ((xf - mean) * torch.rsqrt(var + EPS)).to(x.dtype)
+    return ((xf - mean) * torch.rsqrt(var + eps)).to(x.dtype)
 # --8<-- [end:counter_reference]
 
 
@@ -476,6 +482,7 @@ def standardize_two_kernels(x: torch.Tensor) -> torch.Tensor:
     """v1: statistics kernel (reads x, writes 8 bytes per row), then an element-wise kernel (reads x
     again, writes y): 3 M N element transfers instead of 2, neither kernel holding more than
     a chunk."""
+    refuse_grad("standardize_two_kernels", x, instead="standardize_torch")
     m, n = _check_rows(x, triton_device())
     _check_grid(x)
     mean = torch.empty(m, dtype=torch.float32, device=x.device)
@@ -509,6 +516,7 @@ def whole_row_warps(block_n: int) -> int:
 
 def standardize_whole_row(x: torch.Tensor) -> torch.Tensor:
     """v2: one program per row holds the whole row in registers: x read once, y written once."""
+    refuse_grad("standardize_whole_row", x, instead="standardize_torch")
     m, n = _check_rows(x, triton_device())
     y = torch.empty_like(x)
     block_n = triton.next_power_of_2(n)
@@ -533,6 +541,7 @@ def _standardize_looped_kernel(x_ptr, y_ptr, N, eps, CHUNK: tl.constexpr):
 def standardize_two_loops(x: torch.Tensor) -> torch.Tensor:
     """v3: one kernel; each program reads its row twice, a chunk at a time, and never holds more
     than a chunk."""
+    refuse_grad("standardize_two_loops", x, instead="standardize_torch")
     m, n = _check_rows(x, triton_device())
     y = torch.empty_like(x)
     _standardize_looped_kernel[(m,)](x, y, n, EPS, CHUNK=STATS_CHUNK, num_warps=8)

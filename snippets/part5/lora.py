@@ -50,8 +50,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from snippets._checks import (check_scalar, check_tensors, describe, triton_device,
-                              triton_interpreting)
+from snippets._checks import (GRADS_ONLY, check_scalar, check_tensors, describe, refuse_grad,
+                              triton_device, triton_interpreting, wants_grad)
 from snippets.common.baselines import compiled, grads_through, needs_gpu
 from snippets.common.gemm import device_smem_limit, tile_coords, triton_half_dtypes
 from snippets.registry import Impl, Op, device_generator, register
@@ -389,7 +389,14 @@ def _forward(x2, w, a, b, scale, in_loop: bool, keep_u: bool):
 
 
 def _lora_linear(x, w, a, b, scale, in_loop: bool) -> torch.Tensor:
+    """v2 or v3; with grad mode on and x, A or B requiring grad, LoRALinearFunction (below), whose
+    backward gives them their gradients (W is frozen: a W that requires grad is refused)."""
     t, d_in, d_out, _ = check_lora(x, w, a, b, scale, FLOAT_TYPES, triton_device())
+    refuse_grad("lora_linear_fused" if in_loop else "lora_linear_two_kernels", w,
+                instead="lora_linear_torch",
+                why="computes no gradient for the frozen weight: w requires grad")
+    if wants_grad(x, a, b):
+        return LoRALinearFunction.apply(x, w, a, b, scale, in_loop)
     if t == 0:
         return x.new_empty((*x.shape[:-1], d_out))
     y, _ = _forward(x.reshape(t, d_in), w, a, b, float(scale), in_loop, keep_u=False)
@@ -469,12 +476,16 @@ def lora_linear_train(x, w, a, b, scale, in_loop: bool = False):
 
 def lora_linear_fwd_bwd_two_kernels(x, w, a, b, scale, dy):
     """v2: LoRALinearFunction with the skinny-kernel forward and backward."""
+    refuse_grad("lora_linear_fwd_bwd_two_kernels", x, w, a, b, dy, instead="lora_linear_train",
+                why=GRADS_ONLY)
     return _grads_through(lambda *args: LoRALinearFunction.apply(*args, False), x, w, a, b, scale,
                           dy)
 
 
 def lora_linear_fwd_bwd_fused(x, w, a, b, scale, dy):
     """v3: LoRALinearFunction with U and V computed in the K loops."""
+    refuse_grad("lora_linear_fwd_bwd_fused", x, w, a, b, dy, instead="lora_linear_train",
+                why=GRADS_ONLY)
     return _grads_through(lambda *args: LoRALinearFunction.apply(*args, True), x, w, a, b, scale,
                           dy)
 

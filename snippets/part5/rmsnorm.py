@@ -43,7 +43,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import GRADS_ONLY, check_tensors, refuse_grad, triton_device, wants_grad
 from snippets.common.baselines import compiled, grads_through, liger, liger_missing, needs_gpu
 from snippets.common.rows import (MAX_N, NORM_HEADLINE, NORM_SWEEP, NORM_TEST_SIZES, RowConfig,
                                   check_rows, compute_dtype)
@@ -58,15 +58,15 @@ FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # --8<-- [start:reference]
-def rmsnorm_ref(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """y = x / sqrt(mean(x^2) + eps) * w over the last dimension.
+def rmsnorm_ref(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """y = x / sqrt(mean(x^2) + eps) * w over the last dimension, eps = 1e-6 as in Llama.
     Reads x (M*N) and w (N), writes y (M*N): (2*M*N + N) * itemsize bytes, about 4 FLOPs
     an element."""
     rstd = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
     return x * rstd * w
 
 
-def rmsnorm_fwd_bwd_ref(x, w, dy, eps: float = EPS):
+def rmsnorm_fwd_bwd_ref(x, w, dy, eps: float = 1e-6):
     """The gradients of sum(y * dy) for y = rmsnorm(x, w), by the closed form derived in the
     chapter: with xhat = x * rstd and g = dy * w,   dx = rstd * (g - xhat * mean(g * xhat)),   dw =
     sum over rows of dy * xhat."""
@@ -265,8 +265,12 @@ def _rmsnorm_fwd(x, w, eps: float, stats: bool):
 
 
 def rmsnorm_triton(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """v3: RMS norm of each row of x (..., N), in one launch; y has x's dtype and shape."""
+    """v3: RMS norm of each row of x (..., N), in one launch; y has x's dtype and shape. With
+    grad mode on and an input that requires grad, the call goes through RMSNormFunction (below),
+    whose backward gives x and w their gradients."""
     _check_inputs(x, w, FLOAT_TYPES, triton_device())
+    if wants_grad(x, w):
+        return RMSNormFunction.apply(x, w, eps)
     return _rmsnorm_fwd(x, w, float(eps), stats=False)[0]
 # --8<-- [end:fwd_host]
 
@@ -325,6 +329,7 @@ class RMSNormFunction(torch.autograd.Function):
 
 def rmsnorm_fwd_bwd_triton(x, w, dy):
     """v3: RMSNormFunction through autograd, like v0: forward (1 launch), backward (2 launches)."""
+    refuse_grad("rmsnorm_fwd_bwd_triton", x, w, dy, instead="rmsnorm_triton", why=GRADS_ONLY)
     check_tensors(("x", "dy"), (x, dy), dtypes=FLOAT_TYPES, device=triton_device())
     return grads_through(lambda x, w: RMSNormFunction.apply(x, w, EPS), (x, w), dy)
 # --8<-- [end:function]

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import GRADS_ONLY, check_tensors, refuse_grad, triton_device, wants_grad
 from snippets.common.baselines import compiled, grads_through, liger, liger_missing, needs_gpu
 from snippets.registry import Impl, Op, device_generator, register
 
@@ -242,8 +242,14 @@ def _rope_launch(q, k, cos, sin, backward: bool):
 
 
 def rope_triton(q, k, cos, sin):
-    """v3: (q_rot, k_rot) in one launch; new tensors of q's and k's shapes."""
+    """v3: (q_rot, k_rot) in one launch; new tensors of q's and k's shapes. With grad mode on and q
+    or k requiring grad, the call goes through RoPEFunction (below), whose backward gives q and k
+    their gradients; the tables get none, so a cos or sin that requires grad is refused."""
     _check_inputs(q, k, cos, sin, FLOAT_TYPES)
+    refuse_grad("rope_triton", cos, sin, instead="rope_torch",
+                why="computes no gradient for its tables: cos or sin requires grad")
+    if wants_grad(q, k):
+        return RoPEFunction.apply(q, k, cos, sin)
     return _rope_launch(q, k, cos, sin, backward=False)
 # --8<-- [end:host]
 
@@ -268,6 +274,8 @@ class RoPEFunction(torch.autograd.Function):
 
 def rope_fwd_bwd_triton(q, k, cos, sin, dq_rot, dk_rot):
     """v3: RoPEFunction through autograd: one launch forward, one backward."""
+    refuse_grad("rope_fwd_bwd_triton", q, k, cos, sin, dq_rot, dk_rot, instead="rope_triton",
+                why=GRADS_ONLY)
     check_tensors(("q", "dq_rot"), (q, dq_rot), dtypes=FLOAT_TYPES, device=triton_device())
     check_tensors(("k", "dk_rot"), (k, dk_rot), dtypes=FLOAT_TYPES, device=triton_device())
     return grads_through(lambda q, k: RoPEFunction.apply(q, k, cos, sin), (q, k),

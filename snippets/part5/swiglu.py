@@ -45,7 +45,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from snippets._checks import check_tensors, triton_device
+from snippets._checks import GRADS_ONLY, check_tensors, refuse_grad, triton_device, wants_grad
 from snippets.common.baselines import compiled, grads_through, liger, liger_missing, needs_gpu
 from snippets.common.rows import compute_dtype
 from snippets.registry import Impl, Op, device_generator, register
@@ -64,7 +64,7 @@ def swiglu_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def geglu_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """c = gelu_tanh(a) * b = 0.5 * a * (1 + tanh(sqrt(2/pi) * (a + 0.044715 a^3))) * b."""
-    return 0.5 * a * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (a + GELU_C * a**3))) * b
+    return 0.5 * a * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (a + 0.044715 * a**3))) * b
 
 
 def swiglu_fwd_bwd_ref(a, b, dc):
@@ -217,8 +217,11 @@ def _glu_bwd(a, b, dc, act: str):
 
 def glu_triton(a: torch.Tensor, b: torch.Tensor, act: str = "silu") -> torch.Tensor:
     """act(a) * b element by element, in one launch; ``act`` is "silu" (SwiGLU) or
-    "gelu_tanh" (GeGLU)."""
+    "gelu_tanh" (GeGLU). With grad mode on and an input that requires grad, the call goes through
+    GLUFunction (below), whose backward gives a and b their gradients."""
     _check_inputs(a, b, FLOAT_TYPES, act)
+    if wants_grad(a, b):
+        return GLUFunction.apply(a, b, act)
     return _glu_fwd(a, b, act)
 
 
@@ -254,6 +257,7 @@ class GLUFunction(torch.autograd.Function):
 
 def swiglu_fwd_bwd_triton(a, b, dc):
     """v3: GLUFunction (silu) through autograd, like v0: one launch forward, one backward."""
+    refuse_grad("swiglu_fwd_bwd_triton", a, b, dc, instead="swiglu_triton", why=GRADS_ONLY)
     check_tensors(("a", "dc"), (a, dc), dtypes=FLOAT_TYPES, device=triton_device())
     return grads_through(GLUFunction.apply, (a, b), dc)
 # --8<-- [end:function]

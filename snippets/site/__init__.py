@@ -38,10 +38,14 @@ A chapter asks for them with HTML comments on a line of their own, so the raw Ma
                                                  memory-vK:F (at most F times vK's peak memory beyond the
                                                  inputs); dtype=D for another timed dtype, size=KEY for a
                                                  sweep size (its size key, e.g. size=k=4096,m=4096,n=4096).
-                                                 Each row says met, not met, stale or not measured
+                                                 Each row says met, not met, stale or not measured.
+                                                 VERSION "best": the book's fastest version on each GPU
 
 Every table carries its provenance in a footnote (gathered at the end of the page); a result whose source has
 changed since it was measured is marked stale, and an op with no results says so instead of showing numbers.
+A captured output (bench:output, bench:timeline, bench:sweep) is marked the same way when the code that produced
+it has changed since (its record, NAME.meta.json, says which code: snippets.bench.captures), and "no provenance"
+when it has no record.
 
 The package: ``fmt`` (labels and numbers), ``tables``, ``figures`` (plots), ``goals``, ``sweep``, ``roofline``,
 ``timeline``, and ``page`` (the directive pattern and the dispatch table from kind to renderer).

@@ -119,10 +119,16 @@ def _export(c: Ctx) -> str:
     return render(c)
 
 
+def _diagram(c: Ctx) -> str:
+    from snippets.site.diagrams import render_diagram
+
+    return render_diagram(c.pos, c.kw)
+
+
 RENDERERS: dict[str, Callable[[Ctx], str]] = {
     "summary": _summary, "ceilings": _ceilings, "output": _output, "roofline": _roofline, "sweep": _sweep,
     "versus": _versus, "goal": _goal, "timeline": _timeline, "table": _table, "headline": _headline,
-    "plot": _plot, "ladder": _ladder, "export": _export,
+    "plot": _plot, "ladder": _ladder, "export": _export, "diagram": _diagram,
 }
 
 

@@ -9,7 +9,7 @@ from snippets.bench.report import RESULTS_DIR
 from snippets.site.figures import (GREY, LEGEND_PT, Drawn, figure_html, figure_key, legend_below,
                                    new_figure)
 from snippets.site.fmt import _fmt_ms, _slug
-from snippets.site.tables import _machine, gpu_short
+from snippets.site.tables import _machine, capture_mark, gpu_short
 
 
 def _resolve_hash(ref: str) -> str | None:
@@ -141,7 +141,9 @@ def render_sweep(name: str, results_dir: Path = RESULTS_DIR) -> str:
         size = f"M = {prob['m']:,}, N = {prob['n']:,}, K = {prob['k']:,}, {prob['dtype']}"
         cublas = data.get("cublas")
         best = max(ok, key=lambda r: r["tflops"]) if ok else None
-        parts = [f"**{p['gpu']}**, `{data.get('kernel', '?')}`, {size}[^{label}]", ""]
+        mark = capture_mark(path)  # stale, or no record of the code that produced it
+        parts = [f"**{p['gpu']}**, `{data.get('kernel', '?')}`, {size}[^{label}]"
+                 + (f"; capture: {mark}" if mark else ""), ""]
         if data.get("source_hash") and _resolve_hash(data.get("kernel", "")) != data["source_hash"]:
             parts += ['!!! warning "Stale"\n    The kernel changed since this sweep was captured (or is gone); the '
                       "numbers below are from the old code.", ""]

@@ -243,9 +243,20 @@ def render_ceilings(results: dict[str, dict]) -> str:
 OUTPUT_FOLD_LINES = 30  # a captured output longer than this is folded: the chapter's line reads on
 
 
+def capture_mark(path: Path) -> str:
+    """The mark of a captured file whose producing code changed since (or that has no record of it), as tables
+    mark a stale result: ``<span class="bench-stale">stale</span> (why)``; empty for a fresh capture
+    (snippets.bench.captures)."""
+    from snippets.bench.captures import status
+
+    s = status(path)
+    return "" if s.fresh else f'<span class="bench-stale">{s.state}</span> ({s.why})'
+
+
 def render_output(name: str, results_dir: Path = RESULTS_DIR) -> str:
     """Program output captured on the GPU runner: ``benchmarks/results/outputs/<gpu>/<name>.txt``, one block per
-    GPU (content tabs when there are several), a long one folded."""
+    GPU (content tabs when there are several), a long one folded; a stale capture, or one without a record of
+    the code that produced it, is marked."""
     if not re.fullmatch(r"[\w-]+", name):
         raise ValueError(f"bench:output name must be a plain file stem, got {name!r}")
     blocks = []
@@ -254,11 +265,14 @@ def render_output(name: str, results_dir: Path = RESULTS_DIR) -> str:
         where = f"`benchmarks/results/outputs/{path.parent.name}/{name}.txt`"
         fence = ["```{.text .bench-output}", *text.splitlines(), "```"]
         n = len(text.splitlines())
-        if n > OUTPUT_FOLD_LINES:
+        mark = capture_mark(path)
+        if n > OUTPUT_FOLD_LINES:  # an admonition's title is plain text: the mark goes in its first line
             body = [f'??? note "Output captured on the {gpu_short(path.parent.name)} ({n} lines): {where}"', "",
+                    *([f"    {mark}.", ""] if mark else []),
                     *("    " + line if line else "" for line in fence)]
         else:
-            body = [f"Captured on the {gpu_short(path.parent.name)} ({where}):", "", *fence]
+            body = [f"Captured on the {gpu_short(path.parent.name)} ({where})" + (f", {mark}" if mark else "")
+                    + ":", "", *fence]
         blocks.append((path.parent.name, "\n".join(body) + "\n"))
     if not blocks:
         return (f'!!! warning "Not captured yet"\n    No GPU output of `{name}` is committed; the GPU runner '

@@ -12,7 +12,7 @@ from snippets.bench.harness import RESULTS_DIR
 from snippets.bench.timeline import KINDS, lanes, load_timeline
 from snippets.site.figures import (GREY, Drawn, figure_html, figure_key, legend_below, new_figure,
                                    num, style_axes)
-from snippets.site.tables import gpu_short
+from snippets.site.tables import capture_mark, gpu_short
 
 # Colour and hatch of each kind of event: two copies and a kernel told apart without colour too.
 LOOKS = {"h2d": ("#1f77b4", ""), "kernel": ("#ff7f0e", "///"), "d2h": ("#2ca02c", "...")}
@@ -76,6 +76,9 @@ def _figure(path: Path, name: str) -> str:
            f"{data.get('captured', '?')} (<code>benchmarks/results/outputs/{path.parent.name}/"
            f"{name}.json</code>). From the first GPU event to the end of the last: {spans}. "
            "Hover a bar for its name and times.")
+    mark = capture_mark(path)  # stale, or no record of the code that produced it
+    if mark:
+        cap += f" Capture: {mark}."
     return figure_html(drawn.svg(), cap)
 
 

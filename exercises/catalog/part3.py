@@ -1,0 +1,310 @@
+"""Part 3: performance engineering."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from exercises import compare, cuda
+from exercises.catalog.helpers import Output, close, gen, inp, model, randn
+from exercises.engine import Exercise, Failure, Run
+
+# ------------------------------------------------------------------------------------------- measuring.4
+_RECORDS = [(3 * 4 * (1 << 24), 1 << 24, 0.065), (201326592, 137438953472, 2.9), (8 * 1000, 2000, 0.004),
+            (1 << 30, 0, 0.4)]
+_ROOF = [r + peaks for r in _RECORDS[:3] for peaks in ((3350.0, 67.0), (4800.0, 989.0))]
+
+
+def _check_metrics(run: Run) -> None:
+    mine, ref = run.module(), run.solution()
+    hint = ("GB/s = bytes / seconds / 1e9 and TFLOP/s = FLOPs / seconds / 1e12, with seconds = ms / 1000; "
+            "intensity = FLOPs / bytes; the roof at that intensity is min(peak TFLOP/s, intensity x peak GB/s "
+            "/ 1000)")
+    with run.case("achieved() on records with known bytes, FLOPs and times", hint=hint):
+        compare.functions("achieved", getattr(mine, "achieved", None), ref.achieved, _RECORDS)
+    with run.case("roofline() against two GPUs' peaks", hint=hint):
+        compare.functions("roofline", getattr(mine, "roofline", None), ref.roofline, _ROOF)
+    with run.case("for_op() on the registry's vector_add and sgemm cost models", hint=hint):
+        import snippets.part1.elementwise  # noqa: F401: registers vector_add
+        import snippets.part3.sgemm  # noqa: F401: registers sgemm
+        from snippets.registry import REGISTRY
+
+        for name, ms in (("vector_add", 0.9), ("sgemm", 2.5)):
+            op = REGISTRY[name]
+            size, dtype = op.headline, op.dtypes[0]
+            got = mine.for_op(op, size, dtype, ms)
+            compare.value(f"for_op({name}, {size}, {dtype}, {ms})", got, ref.for_op(op, size, dtype, ms))
+            # the harness's own rate for the op's metric must agree
+            key = "gb_per_s" if op.metric == "GB/s" else "tflop_per_s"
+            compare.number(f"for_op({name}, ...)[{key!r}] against the harness's Op.rate", got[key],
+                           op.rate(size, dtype, ms), rel=1e-9)
+
+
+metrics = Exercise(
+    id="part3.measuring.4", title="Project: a new metric for the benchmarking harness", difficulty=2,
+    kind="python", files=("part3/metrics.py",),
+    task="Extend the harness with the metrics a roofline needs: from an op's cost model (bytes moved, FLOPs) "
+         "and a measured median time in milliseconds, compute the achieved GB/s and TFLOP/s, the arithmetic "
+         "intensity, the attainable rate under the roofline of a GPU with given peaks, the fraction of that "
+         "roof, and which roof applies. Then apply it to a registered op (Op.bytes_moved, Op.flops).",
+    hint="mind the units: the times are in milliseconds",
+    check=_check_metrics,
+    planted={"ms_as_s": "factor of 1000", "intensity_inverted": "['intensity']"},
+)
+
+# ------------------------------------------------------------------------------------------- roofline.4
+_N = [(1 << 24, 4), (1000, 2), (5, 8)]
+fused_intensity = Exercise(
+    id="part3.roofline.4", title="How much fusion raises the intensity", difficulty=1, kind="model",
+    files=("part3/fused_intensity.py",),
+    task="relu(a * x + b) written as three PyTorch ops runs three kernels (a and b are scalars). Compute the "
+         "bytes and FLOPs of the three together and of one fused kernel. By how much does fusion raise the "
+         "intensity, and how much faster should the fused kernel be?",
+    hint="each of the three kernels reads n elements and writes n, and does one operation per element (count "
+         "the relu's max as one FLOP); the fused kernel reads x once and writes the result once, and does the "
+         "same three operations",
+    check=model(("unfused", _N), ("fused", _N), ("intensity_gain", _N), ("predicted_speedup", _N)),
+    planted={"relu_free": "unfused(16777216, 4)"},
+)
+
+# ------------------------------------------------------------------------------------------- roofline.6
+_GEMMS = [(16, 4096, 4096, 2), (16, 4096, 4096, 4), (4096, 4096, 4096, 2), (1, 8192, 8192, 2), (128, 1024, 512, 4)]
+gemm_intensity = Exercise(
+    id="part3.roofline.6", title="The intensity of a skinny GEMM", difficulty=2, kind="model",
+    files=("part3/gemm_intensity.py",),
+    task="A GEMM of M x K by K x N with M = 16 (one token's worth of rows, as in inference). Compute its "
+         "intensity for N = K = 4096. Which roof applies, and what does that say about batching? Write the "
+         "bytes (each operand read once, C written once), the FLOPs, the intensity and which roof bounds it.",
+    hint="FLOPs = 2MNK; bytes = itemsize x (MK + KN + MN); the kernel is memory-bound when its intensity is "
+         "below the ridge point, peak FLOP/s divided by peak bytes/s",
+    check=model(("gemm_flops", [g[:3] for g in _GEMMS]), ("gemm_bytes", _GEMMS), ("intensity", _GEMMS),
+                ("bound", [g + p for g in _GEMMS for p in ((989e12, 3.35e12), (67e12, 3.35e12))])),
+    planted={"no_c_write": "gemm_bytes(", "ridge_inverted": "bound("},
+)
+
+# ------------------------------------------------------------------------------------------- scan.1
+_POW2 = [(1 << e,) for e in range(1, 21)]
+scan_work = Exercise(
+    id="part3.scan.1", title="The additions of Kogge-Stone and Brent-Kung", difficulty=2, kind="model",
+    files=("part3/scan_work.py",),
+    task="Count the additions of Kogge-Stone and Brent-Kung for a 1024-element tile (and any power of two). At "
+         "what tile size does Brent-Kung do ten times fewer?",
+    hint="Kogge-Stone: at step d = 1, 2, 4, ..., n/2 every element i >= d adds, n - d additions. Brent-Kung: the "
+         "up-sweep does n/2 + n/4 + ... + 1 = n - 1; the down-sweep of the chapter's inclusive scan does "
+         "n - 1 - log2(n)",
+    check=model(("kogge_stone_adds", _POW2), ("brent_kung_adds", _POW2), ("tenfold_tile", [()])),
+    planted={"bk_no_downsweep": "brent_kung_adds(2)"},
+)
+
+# ------------------------------------------------------------------------------------------- warp-primitives.2
+WARP_SCAN = cuda.Kernel("warp_inclusive_scan", "const float* x, float* out, int n")
+
+
+def _check_warp_scan(run: Run) -> None:
+    src = run.path()
+    cuda.compile_check(run, src, WARP_SCAN)
+    for n, block in ((200, 64), (32, 32)):
+        x = randn(n, seed=9)
+        pad = (-n) % 32
+        chunks = torch.cat([x, torch.zeros(pad)]).view(-1, 32)
+        expected = chunks.double().cumsum(1).reshape(-1)[:n].float()
+        cuda.run_everywhere(run, src, WARP_SCAN, ((n + block - 1) // block,), (block,), (x, cuda.Out(n), n),
+                            lambda outs, e=expected: close("out", outs[1], e, 1e-5, 1e-5),
+                            label=f"n = {n}, blocks of {block}")
+
+
+warp_scan = Exercise(
+    id="part3.warp-primitives.2", title="A warp-level inclusive scan with __shfl_up_sync", difficulty=3,
+    kind="cuda", files=("part3/warp_scan.cu",),
+    task="Write a warp-level inclusive scan (prefix sum) with __shfl_up_sync: each warp scans its 32 consecutive "
+         "elements. Which lanes must not add in each step? It is checked against torch.cumsum on each warp's "
+         "worth of values (the CPU emulator runs shuffles as well).",
+    hint="for d = 1, 2, 4, 8, 16: take the value d lanes to the left with __shfl_up_sync (every lane must call "
+         "it), and add it only if lane >= d: for smaller lanes __shfl_up_sync returns the lane's own value",
+    check=_check_warp_scan,
+    planted={"all_lanes_add": "out[1]", "shfl_down": "out[0]"},
+    gpu="the run on a real GPU (CuPy)",
+)
+
+# ------------------------------------------------------------------------------------------- reduction.6
+
+
+def _check_atomic_sum(run: Run) -> None:
+    mod = run.module()
+    for n, block in ((1000, 256), (5000, 1024), (1, 64), (4096, 256)):
+        with run.case(f"sum of {n} elements, BLOCK = {block}"):
+            x = randn(n, seed=10)
+            out = Output((1,), run.device)
+            mod.total(inp(x, run.device), out.tensor, block=block)
+            expected = x.double().sum().float().reshape(1)
+            close("out", out.check(), expected, 1e-5, 1e-5 * math.sqrt(n))
+
+
+atomic_sum = Exercise(
+    id="part3.reduction.6", title="A one-launch Triton sum with tl.atomic_add", difficulty=2, kind="triton",
+    files=("part3/atomic_sum.py",),
+    task="Make the Triton reduction a single launch: each program loads its block, reduces it with tl.sum, and "
+         "adds its partial sum into the single fp32 output with tl.atomic_add. (Is it faster at 2^28? At 2^20? "
+         "That part is measured on a GPU.)",
+    hint="masked lanes must add nothing: load with mask=offs < n and other=0.0; and every program must add into "
+         "out, not overwrite it (tl.atomic_add, not tl.store)",
+    check=_check_atomic_sum,
+    planted={"store": "out[0]", "no_mask": "out-of-bounds"},
+    gpu="the timing at 2^28 and 2^20 against the two-pass version",
+)
+
+# ------------------------------------------------------------------------------------------- sgemm.7
+MATMUL = cuda.Kernel("matmul_tiled", "const float* a, const float* b, float* c, int m, int n, int k")
+
+
+def _cublas_note(run: Run, src) -> None:
+    """On a GPU: time the learner's kernel against cuBLAS (torch.matmul, TF32 off) at 1024^3."""
+    if cuda.gpu_unavailable():
+        run.skip("comparison with cuBLAS: needs a GPU (CuPy and CUDA)")
+        return
+    m = n = k = 1024
+    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    c = torch.empty(m, n, device="cuda")
+    fn = cuda.gpu_function(src.read_text(), MATMUL.name)
+    import cupy
+    import numpy as np
+
+    args = (cupy.uint64(a.data_ptr()), cupy.uint64(b.data_ptr()), cupy.uint64(c.data_ptr()), np.int32(m),
+            np.int32(n), np.int32(k))
+
+    def mine():
+        fn(((n + 15) // 16, (m + 15) // 16), (16, 16), args)
+
+    def cublas():
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            torch.matmul(a, b)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+
+    times = {}
+    for name, f in (("yours", mine), ("cuBLAS", cublas)):
+        for _ in range(3):
+            f()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            f()
+        end.record()
+        torch.cuda.synchronize()
+        times[name] = start.elapsed_time(end) / 20
+    flops = 2 * m * n * k
+    run.note(f"at 1024^3 on this GPU: yours {flops / times['yours'] / 1e9:.2f} TFLOP/s, cuBLAS fp32 "
+             f"{flops / times['cuBLAS'] / 1e9:.2f} TFLOP/s ({times['cuBLAS'] / times['yours']:.2f} of cuBLAS)")
+
+
+def _check_matmul_cuda(run: Run) -> None:
+    src = run.path()
+    cuda.compile_check(run, src, MATMUL, shared=True, barrier=True)
+    for m, n, k in ((37, 29, 45), (16, 16, 16), (5, 40, 70)):
+        a, b = randn(m, k, seed=11), randn(k, n, seed=12)
+        expected = (a.double() @ b.double()).float()
+        grid = ((n + 15) // 16, (m + 15) // 16)
+        cuda.run_everywhere(run, src, MATMUL, grid, (16, 16), (a, b, cuda.Out((m, n)), m, n, k),
+                            lambda outs, e=expected, k=k: close("c", outs[2], e, 1e-5, 1e-6 * k + 1e-6),
+                            label=f"{m} x {n} x {k}")
+    _cublas_note(run, src)
+
+
+matmul_cuda = Exercise(
+    id="part3.sgemm.7", title="Project: the tiled matrix multiply in CUDA, and cuBLAS", difficulty=4, kind="cuda",
+    files=("part3/matmul_tiled.cu",),
+    task="Write the tiled matrix multiply of v3 yourself: a 16 x 16 block computes a 16 x 16 tile of C; for each "
+         "16-wide slice of K it loads a tile of A and a tile of B into shared memory (zero outside the "
+         "matrices), waits, accumulates, and waits again before the next load. Any M, N, K. On a GPU the check "
+         "also times it against cuBLAS at 1024^3.",
+    hint="two __syncthreads() per K step: one after the loads (before anyone reads the tiles), one after the "
+         "products (before anyone overwrites them). Load 0.0f for elements outside A or B, and store only "
+         "row < m && col < n",
+    check=_check_matmul_cuda,
+    planted={"no_second_sync": "c[", "no_load_bounds": "c["},
+    gpu="the run on a real GPU and the comparison with cuBLAS (torch.matmul, TF32 off)",
+)
+
+# ------------------------------------------------------------------------------------------- sgemm.8
+
+
+def _tf32(t: torch.Tensor) -> torch.Tensor:
+    """Round fp32 to TF32 (10 mantissa bits), as a tensor core's TF32 mode reads its inputs."""
+    i = t.contiguous().view(torch.int32)
+    i = (i + 0x1000) & ~0x1FFF
+    return i.view(torch.float32)
+
+
+def _off_by_one_element(c: torch.Tensor) -> torch.Tensor:
+    c = c.clone()
+    c[1, 2] += 1.0
+    return c
+
+
+def _check_validate(run: Run) -> None:
+    mod = run.module()
+    validate, tolerance = getattr(mod, "validate", None), getattr(mod, "tolerance", None)
+    if not callable(validate) or not callable(tolerance):
+        raise Failure("validate() or tolerance() is missing")
+    shapes = ((64, 16, 48), (32, 1024, 32), (16, 4096, 16))
+
+    def call(c, a, b):
+        try:
+            return bool(validate(c, a, b))
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise Failure(f"validate() raised {type(exc).__name__}: {exc} (it should return False for a wrong "
+                          f"result, not fail)") from exc
+
+    for m, k, n in shapes:
+        a, b = randn(m, k, seed=13), randn(k, n, seed=14)
+        exact = a.double() @ b.double()
+        with run.case(f"accepts a correct fp32 product, k = {k}",
+                      hint="a correct fp32 result differs from the float64 one by rounding, about 2^-24 x k x "
+                           "|C|: the tolerance must allow that much (and an entry near 0 needs an atol)"):
+            for label, c in (("a @ b", a @ b), ("the same product summed in 4 K-chunks",
+                                                sum(a[:, i::4] @ b[i::4, :] for i in range(4)))):
+                if not call(c, a, b):
+                    err = (c.double() - exact).abs().max().item()
+                    raise Failure(f"validate() rejected a correct fp32 product ({label}, max error {err:.3g})")
+        wrong = {
+            "a TF32 product (inputs rounded to 10 mantissa bits)": _tf32(a) @ _tf32(b),
+            "a product that skips the last 16 of k": a[:, :k - 16] @ b[:k - 16, :] if k > 16 else a[:, :0] @ b[:0],
+            "a product with one element off by 1.0": _off_by_one_element(a @ b),
+            "the product of the wrong shape (transposed)": (a @ b).t().contiguous() if m != n else (a @ b)[:-1],
+        }
+        for label, c in wrong.items():
+            with run.case(f"rejects {label}, k = {k}",
+                          hint="a tolerance loose enough to accept TF32 or a missing tile is not a test of an fp32 "
+                               "kernel: derive it from k and fp32's rounding (about 1e-6 x k)"):
+                if call(c, a, b):
+                    err = (c.double() - exact).abs().max().item() if c.shape == exact.shape else float("nan")
+                    raise Failure(f"validate() accepted {label} at k = {k} (max error {err:.3g}; tolerance({k}) "
+                                  f"= {tolerance(k)}): the tolerance lets a wrong kernel pass")
+    with run.case("tolerance(k) grows with k (it is derived from the size)"):
+        r16, r4096 = tolerance(16), tolerance(4096)
+        if not (isinstance(r16, tuple) and len(r16) == 2):
+            raise Failure(f"tolerance(16) = {r16!r}, expected a pair (rtol, atol)")
+        if not r4096[1] > r16[1]:
+            raise Failure(f"tolerance(16) = {r16}, tolerance(4096) = {r4096}: atol does not grow with k",
+                          hint="the rounding error of a length-k fp32 sum grows with k: make atol a function of k")
+
+
+validate = Exercise(
+    id="part3.sgemm.8", title="Project: validate a kernel against a CPU reference", difficulty=2, kind="python",
+    files=("part3/validate.py",),
+    task="Write the comparison every kernel test of this book makes: validate(c, a, b) computes the float64 "
+         "product on the CPU and compares with a tolerance derived from the size of the problem "
+         "(tolerance(k) -> (rtol, atol)). It must accept any correct fp32 result, however its sums were ordered, "
+         "and reject a TF32 result, a missing K tile, a single wrong element and a result of the wrong shape.",
+    hint="see 'How close is close enough' in the chapter: the error of a length-k fp32 sum of terms of size ~1 "
+         "grows like 2^-24 x k",
+    check=_check_validate,
+    planted={"fixed_loose": "accepted a TF32 product", "rtol_only": "rejected a correct fp32 product"},
+)
+
+EXERCISES = [metrics, fused_intensity, gemm_intensity, scan_work, warp_scan, atomic_sum, matmul_cuda, validate]

@@ -1,0 +1,270 @@
+"""Part 4: Triton. Six of the exercises are a ladder (puzzles 1 to 6), from a masked load to the online softmax."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from exercises import compare
+from exercises.catalog.helpers import Output, close, inp, model, randn
+from exercises.engine import Exercise, Failure, Run
+
+LADDER = "Triton ladder"
+
+
+# ------------------------------------------------------------------------------------------- puzzle 1
+def _check_strided(run: Run) -> None:
+    mod = run.module()
+    for n, stride, block in ((100, 3, 64), (64, 1, 64), (5, 7, 4), (33, 2, 16)):
+        with run.case(f"n = {n}, stride = {stride}, BLOCK = {block}"):
+            x = randn((n - 1) * stride + 1, seed=20)
+            out = Output((n,), run.device)
+            mod.strided_copy(inp(x, run.device), out.tensor, stride, block=block)
+            close("out", out.check(), x[::stride].contiguous(), 0.0, 0.0)
+
+
+puzzle_load = Exercise(
+    id="part4.programming-model.6", title=f"{LADDER} 1/6: a strided load with a mask", difficulty=1,
+    kind="triton", files=("part4/p1_strided_copy.py",),
+    task="out[i] = x[i * stride] for i < n, one program per BLOCK elements. Write the mask and the masked load "
+         "and store: x has (n - 1) * stride + 1 elements, so the mask is about i, not about the address.",
+    hint="offs = pid * BLOCK + tl.arange(0, BLOCK) indexes out; mask = offs < n; load x_ptr + offs * stride",
+    check=_check_strided,
+    planted={"mask_on_x": "out[34]", "no_stride": "out[1]"},
+)
+
+
+# ------------------------------------------------------------------------------------------- puzzle 2
+def _check_outer(run: Run) -> None:
+    mod = run.module()
+    for m, n in ((20, 50), (16, 16), (3, 70)):
+        with run.case(f"{m} x {n} into a column slice of a wider matrix"):
+            x, y = randn(m, seed=21), randn(n, seed=22)
+            out = Output((m, n), run.device, row_pad=5, col_offset=2)
+            mod.outer_add(inp(x, run.device), inp(y, run.device), out.tensor, bm=16, bn=32)
+            close("out", out.check(), x[:, None] + y[None, :], 0.0, 0.0)
+
+
+puzzle_broadcast = Exercise(
+    id="part4.programming-model.7", title=f"{LADDER} 2/6: a broadcast add", difficulty=2, kind="triton",
+    files=("part4/p2_outer_add.py",),
+    task="out[i, j] = x[i] + y[j] for x of m elements and y of n: each program computes a (BM, BN) tile of out "
+         "from BM elements of x and BN of y. Write the 2-D offsets, the masks and the broadcast (out has a row "
+         "stride of its own).",
+    hint="rows[:, None] and cols[None, :] turn two vectors into a (BM, BN) grid; x needs the row mask, y the "
+         "column mask, the store both",
+    check=_check_outer,
+    planted={"row_mask_only": "outside out", "swapped": "out["},
+)
+
+
+# ------------------------------------------------------------------------------------------- puzzle 3
+def _check_row_sum(run: Run) -> None:
+    mod = run.module()
+    for m, n in ((7, 100), (4, 128), (1, 3), (9, 33)):
+        with run.case(f"row sums of a {m} x {n} matrix"):
+            x = randn(m, n, seed=23)
+            out = Output((m,), run.device)
+            mod.row_sum(inp(x, run.device), out.tensor)
+            close("out", out.check(), x.double().sum(1).float(), 1e-5, 1e-5)
+
+
+puzzle_row_sum = Exercise(
+    id="part4.programming-model.8", title=f"{LADDER} 3/6: a row sum", difficulty=2, kind="triton",
+    files=("part4/p3_row_sum.py",),
+    task="out[r] = x[r, 0] + ... + x[r, n - 1]: one program per row, BLOCK_N a power of two >= n. Load the row "
+         "with a mask that adds nothing for the lanes past n, and reduce it with tl.sum.",
+    hint="row r starts at x_ptr + r * stride_row; masked lanes must load 0.0 (other=0.0), the neutral element of "
+         "a sum",
+    check=_check_row_sum,
+    planted={"row_stride_block": "out[1]", "no_mask": "out-of-bounds"},
+)
+
+
+# ------------------------------------------------------------------------------------------- puzzle 4
+def _check_softmax_rows(run: Run) -> None:
+    mod = run.module()
+    for m, n, scale in ((6, 100, 1.0), (3, 128, 1.0), (4, 50, 100.0), (2, 1, 1.0)):
+        with run.case(f"softmax of {m} x {n} rows, values of size {scale:g}"):
+            x = randn(m, n, seed=24, scale=scale)
+            out = Output((m, n), run.device)
+            mod.softmax(inp(x, run.device), out.tensor)
+            close("out", out.check(), torch.softmax(x.double(), -1).float(), 1e-5, 1e-7)
+
+
+puzzle_softmax = Exercise(
+    id="part4.softmax.7", title=f"{LADDER} 4/6: a row softmax", difficulty=2, kind="triton",
+    files=("part4/p4_softmax.py",),
+    task="The one-pass row softmax of the chapter's v2, written yourself: one program per row (BLOCK_N >= n), "
+         "subtract the row maximum, exponentiate, divide by the sum. It is checked on rows shorter than "
+         "BLOCK_N and on logits of size 100, where exp overflows without the maximum.",
+    hint="masked lanes must load -inf (exp(-inf) = 0 adds nothing to the sum, and -inf never wins the max); "
+         "e = tl.exp(x - tl.max(x, axis=0)); out = e / tl.sum(e, axis=0)",
+    check=_check_softmax_rows,
+    planted={"no_max": "nan", "other_zero": "out[0, 0]"},
+)
+
+
+# ------------------------------------------------------------------------------------------- puzzle 5
+def _check_matmul(run: Run) -> None:
+    mod = run.module()
+    for m, n, k in ((40, 24, 50), (16, 16, 16), (33, 65, 17)):
+        with run.case(f"{m} x {k} by {k} x {n}, fp32"):
+            a, b = randn(m, k, seed=25), randn(k, n, seed=26)
+            out = Output((m, n), run.device)
+            mod.matmul(inp(a, run.device), inp(b, run.device), out.tensor)
+            close("c", out.check(), (a.double() @ b.double()).float(), 1e-5, 1e-6 * k + 1e-6)
+    with run.case("B given as a transposed view (strides (1, k))"):
+        a, bt = randn(24, 40, seed=27), randn(32, 40, seed=28)
+        out = Output((24, 32), run.device)
+        mod.matmul(inp(a, run.device), inp(bt, run.device).t(), out.tensor)
+        close("c", out.check(), (a.double() @ bt.double().t()).float(), 1e-5, 1e-6 * 40 + 1e-6)
+
+
+puzzle_matmul = Exercise(
+    id="part4.matmul.8", title=f"{LADDER} 5/6: a tiled matmul with tl.dot (fp32)", difficulty=3, kind="triton",
+    files=("part4/p5_matmul.py",),
+    task="The tiled matrix multiply in Triton (the Triton half of the Part 3 project): each program computes a "
+         "(BLOCK_M, BLOCK_N) tile of C, looping over K in steps of BLOCK_K with tl.dot on fp32 tiles (the CPU "
+         "interpreter's bf16 dot is unreliable, so this exercise stays in fp32). Any shape, any strides.",
+    hint="a's tile is a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak, b's is b_ptr + ks[:, None] * "
+         "stride_bk + cols[None, :] * stride_bn; mask both on k < K (and rows < M, cols < N) with other=0.0; "
+         "acc += tl.dot(a, b)",
+    check=_check_matmul,
+    planted={"b_stride": "c[", "no_k_mask": "out-of-bounds"},
+    gpu="the comparison with cuBLAS and with the chapter's v3 (python -m snippets bench matmul)",
+)
+
+
+# ------------------------------------------------------------------------------------------- puzzle 6
+def _check_online(run: Run) -> None:
+    mod = run.module()
+    x_rising = torch.arange(300, dtype=torch.float32).reshape(2, 150) / 10
+    for name, x, block in (("increasing rows (the max changes in every chunk)", x_rising, 32),
+                           ("random rows of size 50", randn(3, 200, seed=29, scale=50.0), 64),
+                           ("a row shorter than one chunk", randn(2, 10, seed=30), 64)):
+        with run.case(f"{name}, BLOCK_N = {block}"):
+            out = Output(tuple(x.shape), run.device)
+            mod.softmax_online(inp(x, run.device), out.tensor, block_n=block)
+            close("out", out.check(), torch.softmax(x.double(), -1).float(), 1e-5, 1e-7)
+
+
+puzzle_online = Exercise(
+    id="part4.softmax.2", title=f"{LADDER} 6/6: the online softmax", difficulty=3, kind="triton",
+    files=("part4/p6_softmax_online.py",),
+    task="Rewrite v4 so that each chunk is reduced to a single (m, s) pair with tl.max and tl.sum, with one "
+         "exponential per element in the first pass: walk the row in chunks of BLOCK_N, keep the running "
+         "maximum m and the running sum s of exp(x - m), and rescale s whenever m grows; a second pass writes "
+         "exp(x - m) / s. (Measuring it in bf16 and fp32 at N = 2^16 is the GPU half of the chapter's exercise.)",
+    hint="m_new = max(m, tl.max(chunk)); s = s * tl.exp(m - m_new) + tl.sum(tl.exp(chunk - m_new)); masked lanes "
+         "load -inf. Start from m = -inf and s = 0",
+    check=_check_online,
+    planted={"no_rescale": "out[0, 0]", "stale_max": "out["},
+    gpu="the measurement in bf16 and fp32 at N = 2^16",
+)
+
+
+# ------------------------------------------------------------------------------------------- softmax.1
+_MN = [(16384, 8192, 4), (16384, 8192, 2), (1, 1000, 4), (4096, 128, 8)]
+softmax_bytes = Exercise(
+    id="part4.softmax.1", title="The bytes of the three-pass softmax and of v4", difficulty=1, kind="model",
+    files=("part4/softmax_bytes.py",),
+    task="Compute the bytes of the three-pass softmax (max pass, sum pass, write pass) and of v4 (the online "
+         "softmax: a pass for (m, s), a pass to write). At which fraction of the copy rate should each top out? "
+         "The rate is reported as 2MN x itemsize over the time, as for every version.",
+    hint="count whole passes over the (M, N) input: the three-pass kernel reads x three times and writes y "
+         "once, v4 reads it twice and writes once. At the copy bandwidth, a kernel that moves B bytes reports a "
+         "rate of (2MN x itemsize / B) of the copy rate",
+    check=model(("bytes_three_pass", _MN), ("bytes_online", _MN), ("top_fraction_three_pass", _MN),
+                ("top_fraction_online", _MN)),
+    planted={"three_reads": "bytes_three_pass("},
+)
+
+
+# ------------------------------------------------------------------------------------------- softmax.6
+def _check_softmax_bwd(run: Run) -> None:
+    mod = run.module()
+    for m, n in ((5, 100), (3, 128), (2, 7)):
+        with run.case(f"backward of a {m} x {n} softmax"):
+            x, g = randn(m, n, seed=31), randn(m, n, seed=32)
+            y = torch.softmax(x, -1)
+            xd = x.double().requires_grad_()
+            torch.softmax(xd, -1).backward(g.double())
+            out = Output((m, n), run.device)
+            mod.softmax_backward(inp(y, run.device), inp(g, run.device), out.tensor)
+            close("dx", out.check(), xd.grad.float(), 1e-5, 1e-6)
+    with run.case("bytes_moved() of the one-pass backward"):
+        compare.functions("bytes_moved", getattr(mod, "bytes_moved", None), run.solution().bytes_moved,
+                          [(16384, 8192, 2), (10, 10, 4)])
+
+
+softmax_backward = Exercise(
+    id="part4.softmax.6", title="The backward of softmax in one pass", difficulty=3, kind="triton",
+    files=("part4/softmax_backward.py",),
+    task="Write the backward of softmax, dx = y * (g - <g, y>), as a one-pass Triton kernel (one program per "
+         "row, the row in registers). What is its cost model, and what rate should it reach?",
+    hint="the inner product is per row: dot = tl.sum(g * y, axis=0); masked lanes load 0.0 for both. It reads y "
+         "and g and writes dx: three passes of M x N elements",
+    check=_check_softmax_bwd,
+    planted={"sum_g": "dx[", "bytes_two": "bytes_moved("},
+)
+
+
+# ------------------------------------------------------------------------------------------- debugging.3
+def _check_row_max(run: Run) -> None:
+    mod = run.module()
+    cases = (("rows of negative numbers, shorter than BLOCK_N", -randn(4, 50, seed=33).abs() - 1),
+             ("mixed signs", randn(5, 64, seed=34)), ("one column", -torch.ones(3, 1)))
+    for name, x in cases:
+        with run.case(name):
+            out = Output((x.shape[0],), run.device)
+            mod.row_max(inp(x, run.device), out.tensor)
+            close("out", out.check(), x.max(1).values, 0.0, 0.0)
+
+
+row_max = Exercise(
+    id="part4.debugging.3", title="A row-wise maximum, and the value of masked lanes", difficulty=2,
+    kind="triton", files=("part4/row_max.py",),
+    task="Write a kernel that computes a row-wise maximum (one program per row, BLOCK_N >= n). The chapter's "
+         "exercise: with other=0.0 on the masked load it is wrong; find the input on which it is, and fix it. "
+         "The check includes that input.",
+    hint="a masked lane takes the value `other`; for a maximum it must be a value that never wins: "
+         "float('-inf')",
+    check=_check_row_max,
+    planted={"other_zero": "out[0] = 0"},
+)
+
+
+# ------------------------------------------------------------------------------------------- dropout.1
+def _check_dropout(run: Run) -> None:
+    from snippets.common.dropout import rand_ref
+
+    mod = run.module()
+    for n, p, seed, base in ((1000, 0.3, 123, 0), (1000, 0.3, 123, 5000), (77, 0.5, 7, 1 << 20)):
+        with run.case(f"n = {n}, p = {p}, seed = {seed}, base_offset = {base}"):
+            x = randn(n, seed=35)
+            keep = torch.from_numpy(rand_ref(seed, np.arange(base, base + n, dtype=np.int64)) >= np.float32(p))
+            expected = torch.where(keep, x * np.float32(1 / (1 - p)), torch.zeros(()))
+            out = Output((n,), run.device)
+            mod.dropout(inp(x, run.device), out.tensor, p, seed, base)
+            close("out", out.check(), expected, 1e-6, 0.0)
+    with run.case("min_offset_gap(): how far apart two layers' offsets must be"):
+        compare.functions("min_offset_gap", getattr(mod, "min_offset_gap", None), run.solution().min_offset_gap,
+                          [(1000,), (4096 * 1024,), (1,)])
+
+
+dropout = Exercise(
+    id="part4.dropout.1", title="Seeded dropout with a base offset", difficulty=2, kind="triton",
+    files=("part4/dropout_offset.py",),
+    task="Add a base_offset argument to seeded dropout that is added to every element index, and use it to give "
+         "the layers of a model disjoint ranges of one stream. What must the offsets of two layers differ by?",
+    hint="the Philox counter is the element's index: tl.rand(seed, base_offset + offs). Two layers' ranges "
+         "[base, base + numel) must not overlap",
+    check=_check_dropout,
+    planted={"ignores_base": "base_offset = 5000", "half_gap": "min_offset_gap("},
+)
+
+EXERCISES = [puzzle_load, puzzle_broadcast, puzzle_row_sum, puzzle_softmax, puzzle_matmul, puzzle_online,
+             softmax_bytes, softmax_backward, row_max, dropout]

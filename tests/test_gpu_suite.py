@@ -1,0 +1,130 @@
+"""How the GPU suite runs, checked without a GPU: REQUIRE_GPU=1 fails a version that cannot run for a reason other
+than the GPU's compute capability (a missing Liger-Kernel), KM_SPLIT_PART splits a file into shares that cover
+every test once with an op's cases together, and scripts/gpu_tests.sh deals its jobs out to KM_SHARD shards and
+writes the summary with the commit (pytest itself replaced by a stand-in that reports a result)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import conftest
+from snippets.bench import captures
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _outcome(reason: str, require_gpu: bool, monkeypatch) -> str:
+    monkeypatch.setattr(conftest, "REQUIRE_GPU", require_gpu)
+    try:
+        conftest.skip_unavailable(reason)
+    except pytest.skip.Exception:
+        return "skipped"
+    except pytest.fail.Exception:
+        return "failed"
+    return "ran"
+
+
+def test_require_gpu_fails_a_missing_baseline_but_not_a_missing_capability(monkeypatch):
+    from snippets.common.baselines import liger_missing  # noqa: F401 (the reason below is its wording)
+
+    missing = "rmsnorm v2: Liger-Kernel is not installed (pip install liger-kernel)"
+    hardware = "matmul v4: TMA needs compute capability 9.0 (Hopper), this GPU has (8, 0)"
+    assert _outcome(missing, False, monkeypatch) == "skipped"
+    assert _outcome(missing, True, monkeypatch) == "failed"
+    assert _outcome(hardware, True, monkeypatch) == "skipped"
+    assert _outcome("needs a CUDA GPU", True, monkeypatch) == "failed"
+
+
+def _collected(path: str, part: str | None) -> list[str]:
+    env = {**os.environ, "KM_SPLIT_PART": part or ""}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider",
+                          "--collect-only", "-q", path], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return [line for line in out.stdout.splitlines() if "::" in line]
+
+
+@pytest.mark.parametrize("path, n", [("tests/test_ops.py", 3), ("tests/test_part5_lora.py", 3)])
+def test_split_shares_cover_every_test_once(path, n):
+    whole = _collected(path, None)
+    shares = [_collected(path, f"{k}/{n}") for k in range(1, n + 1)]
+    assert sorted(t for s in shares for t in s) == sorted(whole)
+    assert all(shares), "every share has tests"
+    if path.endswith("test_ops.py"):  # an op's cases stay in one process (its compiled kernels are reused)
+        op_of = re.compile(r"\[([a-z0-9_]+)-v\d+-")
+        where = {}
+        for k, share in enumerate(shares):
+            for t in share:
+                m = op_of.search(t)
+                if m:
+                    assert where.setdefault(m[1], k) == k, f"{m[1]} is split across shares"
+
+
+STUB = r"""#!/usr/bin/env bash
+# python3 as gpu_tests.sh calls it: pytest reports a result (and fails for a file named in STUB_FAIL); the rest is
+# the real interpreter.
+if [ "$1" = -m ] && [ "$2" = pytest ]; then
+  echo "pytest $3 KM_SPLIT_PART=$KM_SPLIT_PART" >> "$STUB_LOG"
+  if [ -n "$STUB_FAIL" ] && [[ $3 == *"$STUB_FAIL"* ]]; then
+    echo "FAILED $3::test_x - AssertionError"; echo "1 failed, 2 passed in 0.01s"; exit 1
+  fi
+  echo "3 passed in 0.01s"; exit 0
+fi
+if [ "$1" = -c ] && [[ $2 == *"import liger_kernel"* ]]; then exit 0; fi
+exec "$REAL_PY" "$@"
+"""
+
+
+def _gpu_tests(tmp_path: Path, shard: str, fail: str = "") -> tuple[int, Path, list[str]]:
+    stub = tmp_path / "python3"
+    stub.write_text(STUB)
+    stub.chmod(stat.S_IRWXU)
+    out, log = tmp_path / f"out{shard.replace('/', 'of')}", tmp_path / f"calls{shard.replace('/', 'of')}.log"
+    env = {**os.environ, "PYTHON": str(stub), "REAL_PY": sys.executable, "STUB_LOG": str(log), "STUB_FAIL": fail,
+           "KM_SHARD": shard, "KM_SPLIT": "tests/test_ops.py:3", "KM_ALONE": "tests/test_part2_memory.py",
+           "KM_COMMIT": "0123456789abcdef0123456789abcdef01234567", "KM_DIRTY": "0"}
+    files = ["tests/test_part2_memory.py", "tests/test_part1.py", "tests/test_ops.py"]
+    proc = subprocess.run(["bash", "scripts/gpu_tests.sh", str(out), *files], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, out, log.read_text().splitlines() if log.exists() else []
+
+
+def test_gpu_tests_shards_split_files_and_write_the_summary(tmp_path):
+    rc1, out1, calls1 = _gpu_tests(tmp_path, "1/2")
+    rc2, out2, calls2 = _gpu_tests(tmp_path, "2/2")
+    assert rc1 == 0 and rc2 == 0
+    # jobs: test_ops in 3 shares (longest first), test_part1, then test_part2_memory alone; dealt in turn
+    assert sorted(calls1[:2]) == ["pytest tests/test_ops.py KM_SPLIT_PART=1/3",
+                                  "pytest tests/test_ops.py KM_SPLIT_PART=3/3"]  # at once, in either order
+    assert calls1[2:] == ["pytest tests/test_part2_memory.py KM_SPLIT_PART="], "the file run alone comes last"
+    assert sorted(calls2) == ["pytest tests/test_ops.py KM_SPLIT_PART=2/3", "pytest tests/test_part1.py KM_SPLIT_PART="]
+    summary = (out1 / "outputs" / "gpu_tests.txt").read_text()
+    assert "shard 1/2 of 5 jobs; commit 0123456789abcdef0123456789abcdef01234567" in summary
+    assert "test_ops[1/3]: 3 passed" in summary and "test_part2_memory: 3 passed" in summary
+    assert summary.rstrip().endswith("result: passed (2 + 1 jobs)")
+    meta = json.loads((out1 / "outputs" / "gpu_tests.meta.json").read_text())
+    assert meta["commit"] == "0123456789abcdef0123456789abcdef01234567"
+    assert meta["source_hash"] == captures.capture_hash("gpu_tests")
+    merged = captures.merge_tests([out1 / "outputs" / "gpu_tests.txt", out2 / "outputs" / "gpu_tests.txt"],
+                                  tmp_path / "gpu_tests.txt")
+    assert "shard 2/2" in merged.read_text() and captures.status(merged).fresh
+
+
+def test_gpu_tests_reports_a_failure(tmp_path):
+    rc, out, _ = _gpu_tests(tmp_path, "2/2", fail="test_part1")
+    summary = (out / "outputs" / "gpu_tests.txt").read_text()
+    assert rc == 1 and "test_part1: 1 failed, 2 passed" in summary
+    assert "    FAILED tests/test_part1.py::test_x" in summary and "result: FAILED: test_part1" in summary
+
+
+def test_gpu_tests_refuses_a_bad_shard(tmp_path):
+    rc, _, calls = _gpu_tests(tmp_path, "3/2")
+    assert rc == 2 and calls == []
