@@ -35,6 +35,7 @@ build: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .   # the linter first: seconds, and its findings are bugs more often than style
 	$(PY) -m pytest   # pyproject.toml says what: tests/, the docs' code blocks, README.md, CONTRIBUTING.md
 
 # On a CUDA machine: fail (instead of skip) when the GPU is missing, then run the sanitizer pass.

@@ -146,4 +146,4 @@ def tensors(name: str, got: Any, expected: torch.Tensor, rtol: float = 1e-5, ato
 def _span(xs: list[int]) -> str:
     if len(xs) <= 6:
         return ", ".join(map(str, xs))
-    return f"{xs[0]}..{xs[-1]} ({len(xs)} of them)"
+    return f"{xs[0]}..{xs[-1]}, {len(xs)} of them"

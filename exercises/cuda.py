@@ -8,7 +8,6 @@ unchanged file compiles nothing.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 import hashlib
@@ -16,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -26,10 +26,7 @@ from exercises.engine import BUILD, ROOT, Failure, Run, Skip, rel
 
 EMU_HEADER = ROOT / "emu" / "cuda_emu.h"
 ARCH = "sm_80"
-PAD = 64  # canary elements on each side of every buffer the emulator gets
-C_TYPES = {"int": (ctypes.c_int, np.int32), "unsigned": (ctypes.c_uint, np.uint32),
-           "long long": (ctypes.c_longlong, np.int64), "float": (ctypes.c_float, np.float32),
-           "double": (ctypes.c_double, np.float64)}
+PAD = 64  # at least this many guard elements on each side of every buffer the emulator gets
 NP_OF = {"float": np.float32, "double": np.float64, "int": np.int32, "unsigned": np.uint32,
          "long long": np.int64}
 
@@ -111,6 +108,7 @@ def compile_check(run: Run, src: Path, kernel: Kernel, *, shared: bool = False, 
     """nvcc compiles ``src`` for sm_80 with a static assertion on the kernel's signature; returns ptxas's
     report for the kernel (registers, barriers, smem bytes). ``shared``/``barrier``: the kernel must use
     shared memory / __syncthreads. Without nvcc the check is skipped (reported)."""
+    info = None
     with run.case(f"nvcc compiles {rel(src)}; {kernel.name}({kernel.types}) exists"):
         exe = nvcc()
         if exe is None:
@@ -118,7 +116,7 @@ def compile_check(run: Run, src: Path, kernel: Kernel, *, shared: bool = False, 
         text = src.read_text()
         tu_text = (f'#include "{src.resolve()}"\n#include <type_traits>\n'
                    f"static_assert(std::is_same<decltype(&{kernel.name}), void (*)({kernel.types})>::value,\n"
-                   f'              "EXERCISE: the kernel must be {kernel.declaration}");\n')
+                   f'              "EXERCISE_SIGNATURE: the kernel has the wrong parameters");\n')
         key = _digest(text, tu_text, ARCH)
         out = BUILD / "nvcc" / key
         report = out / "ptxas.txt"
@@ -130,7 +128,7 @@ def compile_check(run: Run, src: Path, kernel: Kernel, *, shared: bool = False, 
                                 str(out / "check.cubin")], capture_output=True, text=True, timeout=300)
             if r.returncode != 0:
                 err = r.stderr + r.stdout
-                if "EXERCISE: the kernel must be" in err:
+                if "static assertion failed" in err and "EXERCISE_SIGNATURE" in err:
                     raise Failure(f"{kernel.name} has the wrong signature: it must be {kernel.declaration}",
                                   hint="keep the kernel's parameters as the stub declares them")
                 if re.search(rf'identifier "{re.escape(kernel.name)}" is undefined', err):
@@ -156,6 +154,8 @@ def compile_check(run: Run, src: Path, kernel: Kernel, *, shared: bool = False, 
             raise Failure(f"{kernel.name} has no __syncthreads() (ptxas reports no barrier)",
                           hint="threads read what other threads wrote to shared memory: a __syncthreads() "
                                "must separate the writes from the reads")
+    if info is None:  # skipped: no nvcc
+        return {}
     run.note(f"ptxas ({ARCH}): {info['registers']} registers, {info['smem_bytes']} bytes of shared memory, "
              f"{info['barriers']} barrier(s)")
     return info
@@ -167,35 +167,70 @@ def gxx() -> str | None:
     return shutil.which("g++") or shutil.which("c++")
 
 
-def _emulator_lib(src: Path, kernel: Kernel) -> ctypes.CDLL:
+EMU_TIMEOUT = 60  # seconds: a kernel that loops forever is stopped
+
+
+def _emulator_exe(src: Path, kernel: Kernel) -> Path:
+    """The emulator program for ``kernel`` of ``src``: it reads each pointer argument's buffer from a file named
+    on its command line (the scalars are given there too), runs the grid, and writes the buffers back. A separate
+    process, so that a wild store or an endless loop in the kernel stops it, not the checker."""
     exe = gxx()
     if exe is None:
         raise Skip("no C++ compiler (g++) on PATH: the CPU emulator run was skipped")
-    args = ", ".join(f"*({p.ctype}*)a[{i}]" for i, p in enumerate(kernel.params))
+    parse = {"int": "(int)std::strtol", "unsigned": "(unsigned)std::strtoul", "long long": "std::strtoll",
+             "float": "std::strtof", "double": "std::strtod"}
+    decls, names = [], []
+    for i, p in enumerate(kernel.params):
+        arg = f"argv[{8 + i}]"
+        if p.pointer:
+            # the file: the number of guard elements on each side (int64), then the guarded buffer
+            decls.append(f"    std::vector<char> b{i} = slurp({arg});\n"
+                         f"    {p.base}* p{i} = reinterpret_cast<{p.base}*>(b{i}.data() + 8) + "
+                         f"*reinterpret_cast<const long long*>(b{i}.data());")
+        else:
+            base = " ".join(p.base.split())
+            if base not in parse:
+                raise ValueError(f"unsupported scalar type {p.ctype}")
+            tail = "(arg, nullptr)" if base in ("float", "double") else "(arg, nullptr, 0)"
+            decls.append(f"    {base} p{i} = {parse[base]}{tail.replace('arg', arg)};")
+        names.append(f"p{i}")
+    writes = "\n".join(f"    spill(argv[{8 + i}], b{i});" for i, p in enumerate(kernel.params) if p.pointer)
     tu_text = (f'#include "{EMU_HEADER}"\n#include "{src.resolve()}"\n'
-               f'extern "C" int emu_run(void** a, unsigned gx, unsigned gy, unsigned gz, unsigned bx, '
-               f"unsigned by, unsigned bz, int order, const char** err) {{\n"
-               f"  int rc = emu::launch(dim3(gx, gy, gz), dim3(bx, by, bz), order, [&] {{ {kernel.name}({args}); }});\n"
-               f"  *err = emu::error.c_str();\n  return rc;\n}}\n")
+               "#include <fstream>\n#include <iterator>\n"
+               "static std::vector<char> slurp(const char* path) {\n"
+               "    std::ifstream f(path, std::ios::binary);\n"
+               "    return std::vector<char>(std::istreambuf_iterator<char>(f), {});\n}\n"
+               "static void spill(const char* path, const std::vector<char>& b) {\n"
+               "    std::ofstream(path, std::ios::binary).write(b.data(), (std::streamsize)b.size());\n}\n"
+               "int main(int argc, char** argv) {\n"
+               f"    if (argc != {8 + len(kernel.params)}) return 2;\n"
+               "    int order = std::atoi(argv[1]);\n"
+               "    dim3 grid(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));\n"
+               "    dim3 block(std::atoi(argv[5]), std::atoi(argv[6]), std::atoi(argv[7]));\n"
+               + "\n".join(decls) + "\n"
+               f"    int rc = emu::launch(grid, block, order, [&] {{ {kernel.name}({', '.join(names)}); }});\n"
+               + writes + "\n"
+               '    if (rc) { std::fprintf(stderr, "%s\\n", emu::error.c_str()); return 3; }\n'
+               "    return 0;\n}\n")
     key = _digest(src.read_text(), tu_text, EMU_HEADER.read_text())
     out = BUILD / "emu" / key
-    lib = out / "kernel.so"
-    if not lib.exists():
+    binary = out / "kernel"
+    if not binary.exists():
         out.mkdir(parents=True, exist_ok=True)
         tu = out / "emu.cpp"
         _write_atomic(tu, tu_text)
-        tmp = out / f"kernel.{os.getpid()}.so"
-        r = subprocess.run([exe, "-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-o", str(tmp), str(tu)],
-                           capture_output=True, text=True, timeout=300)
+        tmp = out / f"kernel.{os.getpid()}"
+        r = subprocess.run([exe, "-std=c++17", "-O1", "-w", "-o", str(tmp), str(tu)], capture_output=True,
+                           text=True, timeout=300)
         if r.returncode != 0:
             err = r.stderr + r.stdout
             if "invalid conversion" in err or "cannot convert" in err or "too few arguments" in err \
                     or "too many arguments" in err:
                 raise Failure(f"{kernel.name} does not take ({kernel.types}): it must be {kernel.declaration}")
             raise Failure(f"the CPU emulator could not compile {rel(src)} (it covers the CUDA the exercises "
-                          f"need; nvcc's verdict is the one above):\n           {_tidy(err, src, tu)}")
-        os.replace(tmp, lib)
-    return ctypes.CDLL(str(lib))
+                          f"need; nvcc's verdict is the one above):\n{_tidy(err, src, tu)}")
+        os.replace(tmp, binary)
+    return binary
 
 
 @dataclasses.dataclass
@@ -211,47 +246,75 @@ class Out:
         return torch.full(self.shape if isinstance(self.shape, tuple) else (self.shape,), fill, dtype=self.dtype)
 
 
-def _emulate(src: Path, kernel: Kernel, grid, block, args: Sequence[Any], order: int) -> list[torch.Tensor]:
-    lib = _emulator_lib(src, kernel)
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _canary(k: int, dtype: np.dtype) -> int:
+    """The bit pattern of buffer k's guard elements: a quiet NaN with payload k for floats."""
+    if dtype == np.float32:
+        return 0x7FC0A000 + k
+    if dtype == np.float64:
+        return 0x7FF8_0000_0000_A000 + k
+    return (0x5A5A5A5A5A5A5A5A + k) & ((1 << (8 * dtype.itemsize)) - 1)
+
+
+def emulate(src: Path, kernel: Kernel, grid, block, args: Sequence[Any], order: int) -> list[torch.Tensor]:
+    exe = _emulator_exe(src, kernel)
     params = kernel.params
     if len(args) != len(params):
         raise ValueError(f"{kernel.name} takes {len(params)} arguments, the check passes {len(args)}")
-    keep, ptrs, buffers = [], [], []
-    for p, a in zip(params, args):
-        if p.pointer:
-            t = a.make() if isinstance(a, Out) else a
-            flat = t.detach().cpu().contiguous().reshape(-1).numpy()
-            canary = np.nan if flat.dtype.kind == "f" else -7777777
-            buf = np.full(flat.size + 2 * PAD, canary, dtype=flat.dtype)
-            buf[PAD:PAD + flat.size] = flat
-            buffers.append((p, buf, tuple(t.shape), flat.size))
-            ptr = ctypes.c_void_p(buf.ctypes.data + PAD * buf.itemsize)
-            keep.append(ptr)
-        else:
-            ctype = C_TYPES[p.base][0]
-            v = ctype(a)
-            keep.append(v)
-            ptr = v
-        ptrs.append(ctypes.cast(ctypes.pointer(ptr), ctypes.c_void_p))
-    arr = (ctypes.c_void_p * len(ptrs))(*ptrs)
     g = tuple(grid) + (1,) * (3 - len(grid))
     b = tuple(block) + (1,) * (3 - len(block))
-    err = ctypes.c_char_p()
-    lib.emu_run.restype = ctypes.c_int
-    rc = lib.emu_run(arr, *map(ctypes.c_uint, g), *map(ctypes.c_uint, b), ctypes.c_int(order), ctypes.byref(err))
-    if rc != 0:
-        raise Failure(f"the run stopped: {(err.value or b'').decode()}")
-    outs = []
-    for p, buf, shape, size in buffers:
-        for side, pad in (("before the start", buf[:PAD][::-1]), ("past the end", buf[PAD + size:])):
-            changed = ~np.isnan(pad) if pad.dtype.kind == "f" else pad != -7777777
-            if changed.any():
-                k = int(np.argmax(changed))
-                where = f"{p.name}[{size + k}]" if side == "past the end" else f"{p.name}[{-1 - k}]"
-                raise Failure(f"the kernel wrote {int(changed.sum())} element(s) {side} of {p.name} (first: "
-                              f"{where}): a thread outside the data stored without a bounds check",
-                              hint="guard every store (and load) with a bounds check such as if (i < n)")
-        outs.append(torch.from_numpy(buf[PAD:PAD + size].copy()).reshape(shape))
+    with tempfile.TemporaryDirectory(prefix="emu-") as tmp:
+        argv, buffers = [str(exe), str(order), *map(str, g), *map(str, b)], []
+        for i, (p, a) in enumerate(zip(params, args)):
+            if not p.pointer:
+                argv.append(float(a).hex() if p.base in ("float", "double") else str(int(a)))
+                continue
+            t = a.make() if isinstance(a, Out) else a
+            flat = t.detach().cpu().contiguous().reshape(-1).numpy()
+            if flat.dtype != NP_OF[p.base]:
+                raise ValueError(f"{p.name}: the check passes {flat.dtype}, the kernel takes {p.ctype}")
+            pad = max(PAD, flat.size)  # a store up to a whole buffer's length away still lands in a guard
+            buf = np.empty(flat.size + 2 * pad, dtype=flat.dtype)
+            # a NaN with a payload of this buffer's own (an integer pattern for integers): a value copied from
+            # another buffer's guard elements (x[n] + y[n] stored into out[n]) does not look like this one's
+            canary = _canary(len(buffers), buf.dtype)
+            buf.view(_UINT[buf.itemsize])[:] = canary
+            buf[pad:pad + flat.size] = flat
+            path = Path(tmp) / f"arg{i}.bin"
+            with open(path, "wb") as f:
+                f.write(np.int64(pad).tobytes())
+                f.write(buf.tobytes())
+            argv.append(str(path))
+            buffers.append((p, path, buf.dtype, tuple(t.shape), flat.size, canary, pad))
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=EMU_TIMEOUT)
+        except subprocess.TimeoutExpired as exc:
+            raise Failure(f"the kernel did not finish within {EMU_TIMEOUT} s on the CPU emulator (a loop that "
+                          f"never ends, or threads waiting for each other)") from exc
+        if r.returncode < 0:
+            raise Failure(f"the kernel crashed the CPU emulator (signal {-r.returncode}): it accessed memory far "
+                          f"outside its buffers", hint="check every index against the size of its array: a "
+                                                       "wrong bounds check, a wrong stride or swapped dimensions")
+        if r.returncode != 0:
+            raise Failure(f"the run stopped: {r.stderr.strip() or f'exit code {r.returncode}'}")
+        if r.stdout.strip():
+            print(r.stdout, end="")  # the kernel's printf
+        outs = []
+        for p, path, dtype, shape, size, canary, pad in buffers:
+            buf = np.fromfile(path, dtype=dtype, offset=8)
+            bits = buf.view(_UINT[buf.itemsize])
+            for side, guard in (("before the start", bits[:pad][::-1]), ("past the end", bits[pad + size:])):
+                changed = guard != canary
+                if changed.any():
+                    k = int(np.argmax(changed))
+                    where = f"{p.name}[{size + k}]" if side == "past the end" else f"{p.name}[{-1 - k}]"
+                    raise Failure(f"the kernel wrote {int(changed.sum())} element(s) {side} of {p.name} (first: "
+                                  f"{where}, counting {p.name} as flat): a thread outside the data stored "
+                                  f"without a bounds check",
+                                  hint="guard every store (and load) with a bounds check such as if (i < n)")
+            outs.append(torch.from_numpy(buf[pad:pad + size].copy()).reshape(shape))
     return outs
 
 
@@ -285,7 +348,7 @@ def _gpu(src: Path, kernel: Kernel, grid, block, args: Sequence[Any]) -> tuple[l
             tensors.append(t)
             call.append(cupy.uint64(t.data_ptr()))
         else:
-            call.append(C_TYPES[p.base][1](a))
+            call.append(NP_OF[p.base](a))
     g, b = tuple(grid), tuple(block)
 
     def launch():
@@ -304,13 +367,15 @@ def run_everywhere(run: Run, src: Path, kernel: Kernel, grid, block, args: Seque
     launcher = None
     for order, name in ((0, "CPU emulator"), (1, "CPU emulator, threads in reverse order")):
         with run.case(f"{label} [{name}]" if label else name):
-            check(_emulate(src, kernel, grid, block, args, order))
+            outs = emulate(src, kernel, grid, block, args, order)
+            run.kernel_runs += 1
+            check(outs)
     why = gpu_unavailable()
     if why:
-        run.skip(f"{label} [GPU]: {why}: the GPU run was skipped" if label else
-                 f"GPU run skipped: {why}")
+        run.skip(f"the run on the GPU: {why}")
         return None
     with run.case(f"{label} [GPU]" if label else "GPU"):
         outs, launcher = _gpu(src, kernel, grid, block, args)
+        run.kernel_runs += 1
         check(outs)
     return launcher

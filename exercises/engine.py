@@ -17,8 +17,11 @@ import os
 import re
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from typing import Callable, Iterator
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent  # exercises/
 REPO_ROOT = ROOT.parent
@@ -31,7 +34,7 @@ MARK = "YOUR CODE HERE"
 DIFFICULTY = {
     1: "fill one line",
     2: "write a few lines",
-    3: "write most of a kernel",
+    3: "write most of it",
     4: "write the kernel",
 }
 KINDS = {
@@ -196,8 +199,9 @@ def rel(path: Path) -> str:
         return str(path)
 
 
-def explain(exc: BaseException) -> str:
-    """What an exception raised by the learner's code means, in one or two lines."""
+def explain(exc: BaseException, files=()) -> str:
+    """What an exception raised by the learner's code means, in one or two lines, with the line of ``files``
+    (the files under test) where it happened when the traceback passes through one of them."""
     if isinstance(exc, NotImplementedError):
         return f"not written yet: {exc or 'NotImplementedError'}"
     text = f"{type(exc).__name__}: {exc}"
@@ -207,16 +211,17 @@ def explain(exc: BaseException) -> str:
         if len(chain) > 8:
             break
     full = " | ".join(f"{type(e).__name__}: {e}" for e in chain)
-    if "out-of-bounds" in full:
-        m = re.search(r"out-of-bounds (load|store|atomic)[^|]*", full)
-        what = m.group(0).strip() if m else "out-of-bounds access"
-        return (f"the kernel made an {what}. A lane past the end of the data was not masked off "
-                f"(check the mask of every tl.load and tl.store)")
-    # the learner's own frame, if any
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/exercises/" in f.filename
-              and "/exercises/engine.py" not in f.filename and "/exercises/compare.py" not in f.filename
-              and "/exercises/catalog/" not in f.filename]
+    # the deepest frame in a file under test, in any exception of the chain (the interpreter re-raises)
+    names = {str(Path(f).resolve()) for f in files}
+    frames = [f for e in chain for f in traceback.extract_tb(e.__traceback__)
+              if str(Path(f.filename).resolve()) in names]
     where = f" (at {rel(Path(frames[-1].filename))}, line {frames[-1].lineno})" if frames else ""
+    if "out-of-bounds" in full:
+        m = re.search(r"out-of-bounds (load|store|atomic) of [^;]*;[^)]*\)", full)
+        what = m.group(0).strip() if m else "out-of-bounds access"
+        what = re.sub(r"the first 0 elements past the end of (\w+)", r"the first right after the end of \1", what)
+        return (f"the kernel made an {what}. A lane past the end of the data was not masked off "
+                f"(check the mask of every tl.load and tl.store){where}")
     last = text.strip().splitlines()
     short = last[0] if len(last) < 3 else " ".join(s.strip() for s in last[-3:])
     return f"{short[:600]}{where}"
@@ -233,6 +238,7 @@ class Run:
         self.files = files or resolve(ex, variant, planted)
         self.device = device()
         self.lines: list[tuple[str, str]] = []
+        self.kernel_runs = 0  # CUDA: the runs of the kernel (CPU emulator or GPU) that took place
         self._modules: dict[str, object] = {}
         self._case: list[str] = []
 
@@ -265,7 +271,8 @@ class Run:
         self.lines.append(("ok", text))
 
     def skip(self, text: str) -> None:
-        self.lines.append(("skipped", text))
+        if ("skipped", text) not in self.lines:  # said once, however many cases it concerns
+            self.lines.append(("skipped", text))
 
     def note(self, text: str) -> None:
         self.lines.append(("note", text))
@@ -278,12 +285,12 @@ class Run:
         try:
             yield
         except Skip as exc:
-            self.skip(f"{name}: {exc}")
+            self.skip(str(exc))  # what could not run here, said once (it says what was skipped)
         except Failure as exc:
             raise Failure(f"{name}: {exc.message}" if not exc.message.startswith(name) else exc.message,
                           exc.hint or hint) from exc
         except Exception as exc:  # noqa: BLE001: the learner's code raised
-            raise Failure(f"{name}: {explain(exc)}", hint) from exc
+            raise Failure(f"{name}: {explain(exc, self.files.values())}", hint) from exc
         else:
             self.ok(name)
         finally:
@@ -300,6 +307,7 @@ class Result:
     lines: list[tuple[str, str]]
     failure: str | None = None
     hint: str | None = None
+    incomplete: str | None = None  # passed what could run, but the essential part could not run here
 
     @property
     def message(self) -> str:
@@ -308,25 +316,50 @@ class Result:
     def report(self) -> str:
         ex = self.ex
         out = [f"{ex.id}: {ex.title}",
-               f"  chapter: docs/{ex.chapter} (exercise {ex.number}); difficulty {ex.difficulty} "
-               f"({DIFFICULTY[ex.difficulty]}); kind {ex.kind}"]
-        what = {"learner": "your file", "solution": "the solution", "planted": f"planted solution {self.planted!r}"}
-        out.append(f"  checking {what[self.variant]}: " + ", ".join(rel(p) for p in self.files.values()))
+               wrap("  chapter: ", f"docs/{ex.chapter} (exercise {ex.number}); difficulty {ex.difficulty} "
+                                    f"({DIFFICULTY[ex.difficulty]}); kind {ex.kind}")]
+        what = {"learner": "your file", "solution": "the solution",
+                "planted": f"planted solution {self.planted!r}"}
+        out.append(wrap("  checking ", f"{what[self.variant]}: " + ", ".join(rel(p) for p in self.files.values())))
         for status, text in self.lines:
-            out.append(f"  {status:8s}{text}")
+            out.append(wrap(f"  {status:8s}", text))
         if not self.passed:
-            out.append(f"  FAILED  {self.failure}")
+            out.append(wrap("  FAILED  ", self.failure or ""))
             if self.hint:
-                out.append(f"  hint:   {self.hint}")
+                out.append(wrap("  hint:   ", self.hint))
             untouched = [rel(p) for p in self.files.values() if p.exists() and p.suffix in (".py", ".cu")
                          and MARK in p.read_text()]
             if self.variant == "learner" and untouched:
-                out.append(f"  note:   {', '.join(untouched)} still contains '# {MARK}': the exercise "
-                           f"is not done yet (python -m snippets exercise show {ex.id})")
+                verb = "contains" if len(untouched) == 1 else "contain"
+                out.append(wrap("  note:   ", f"{', '.join(untouched)} still {verb} '{MARK}': the exercise is "
+                                              f"not done yet (python -m snippets exercise show {ex.id})"))
         if ex.gpu:
-            out.append(f"  GPU only: {ex.gpu}")
-        out.append("  result: " + ("passed" if self.passed else "FAILED"))
+            out.append(wrap("  GPU only: ", ex.gpu))
+        skipped = sum(status == "skipped" for status, _ in self.lines)
+        if not self.passed:
+            out.append("  result: FAILED")
+        elif self.incomplete:
+            out.append(wrap("  result: ", f"NOT CHECKED: {self.incomplete}"))
+        else:
+            out.append("  result: " + (f"passed ({skipped} part(s) skipped here: see above)" if skipped
+                                       else "passed"))
         return "\n".join(out)
+
+
+def wrap(prefix: str, text: str, width: int = 100) -> str:
+    """``text`` after ``prefix``, wrapped at ``width`` columns with its continuation lines aligned (a line of
+    its own, such as a compiler's error, keeps its line break)."""
+    import textwrap
+
+    pad = " " * len(prefix)
+    # never break inside the marker or a command (they are copied and searched for)
+    keep = re.compile(rf"{MARK}|python -m snippets [\w-]+(?: [\w.-]+)*")
+    text = keep.sub(lambda m: m.group(0).replace(" ", "\0"), text)
+    lines = []
+    for para in text.splitlines() or [""]:
+        lines += textwrap.wrap(para.strip(), width - len(pad), break_long_words=False,
+                               break_on_hyphens=False) or [""]
+    return prefix + ("\n" + pad).join(lines).replace("\0", " ")
 
 
 def check(ex: Exercise, variant: str = "learner", planted: str | None = None,
@@ -340,18 +373,23 @@ def check(ex: Exercise, variant: str = "learner", planted: str | None = None,
     if missing:
         return Result(ex, variant, planted, files, False, run.lines, f"missing file: {', '.join(missing)}",
                       "the exercise's files live under exercises/ (git checkout them to start again)")
-    run.note(f"device: {'GPU (' + _gpu_name() + ')' if run.on_gpu else 'CPU'}"
-             + ("" if ex.kind in ("model", "python") or run.on_gpu or ex.kind == "cuda"
-                else " (Triton interpreter)"))
+    if ex.kind == "triton":
+        run.note("device: " + (f"GPU ({_gpu_name()})" if run.on_gpu else "CPU, through Triton's interpreter"))
     try:
-        ex.check(run)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's numpy overflows: reported as inf
+            ex.check(run)
     except Failure as exc:
         return Result(ex, variant, planted, files, False, run.lines, exc.message, exc.hint or ex.hint)
     except Skip as exc:
         run.skip(str(exc))
     except Exception as exc:  # noqa: BLE001: the learner's code raised outside a case
-        return Result(ex, variant, planted, files, False, run.lines, explain(exc), ex.hint)
-    return Result(ex, variant, planted, files, True, run.lines)
+        return Result(ex, variant, planted, files, False, run.lines, explain(exc, files.values()), ex.hint)
+    incomplete = None
+    if ex.kind == "cuda" and run.kernel_runs == 0:
+        incomplete = ("the kernel ran nowhere: the CPU emulator needs g++ and the GPU run a CUDA GPU with "
+                      "CuPy (only the compile check, if any, was done)")
+    return Result(ex, variant, planted, files, True, run.lines, incomplete=incomplete)
 
 
 def _gpu_name() -> str:

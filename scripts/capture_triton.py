@@ -128,7 +128,7 @@ def report() -> list[str]:
                 args = op.make_inputs(op.headline, dtype, "cuda", torch.Generator().manual_seed(0))
                 impl.fn(*args)  # compiles (and autotunes)
                 torch.cuda.synchronize()
-                launched = _launched(lambda: impl.fn(*args))  # launches only what it chose
+                launched = _launched(lambda: impl.fn(*args))  # launches only what it chose  # noqa: F821
                 del args
             except Exception as e:
                 last = (str(e).strip().splitlines() or [""])[-1]  # a CompilationError ends with its reason

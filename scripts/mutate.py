@@ -24,7 +24,6 @@ Exit status: 0 when the share killed reaches ``--goal`` (95% by default) and not
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as futures
 import dataclasses
 import fnmatch
 import json
@@ -34,7 +33,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent import futures
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +76,7 @@ DROPOUT = _sel("test_part4_dropout.py", "test_ops.py", k="dropout and not residu
 CROSS_ENTROPY = _sel("test_part5_cross_entropy.py", "test_reference_constants.py", "test_ops.py",
                      k="cross_entropy")
 SWIGLU = _sel("test_part5_swiglu.py", "test_reference_constants.py", "test_ops.py", k="swiglu or geglu")
-ROPE = _sel("test_part5_rope.py", "test_ops.py", k="rope")
+ROPE = _sel("test_part5_rope.py", "test_reference_constants.py", "test_ops.py", k="rope")
 FLASH = _sel("test_part5_flash_attention.py", "test_reference_constants.py", "test_ops.py",
              k="flash or attention")
 FUSION = _sel("test_part5_fusion.py", "test_ops.py", k="bias_gelu_dropout_residual or fusion")
@@ -179,6 +180,15 @@ MUTANTS: tuple[Mutant, ...] = (
        "        y = e * (1.0 / tl.sum(e, axis=0))",
        "        y = e * (1.0 / tl.max(e, axis=0))",
        SOFTMAX, "normalised by the wrong reduction"),
+    _m("softmax_sum_in_fp16", P4 + "softmax.py",
+       "    x = x - tl.max(x, axis=0)\n    e = tl.exp(x)\n    y = e / tl.sum(e, axis=0)",
+       "    x = x - tl.max(x, axis=0)\n    e = tl.exp(x)\n"
+       "    y = e / tl.sum(e.to(tl.float16), axis=0).to(tl.float32)",
+       SOFTMAX, "accumulator fp32 -> fp16: the row sum added up in fp16"),
+    _m("softmax_persistent_row_step", P4 + "softmax.py",
+       "    for row in tl.range(pid, n_rows, tl.num_programs(0), num_stages=NUM_STAGES):",
+       "    for row in tl.range(pid, n_rows, tl.num_programs(0) + 1, num_stages=NUM_STAGES):",
+       SOFTMAX, "persistent grid stride off by one: some rows are never computed"),
     _m("softmax_online_no_rescale", P4 + "softmax.py",
        "        s = s * tl.exp(m - shift) + tl.exp(x - shift)\n        m = m_new\n    # Merge",
        "        s = s + tl.exp(x - shift)\n        m = m_new\n    # Merge",
@@ -195,6 +205,10 @@ MUTANTS: tuple[Mutant, ...] = (
        "        a_ptrs += BLOCK_K * stride_ak\n        b_ptrs += BLOCK_K * stride_bk\n    if HAS_SCALES:",
        "        a_ptrs += BLOCK_K * stride_ak\n        b_ptrs += BLOCK_K * stride_bn\n    if HAS_SCALES:",
        MATMUL, "stride swap: B advanced by its column stride"),
+    _m("matmul_k_mask_off_by_one", P4 + "matmul.py",
+       "        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < K - k0), other=0.0)",
+       "        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < K - k0 - 1), other=0.0)",
+       MATMUL, "K mask off by one: the last column of A never enters the sums"),
     _m("matmul_fp16_accumulator", P4 + "matmul.py",
        "        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)\n    for k0 in range(0, K, BLOCK_K):",
        "        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float16)\n    for k0 in range(0, K, BLOCK_K):",
@@ -296,6 +310,9 @@ MUTANTS: tuple[Mutant, ...] = (
        "    pos = token % S",
        "    pos = token // S",
        ROPE, "index arithmetic: position from the batch index"),
+    _m("rope_theta", P5 + "rope.py",
+       "BASE = 500000.0  # Llama 3's rope_theta", "BASE = 10000.0  # Llama 3's rope_theta",
+       ROPE, "rope_theta 500000 (Llama 3) -> 10000 (Llama 2) in the tables"),
     _m("cross_entropy_onehot_sign", P5 + "cross_entropy.py",
        "                g = tl.where(cols == target, g - 1.0, g)",
        "                g = tl.where(cols == target, g + 1.0, g)",
@@ -312,6 +329,10 @@ MUTANTS: tuple[Mutant, ...] = (
        "        lse = row_max + tl.log(tl.sum(s * tl.exp(m - row_max), axis=0))",
        "        lse = tl.log(tl.sum(s * tl.exp(m - row_max), axis=0))",
        CROSS_ENTROPY, "log-sum-exp without adding the max back"),
+    _m("cross_entropy_target_index", P5 + "cross_entropy.py",
+       "        x_target = tl.load(x_row + target).to(COMPUTE)",
+       "        x_target = tl.load(x_row + target + 1).to(COMPUTE)",
+       CROSS_ENTROPY, "index +1: the loss takes the logit next to the target's"),
     _m("cross_entropy_ignore_index", P5 + "cross_entropy.py",
        "IGNORE_INDEX = -100\n", "IGNORE_INDEX = -1\n",
        CROSS_ENTROPY, "ignore_index -100 -> -1"),
@@ -437,7 +458,8 @@ def copy_repository(root: Path, dest: Path) -> Path:
 
 
 def _env(copy: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("REQUIRE_GPU", "PYTEST_ADDOPTS", "PYTHONPATH")}
+    drop = ("REQUIRE_GPU", "PYTEST_ADDOPTS", "PYTHONPATH", "KM_SPLIT_PART", "INTERPRETER_BOUNDS")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1", TRITON_INTERPRET="1",
                CUDA_VISIBLE_DEVICES="")  # CPU only: the interpreter, as on a machine without a GPU
     return env
@@ -513,11 +535,10 @@ def campaign(mutants: list[Mutant], jobs: int = 2, timeout: float = 600, baselin
         free = list(range(len(workers)))
         results: dict[str, dict] = {}
         bad_selections: dict[tuple, dict] = {}
+        lock = threading.Lock()
 
         def on(fn, items):
-            # each task takes a free worker (its own copy) for its duration
-            import threading
-            lock = threading.Lock()
+            """Run fn(worker, item) for every item, each task on a free worker (its own copy)."""
 
             def task(item):
                 with lock:

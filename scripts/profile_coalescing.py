@@ -14,8 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from snippets.part2.coalescing import (make_strided_input, offset_copy,  # noqa: E402
-                                       strided_copy, strided_copy_cuda)
+from snippets.part2.coalescing import make_strided_input, offset_copy, strided_copy, strided_copy_cuda  # noqa: E402
 
 # --8<-- [start:profile]
 # python scripts/profile_coalescing.py: each benchmark point once, for a profiler

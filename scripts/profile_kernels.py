@@ -17,9 +17,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from snippets.part3.profiling import (NCU_TARGETS, available_targets, ncu_summary,  # noqa: E402
-                                      ncu_text, parse_ncu_csv, run_target, trim_sanitizer,
-                                      write_torch_profile)
+from snippets.part3.profiling import (  # noqa: E402
+    NCU_TARGETS,
+    available_targets,
+    ncu_summary,
+    ncu_text,
+    parse_ncu_csv,
+    run_target,
+    trim_sanitizer,
+    write_torch_profile,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

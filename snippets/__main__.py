@@ -1,4 +1,4 @@
-"""Command line: ``python -m snippets {bench,report,list,export}``."""
+"""Command line: ``python -m snippets {bench,report,list,export,exercise}``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["exercise"]:  # its own parser (exercises/cli.py), options and --help included
+        return exercise_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m snippets", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="check and time ops on this GPU; merge into benchmarks/results/<gpu>.json")
@@ -23,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("op", help="op name (python -m snippets list shows them)")
     e.add_argument("version", nargs="?", help="version (default: the book's best measured one)")
     e.add_argument("-o", "--out", type=Path, default=Path("."), help="folder to write into (default: .)")
+    sub.add_parser("exercise", help="the book's self-checking exercises (exercises/): list | show ID | "
+                                    "check ID [--solution | --planted NAME]")
     args = parser.parse_args(argv)
 
     if args.cmd == "bench":
@@ -42,6 +49,20 @@ def main(argv: list[str] | None = None) -> int:
             impls = ", ".join(f"{i.name}={i.lang}" for i in op.impls.values())
             print(f"part {op.part}  {name:18s} {op.metric:8s} {impls}")
     return 0
+
+
+def exercise_main(argv: list[str]) -> int:
+    """``python -m snippets exercise ...``: the exercises live in exercises/, next to this package in the
+    repository (the files a learner edits are there)."""
+    import sys
+
+    from snippets.registry import REPO_ROOT
+
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from exercises.cli import main as cli_main
+
+    return cli_main(argv or ["--help"])
 
 
 if __name__ == "__main__":

@@ -1012,7 +1012,7 @@ def _callable_root(op, obj, field_name: str, alias: str) -> tuple[Def | Stmt, st
     if expr is None:
         raise ExportError(f"{op.name}.{field_name} is neither a top-level function of {PACKAGE} nor written "
                           "in the op's Op(...) registration")
-    module = getattr(op.reference, "__module__")
+    module = op.reference.__module__
     return _synthetic(module, f"{alias} = {expr}"), alias
 
 
@@ -1633,7 +1633,6 @@ def _where(impl) -> str:
 
 def _test_file(targets: list[Target], functions: list[str]) -> str:
     """``test_<op>.py``: every target's function against its op's reference, with literal sizes and dtypes."""
-    import torch
 
     op = targets[0].op
     reserved: dict[str, Entity | None] = {n: Ext(n, None) for n in ("os", "torch", "pytest")}

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import poison_allocator
-from snippets.bench.harness import as_tuple
+from snippets.bench.harness import compare_outputs
 from snippets.registry import Impl, Op
 
 
 def assert_matches_reference(op: Op, impl: Impl, args: tuple, dtype: torch.dtype, size=None):
-    """Run ``impl`` on ``args`` and compare with the float64 reference; an op whose reference returns a tuple
-    (a backward pass) is compared part by part, within the op's tolerance at ``size`` (the size ``args`` were
-    made for; a GEMM's tolerance grows with K). Returns the output."""
+    """Run ``impl`` on ``args`` and compare with the float64 reference through the harness's own
+    comparison (``compare_outputs``: parts, dtype, shape, unwritten elements, values within the
+    op's tolerance at ``size``, the size ``args`` were made for). Returns the output."""
     # The reference first: some versions (Liger) write their results over their inputs. float64 copies.
-    refs = as_tuple(op.reference_fp64(args)) if op.check is None else ()
+    refs = op.reference_fp64(args) if op.check is None else ()
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     nbytes = max(t.numel() * t.element_size() for t in tensors)
     poison_allocator(nbytes, str(tensors[0].device.type))
@@ -22,18 +23,19 @@ def assert_matches_reference(op: Op, impl: Impl, args: tuple, dtype: torch.dtype
     if op.check is not None:  # a random output (dropout): the op's own check of what is a valid output
         op.check(out, args, dtype)
         return out
-    outs = as_tuple(out)
-    assert len(outs) == len(refs), f"{op.name} {impl.name}: {len(outs)} outputs, reference has {len(refs)}"
-    rtol, atol = op.tolerance(dtype, size)
-    for i, (o, ref) in enumerate(zip(outs, refs)):
-        ref = ref.to(torch.float64)  # integer references (checksums, indices) compare exactly
-        part = f" output {i}" if len(refs) > 1 else ""
-        want = op.output_dtype(dtype)
-        assert o.dtype == want, f"{op.name} {impl.name}{part}: output dtype {o.dtype}, expected {want}"
-        assert not o.isnan().any() or ref.isnan().any(), f"{op.name} {impl.name}{part}: unwritten (NaN) outputs"
-        torch.testing.assert_close(o.double().cpu(), ref.cpu(), rtol=rtol, atol=atol,
-                                   msg=lambda m: f"{op.name} {impl.name} {dtype}{part}: {m}")
+    compare_outputs(op, impl.name, out, refs, dtype, size, check_dtype=True)
     return out
+
+
+def assert_refuses(fn, case, *more) -> None:
+    """A bad input is refused with a clear Python exception: ``case`` is (label, args, the exception
+    type, a regex its message must match), as the test modules' ``_bad_inputs`` lists give them;
+    ``fn`` and each of ``more`` (an autograd.Function's apply, another version) must raise it."""
+    label, args, exc, words = case
+    args = args if isinstance(args, tuple) else (args,)
+    for f in (fn, *more):
+        with pytest.raises(exc, match=words):
+            f(*args)
 
 
 def assert_close_within(out: torch.Tensor, ref: torch.Tensor, tolerances: dict, dtype: torch.dtype, what: str,

@@ -24,7 +24,6 @@ import functools
 import http.server
 import json
 import os
-import re
 import shutil
 import sys
 import threading

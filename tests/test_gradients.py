@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_matches_reference
 
 from conftest import HAS_GPU
-from helpers import assert_matches_reference
 from snippets.bench.harness import as_tuple
 from snippets.registry import load_all, size_key
 

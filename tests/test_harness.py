@@ -62,6 +62,23 @@ def test_check_impl_catches_a_wrong_kernel(device):
         harness.check_impl(op, wrong, (x, y), torch.float32)
 
 
+def test_compare_outputs_names_the_first_element_off():
+    op = OPS["vector_add"]
+    ref = torch.arange(10, dtype=torch.float64)
+    out = ref.float().clone()
+    out[7] += 1
+    with pytest.raises(AssertionError, match=r"1 of 10 elements off, the first at index \(7,\): got 8, expected 7"):
+        harness.compare_outputs(op, "v9", out, ref, torch.float32)
+    out[7] = float("nan")
+    with pytest.raises(AssertionError, match=r"NaN outputs, the first at \(7,\)"):
+        harness.compare_outputs(op, "v9", out, ref, torch.float32)
+    with pytest.raises(AssertionError, match="output dtype torch.float16"):
+        harness.compare_outputs(op, "v9", ref.half(), ref, torch.float32, check_dtype=True)
+    with pytest.raises(AssertionError, match="2 outputs, reference has 1"):
+        harness.compare_outputs(op, "v9", (ref, ref), ref, torch.float32)
+    assert harness.compare_outputs(op, "v4", ref.float(), ref, torch.float32) == 0.0
+
+
 def _toy_op(**kw):
     """A throwaway op (not registered) for the harness's tuple, check and availability paths."""
     from snippets.registry import Op
@@ -129,9 +146,8 @@ def test_library_functions_hash_by_name_and_the_book_by_its_modules():
     counts by name; the book's own functions by the modules they come from (snippets.hashing)."""
     import torch.nn.functional as F
 
-    from snippets.registry import Impl
-
     from snippets.part4.layernorm import config_for
+    from snippets.registry import Impl
 
     a = Impl("v0", F.layer_norm, "PyTorch", "", ())
     b = Impl("v0", F.layer_norm, "PyTorch", "", (config_for,))  # a module outside the timer's closure

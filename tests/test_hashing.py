@@ -59,7 +59,7 @@ EDITS = [
      "def config_for(n: int, configs: dict[int, RowConfig]) -> tuple[int, RowConfig]:\n    n = n + 0\n",
      [("rmsnorm", "v3"), ("rmsnorm_fwd_bwd", "v3"), ("layernorm", "v3")]),
     ("a check removed from _checks.py", "snippets/_checks.py",
-     r"^(\s*)raise TypeError\(f\"\{name\} must be a torch.Tensor", r"\1pass  # raise TypeError(f\"{name} must be a torch.Tensor",
+     r"^(\s*)raise TypeError\(f\"\{name\} must be a torch.Tensor", r"\1pass  # raise TypeError(f\"{name} must be a torch.Tensor",  # noqa: E501
      [("vector_add", "v1"), ("rmsnorm", "v3"), ("sgemm", "v3")]),
     ("--use_fast_math in the NVRTC options", "snippets/cuda.py", r'opts = \("-std=c\+\+17", ',
      'opts = ("-std=c++17", "--use_fast_math", ', [("softmax", "v5"), ("sgemm", "v11"), ("transpose", "v6")]),

@@ -10,8 +10,8 @@ import dataclasses
 import hashlib
 
 import pytest
-
 from helpers import load_script
+
 from snippets.registry import REPO_ROOT
 
 mutate = load_script("mutate")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_matches_reference
 
 from conftest import HAS_GPU, skip_unavailable
-from helpers import assert_matches_reference
 from snippets.registry import load_all, size_key
 
 CASES = []

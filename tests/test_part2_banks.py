@@ -12,7 +12,6 @@ from conftest import poison_allocator
 from snippets.part2 import banks as bk
 from snippets.registry import CEILING_MEASURES, CEILINGS
 
-
 # ---------------------------------------------------------------- the address model
 
 @pytest.mark.op("smem_bank_stride")

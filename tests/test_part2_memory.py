@@ -157,7 +157,7 @@ def test_footprint_sees_a_temporary_and_the_cache():
 @pytest.mark.gpu
 def test_footprint_counts_what_fn_keeps():
     keep = []
-    s = ht.footprint(lambda: keep.append(torch.ones(16 * MiB // 4, device="cuda")))
+    s = ht.footprint(lambda: keep.append(torch.ones(16 * MiB // 4, device="cuda")))  # noqa: F821
     assert s["retained"] >= 16 * MiB and s["peak_allocated_delta"] >= 16 * MiB
     del keep
 

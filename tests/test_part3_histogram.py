@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICE
 from snippets.part3 import histogram as hg
 
 CUDA_FNS = {"v1": hg.histogram_global_atomics, "v2": hg.histogram_shared, "v3": hg.histogram_warp_aggregated}

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import load_script
+
 from snippets.bench import captures
 from snippets.part3 import profiling as pf
 from snippets.registry import get_op

@@ -9,9 +9,9 @@ import math
 
 import pytest
 import torch
+from helpers import cancelling_operands
 
 from conftest import poison_allocator
-from helpers import cancelling_operands
 from snippets._checks import triton_interpreting
 from snippets.common import gemm
 from snippets.part3 import sgemm

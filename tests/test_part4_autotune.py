@@ -11,11 +11,10 @@ import pytest
 import torch
 import triton
 
+from conftest import poison_allocator
 from snippets.common.gemm import tolerance_for
 from snippets.part4 import autotune as at
 from snippets.part4.autotune import MatmulConfig
-
-from conftest import poison_allocator
 
 C = MatmulConfig
 

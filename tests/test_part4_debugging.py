@@ -64,7 +64,7 @@ def compiled() -> dict:
     ("python_if", "UnsupportedLanguageConstruct", "^Boolean value of Tensor with more than one value is ambiguous$"),
     ("runtime_shape", "CompilationError", "^arange's arguments must be of type tl.constexpr$"),
     ("block_100", "CompilationError", "^arange's range must be a power of 2$"),
-    ("static_assert", "CompileTimeAssertionFailure", "^BLOCK must be a multiple of GROUP: a program sums whole groups$"),
+    ("static_assert", "CompileTimeAssertionFailure", "^BLOCK must be a multiple of GROUP: a program sums whole groups$"),  # noqa: E501
     # Triton 3.9 names the float type triton.language.float32; older versions spell it differently
     ("true_div", "CompilationError", r"invalid operands of type pointer<fp32> and \S*(float32|fp32)"),
 ])

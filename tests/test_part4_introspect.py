@@ -9,12 +9,12 @@ import re
 
 import pytest
 import torch
+from test_cuda_compile import SPILLING_SAMPLE
 
 from snippets.common import introspect as ins
 from snippets.common.gemm import matmul_kernel
 from snippets.part1.elementwise import _add_kernel
 from snippets.part3.reduce import _sum_kernel
-from test_cuda_compile import SPILLING_SAMPLE
 
 ADD_SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"}
 ALL_ADD = ("x_ptr", "y_ptr", "out_ptr", "n")
@@ -181,7 +181,7 @@ def test_finders_on_hand_written_ptx():
     """
     assert ins.load_store_widths(ptx) == {"ld": {128, 64}, "st": {16}}
     assert set(ins.tensor_core_ops(ptx)) == {"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"}
-    assert list(ins.async_copies(ptx)) == ["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"]
+    assert list(ins.async_copies(ptx)) == ["cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"]  # noqa: E501
 
 
 def test_excerpt_drops_source_locations():

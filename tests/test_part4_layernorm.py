@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_close_within
 
 import snippets._checks as checks
 from conftest import DEVICE, poison_allocator
-from helpers import assert_close_within
 from snippets.part4 import layernorm as ln
 
 TRITON_FWD = {"v3": ln.layernorm_triton}
@@ -331,7 +331,7 @@ def test_gpu_cuda_unaligned_rows(offset):
 @pytest.mark.gpu
 @pytest.mark.op("layernorm")
 def test_gpu_cuda_refuses_bad_input():
-    for label, args, exc, words in _bad_inputs("cuda"):
+    for _label, args, exc, words in _bad_inputs("cuda"):
         with pytest.raises(exc, match=words):
             ln.layernorm_cuda(*args)
     with pytest.raises(ValueError, match="cuda device"):

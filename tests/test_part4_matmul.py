@@ -5,18 +5,17 @@ TMA alignment), and the Hopper kernels compiled for sm_90 on any machine."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import triton
 import triton.language as tl
+from helpers import cancelling_operands, compile_script_results
 
 from conftest import DEVICE, HAS_GPU, poison_allocator
-from helpers import cancelling_operands, compile_script_results
 from snippets._checks import triton_interpreting
 from snippets.common import gemm
 from snippets.part4 import matmul as mm
-from snippets.registry import CEILINGS, CEILING_MEASURES
+from snippets.registry import CEILING_MEASURES, CEILINGS
 
 HALF = torch.float16 if not HAS_GPU else torch.bfloat16  # the interpreter has no bf16 arithmetic
 TILED = {"v1": mm.matmul_rowmajor, "v2": mm.matmul_grouped, "v3": mm.matmul_autotuned}
@@ -164,6 +163,18 @@ def test_tiled_versions_take_any_strides(version):
     b = torch.cat([b_t, b_t], dim=1)[:, ::2]              # every other column: stride 2 along N
     assert not a.is_contiguous() and b.stride(1) == 2
     _check(TILED[version](a, b), a, b, f"{version} strided")
+
+
+@pytest.mark.op("matmul")
+def test_generic_tolerance_is_sized_for_the_tested_k():
+    """tests/test_ops.py holds each test size to tolerance_for its own K (Op.tolerance_at), not to the
+    table's, which is sized for the benchmark's largest K and would let an error of a whole product
+    (|a b| ~ 1 at K = 72, an index off by one) through."""
+    for size in mm.TEST_SIZES:
+        assert mm.matmul.tolerance(torch.float16, size) == mm.tolerance_for(size["k"], torch.float16)
+    small, table = mm.matmul.tolerance(torch.float16, mm.TEST_SIZES[-1]), mm.matmul.tolerance(torch.float16)
+    assert table == mm.tolerance_for(mm.MAX_K, torch.float16) and small[1] < 0.1 < 0.5 < table[1]
+    assert mm.matmul_int8.tolerance(torch.int8, mm.LOW_TEST_SIZES[0]) == (0.0, 0.0), "no tolerance_at: the table"
 
 
 @pytest.mark.op("matmul")

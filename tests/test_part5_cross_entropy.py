@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from helpers import assert_close_within
 
 import snippets._checks as checks
 from conftest import DEVICE, poison_allocator
-from helpers import assert_close_within
 from snippets.part5 import cross_entropy as ce
 
 

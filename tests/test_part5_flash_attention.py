@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_close_within, compile_script_results
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import snippets._checks as checks
 from conftest import DEVICE, poison_allocator, skip_unavailable
-from helpers import assert_close_within, compile_script_results
 from snippets.part4.softmax import online_softmax_numpy
 from snippets.part5 import flash_attention as fa
 from snippets.registry import get_op

@@ -163,7 +163,7 @@ def test_chain_bytes_counts_every_round_trip():
 def test_cost_model_is_the_fused_traffic():
     size = f.HEADLINE
     for dtype in (torch.bfloat16, torch.float32):
-        assert f.fused_op.bytes_moved(size, dtype) == f.chain_bytes(size["m"], size["n"], dtype.itemsize, 1.0).fused_bytes
+        assert f.fused_op.bytes_moved(size, dtype) == f.chain_bytes(size["m"], size["n"], dtype.itemsize, 1.0).fused_bytes  # noqa: E501
 
 
 # ---------------------------------------------------------------- horizontal fusion

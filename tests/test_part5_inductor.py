@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from conftest import DEVICE, HAS_GPU
 from snippets.part5 import inductor as ind
 
-
 # ---------------------------------------------------------------- names and the wrapper (no compiling)
 
 @pytest.mark.parametrize("name, want", [

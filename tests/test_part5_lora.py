@@ -7,13 +7,12 @@ are marked ``gpu``."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import triton
+from helpers import assert_close_within, compile_script_results
 
 from conftest import DEVICE, HAS_GPU, poison_allocator
-from helpers import assert_close_within, compile_script_results
 from snippets.part5 import lora as lo
 
 FWD = {"v2": lo.lora_linear_two_kernels, "v3": lo.lora_linear_fused}

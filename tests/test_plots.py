@@ -23,8 +23,16 @@ from matplotlib.transforms import Bbox
 from snippets.bench import harness
 from snippets.registry import REPO_ROOT, dtype_name, load_all, size_key
 from snippets.site import render_page
-from snippets.site.figures import (LEGEND_PT, MARKERS, PALETTE, axis_ticks, ladder_figure,
-                                   plot_figures, series_styles, size_label, sup)
+from snippets.site.figures import (
+    MARKERS,
+    PALETTE,
+    axis_ticks,
+    ladder_figure,
+    plot_figures,
+    series_styles,
+    size_label,
+    sup,
+)
 from snippets.site.roofline import roofline_figure
 from snippets.site.sweep import sweep_figure
 from snippets.site.tables import origin_of
@@ -152,7 +160,7 @@ def test_any_number_of_series_gets_distinct_styles(n_versions, n_combos):
         first, dash = ("--", 3) if s.library else ("-", 8)
         assert s.dashes == first or s.dashes[1][0] == dash, s
     if split:  # the marker names the combo, the colour the version
-        for (v, c), s in styles.items():
+        for (_v, c), s in styles.items():
             assert s.marker == MARKERS[c[0]]
         assert len({(v, s.color) for (v, _), s in styles.items()}) == n_versions
 

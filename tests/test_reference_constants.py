@@ -4,10 +4,11 @@ A reference that imports the kernel module's constant (``eps: float = EPS``) agr
 that constant is: changing RMSNorm's eps from 1e-6 to 1e-5 passed every RMSNorm test. The references now write
 the value of the convention they implement (RMSNorm: Llama's 1e-6; LayerNorm and the fusion chapter's
 standardisation: 1e-5, F.layer_norm's default; GeGLU: 0.044715; cross-entropy: ignore_index -100, torch's
-default), and the tests below check each against torch's own definition and run each kernel, with its default
-constants, on inputs where the constant changes the answer: rows whose mean square (or variance) is about
-eps, where 1e-5 instead of 1e-6 moves RMSNorm's output by 2.3x and 1/(sqrt(ms) + eps) instead of
-1/sqrt(ms + eps) by 40%. Each test first shows that the change it guards against is visible at its tolerance.
+default; RoPE's tables: theta 500000, Llama 3's), and the tests below check each against torch's own
+definition and run each kernel, with its default constants, on inputs where the constant changes the answer:
+rows whose mean square (or variance) is about eps, where 1e-5 instead of 1e-6 moves RMSNorm's output by 2.3x
+and 1/(sqrt(ms) + eps) instead of 1/sqrt(ms + eps) by 40%. The reference tests also show that the change
+guarded against is visible there.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from snippets.part5 import cross_entropy as ce
 from snippets.part5 import flash_attention as fa
 from snippets.part5 import fusion as fu
 from snippets.part5 import rmsnorm as rn
+from snippets.part5 import rope as rp
 from snippets.part5 import swiglu as sg
 
 
@@ -65,7 +67,7 @@ def test_rmsnorm_fwd_bwd_eps_is_the_references(device):
     for name, g, r in zip(("dx", "dw"), got, want):
         # dx is rstd (about 700 here) times terms of size 1: a relative tolerance
         torch.testing.assert_close(g.double().cpu(), r.cpu(), rtol=2e-5, atol=2e-5 * r.abs().max().item(),
-                                   msg=lambda m: f"{name}: {m}")
+                                   msg=lambda m, name=name: f"{name}: {m}")
 
 
 # ---------------------------------------------------------------- LayerNorm: eps = 1e-5 (F.layer_norm's default)
@@ -95,7 +97,7 @@ def test_layernorm_fwd_bwd_eps_is_the_references(device):
     want = ln.layernorm_fwd_bwd_ref(x.double(), w.double(), b.double(), dy.double())
     for name, g, r in zip(("dx", "dw", "db"), got, want):
         torch.testing.assert_close(g.double().cpu(), r.cpu(), rtol=2e-5, atol=2e-5 * r.abs().max().item(),
-                                   msg=lambda m: f"{name}: {m}")
+                                   msg=lambda m, name=name: f"{name}: {m}")
 
 
 # ---------------------------------------------------------------- fusion counter-example: eps = 1e-5
@@ -144,6 +146,16 @@ def test_attention_reference_is_torch_sdpa(causal):
                for i in range(3))
     torch.testing.assert_close(fa.attention_ref(q, k, v, causal),
                                F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+
+
+@pytest.mark.op("rope")
+def test_rope_tables_use_llama3_theta():
+    """The tables every RoPE version and the reference take as inputs: theta = 500000 (Llama 3), the D/2
+    angles s * theta^(-2i/D) written twice (HuggingFace's layout)."""
+    cos, sin = rp.rope_tables(7, 8, torch.float64)
+    angles = torch.arange(7.0, dtype=torch.float64)[:, None] * 500000.0 ** (-torch.arange(0, 8, 2) / 8)
+    torch.testing.assert_close(cos, torch.cat([angles.cos()] * 2, dim=-1))
+    torch.testing.assert_close(sin, torch.cat([angles.sin()] * 2, dim=-1))
 
 
 # ---------------------------------------------------------------- cross-entropy: ignore_index = -100

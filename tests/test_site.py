@@ -6,15 +6,10 @@ The numbers in the fixtures are test data for the code paths only; nothing here 
 
 from __future__ import annotations
 
+import json
 import os
 import re
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 from urllib.parse import unquote, urlparse
-
-import json
 
 import pytest
 import torch

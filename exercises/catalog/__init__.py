@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-from exercises.catalog import part1, part2, part3, part4, part5
-from exercises.engine import Exercise
+import re
 
-EXERCISES: dict[str, Exercise] = {ex.id: ex for mod in (part1, part2, part3, part4, part5)
-                                  for ex in mod.EXERCISES}
+from exercises.catalog import part1, part2, part3, part4, part5
+from exercises.engine import REPO_ROOT, Exercise
+
+
+def _nav_order() -> dict[str, int]:
+    """Chapter page -> its position in mkdocs.yml's nav (the book's reading order)."""
+    nav = (REPO_ROOT / "mkdocs.yml").read_text() if (REPO_ROOT / "mkdocs.yml").is_file() else ""
+    pages = re.findall(r"(part\d/[\w-]+\.md)", nav)
+    return {p: i for i, p in reversed(list(enumerate(pages)))}
+
+
+_ORDER = _nav_order()
+EXERCISES: dict[str, Exercise] = {ex.id: ex for ex in sorted(
+    (ex for mod in (part1, part2, part3, part4, part5) for ex in mod.EXERCISES),
+    key=lambda ex: (ex.part, _ORDER.get(ex.chapter, 999), ex.number))}
 if len(EXERCISES) != sum(len(m.EXERCISES) for m in (part1, part2, part3, part4, part5)):
     raise ValueError("two exercises share an id")
 

@@ -43,9 +43,28 @@ def inp(t: torch.Tensor, device: str) -> torch.Tensor:
     t = t.contiguous()
     if device == "cpu":
         return t.clone()
-    buf = torch.full((t.numel() + PAD,), float("nan"), dtype=t.dtype, device=device)
+    buf = _filled(t.numel() + PAD, t.dtype, device, INPUT_NAN)
     buf[:t.numel()] = t.reshape(-1).to(device)
     return buf[:t.numel()].view(t.shape)
+
+
+INPUT_NAN, OUTPUT_NAN = 0x7FC0B000, 0x7FC0A000  # quiet NaNs with payloads of their own (fp32 bit patterns)
+
+
+def _filled(shape, dtype: torch.dtype, device: str, pattern: int) -> torch.Tensor:
+    """A tensor of ``shape`` whose every element has the bit pattern ``pattern`` (fp32: a NaN with a payload,
+    so that a NaN the kernel stores, or copies from an input's guard elements, is told apart from it)."""
+    if dtype == torch.float32:
+        return torch.full(shape if isinstance(shape, tuple) else (shape,), pattern, dtype=torch.int32,
+                          device=device).view(torch.float32)
+    fill = float("nan") if dtype.is_floating_point else -1
+    return torch.full(shape if isinstance(shape, tuple) else (shape,), fill, dtype=dtype, device=device)
+
+
+def _untouched(w: torch.Tensor) -> torch.Tensor:
+    if w.dtype == torch.float32:
+        return w.view(torch.int32) == OUTPUT_NAN
+    return torch.isnan(w) if w.dtype.is_floating_point else w == -1
 
 
 class Output:
@@ -57,10 +76,9 @@ class Output:
     def __init__(self, shape: tuple[int, ...], device: str, dtype: torch.dtype = torch.float32, row_pad: int = 0,
                  col_offset: int = 0, name: str = "out"):
         self.shape, self.name, self.row_pad, self.col_offset = tuple(shape), name, row_pad, col_offset
-        fill = float("nan") if dtype.is_floating_point else -1
         if row_pad or col_offset:
             m, n = self.shape
-            self.wide = torch.full((m + 2, n + row_pad), fill, dtype=dtype, device=device)
+            self.wide = _filled((m + 2, n + row_pad), dtype, device, OUTPUT_NAN)
             self.tensor = self.wide[1:m + 1, col_offset:col_offset + n]
             self.inside = torch.zeros(self.wide.shape, dtype=torch.bool)
             self.inside[1:m + 1, col_offset:col_offset + n] = True
@@ -68,7 +86,7 @@ class Output:
             numel = 1
             for s in self.shape:
                 numel *= s
-            self.wide = torch.full((numel + 2 * PAD,), fill, dtype=dtype, device=device)
+            self.wide = _filled(numel + 2 * PAD, dtype, device, OUTPUT_NAN)
             self.tensor = self.wide[PAD:PAD + numel].view(self.shape)
             self.inside = torch.zeros(self.wide.shape, dtype=torch.bool)
             self.inside[PAD:PAD + numel] = True
@@ -76,8 +94,7 @@ class Output:
     def check(self) -> torch.Tensor:
         """The output, after making sure nothing outside it was written."""
         w = self.wide.detach().cpu()
-        touched = ~torch.isnan(w) if w.dtype.is_floating_point else w != -1
-        stray = touched & ~self.inside
+        stray = ~_untouched(w) & ~self.inside
         if bool(stray.any()):
             idx = stray.nonzero()[0]
             count = int(stray.sum())

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from exercises import compare, cuda
@@ -75,7 +73,7 @@ vector_add_mask = Exercise(
          "is that one.)",
     hint="a lane may touch memory only if its offset is a valid index: 0 <= offs < n",
     check=_check_mask,
-    planted={"off_by_one": "out-of-bounds", "block_mask": "out-of-bounds"},
+    planted={"off_by_one": "out-of-bounds|outside out", "block_mask": "out-of-bounds|outside out"},
 )
 
 
@@ -92,7 +90,7 @@ occupancy = Exercise(
     hint="B = min(64 // warps, 65536 // (warps x 256 x ceil(32 r / 256)), 228 KB // (S + 1 KB), 32), with warps = "
          "ceil(threads / 32); occupancy = B x warps / 64",
     check=model(("resident_blocks", _OCC), ("occupancy", _OCC)),
-    planted={"no_rounding": "resident_blocks(256, 33)", "no_reserved": "57344"},
+    planted={"no_rounding": "resident_blocks(256, 33)", "no_reserved": "58368"},
 )
 
 
@@ -167,7 +165,7 @@ def _check_matrix_add(run: Run) -> None:
 
         def check(outs, expected=expected, n=n):
             got = outs[2]
-            close("out[:, :n]", got[:, :n], expected[:, :n], 0.0, 0.0)
+            close("out", got[:, :n], expected[:, :n], 0.0, 0.0)
             pad = got[:, n:]
             if pad.numel() and not bool(torch.isnan(pad).all()):
                 r, c = (~torch.isnan(pad)).nonzero()[0].tolist()
@@ -190,7 +188,7 @@ matrix_add_cuda = Exercise(
     hint="element (row, col) is at row * ld + col; a thread does work only if row < m and col < n (the padding "
          "between n and ld is not part of the matrix)",
     check=_check_matrix_add,
-    planted={"stride_n": "out[:, :n][4, 30]", "no_col_check": "past the end of out"},
+    planted={"stride_n": "out[4, 30]", "no_col_check": "past the end of out|padding"},
     gpu="the run on a real GPU (CuPy); without one the kernel runs on the CPU emulator only",
 )
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from exercises import compare, cuda
 from exercises.catalog.helpers import Output, close, inp, model, randn, uses
 from exercises.engine import Exercise, Failure, Run
@@ -33,7 +31,7 @@ conflicts = Exercise(
     hint="the bank of word w is w % 32; lanes i and j collide when (i - j) * stride is a multiple of 32, so "
          "gcd(stride, 32) lanes share each bank",
     check=model(("conflict_degree", [(s,) for s in range(1, 70)])),
-    planted={"mod": "conflict_degree(6)"},
+    planted={"mod": "conflict_degree(3)"},
 )
 
 # ------------------------------------------------------------------------------------------- bank-conflicts.3
@@ -81,7 +79,7 @@ matrix_add_strided = Exercise(
     hint="element (r, c) of a matrix with row stride ld is at ptr + r * ld + c; the mask is (rows < m) & "
          "(cols < n) with rows[:, None] and cols[None, :]. Use each matrix's own stride",
     check=_check_matrix_add_strided,
-    planted={"ld_n": "outside out", "no_col_mask": "outside out"},
+    planted={"ld_n": "outside out", "no_col_mask": "out-of-bounds|outside out"},
 )
 
 # ------------------------------------------------------------------------------------------- transpose.7
@@ -100,7 +98,7 @@ def _check_transpose(run: Run) -> None:
 
 
 transpose = Exercise(
-    id="part2.transpose.7", title="The shared-memory transpose, written yourself", difficulty=3, kind="cuda",
+    id="part2.transpose.7", title="The shared-memory transpose, written yourself", difficulty=4, kind="cuda",
     files=("part2/transpose.cu",),
     task="Write the tiled transpose of the chapter's v4: a block of 32 x 8 threads reads a 32 x 32 tile of x "
          "row by row (coalesced) into a padded __shared__ tile, waits for the whole block, and writes the tile "
@@ -110,8 +108,9 @@ transpose = Exercise(
          "(by, bx) of x writes tile (bx, by) of out, so out's row is blockIdx.x * 32 + ... and its column "
          "blockIdx.y * 32 + threadIdx.x; out has m columns",
     check=_check_transpose,
-    planted={"no_sync": "expected", "bounds_swapped": "out"},
-    gpu="the run on a real GPU (CuPy), and the speed of the coalesced writes (python -m snippets bench transpose)",
+    planted={"no_sync": "expected", "bounds_swapped": "past the end of out"},
+    gpu="the run on a real GPU (CuPy), and the speed of the coalesced writes "
+        "(`python -m snippets bench transpose`)",
 )
 
 # ------------------------------------------------------------------------------------------- memory-spaces.6
@@ -155,7 +154,8 @@ vector_add_shared = Exercise(
 
 # ------------------------------------------------------------------------------------------- constant-memory.3
 halo = Exercise(
-    id="part2.constant-memory.3", title="The cost of the halo", difficulty=1, kind="model", files=("part2/halo.py",),
+    id="part2.constant-memory.3", title="The cost of the halo", difficulty=1, kind="model",
+    files=("part2/halo.py",),
     task="v3's halo costs k - 1 extra inputs per tile of outputs. Compute the fraction of extra reads at k = 63 "
          "for tiles of 256, 1024 and 4096 outputs (and any other k and tile).",
     hint="a tile of T outputs of a k-tap filter reads T + k - 1 inputs: k - 1 of them are extra",

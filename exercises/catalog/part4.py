@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from exercises import compare
 from exercises.catalog.helpers import Output, close, inp, model, randn
-from exercises.engine import Exercise, Failure, Run
+from exercises.engine import Exercise, Run
 
 LADDER = "Triton ladder"
 
@@ -56,7 +54,7 @@ puzzle_broadcast = Exercise(
     hint="rows[:, None] and cols[None, :] turn two vectors into a (BM, BN) grid; x needs the row mask, y the "
          "column mask, the store both",
     check=_check_outer,
-    planted={"row_mask_only": "outside out", "swapped": "out["},
+    planted={"row_mask_only": "outside out", "y_mask_m": "out["},
 )
 
 
@@ -79,7 +77,7 @@ puzzle_row_sum = Exercise(
     hint="row r starts at x_ptr + r * stride_row; masked lanes must load 0.0 (other=0.0), the neutral element of "
          "a sum",
     check=_check_row_sum,
-    planted={"row_stride_block": "out[1]", "no_mask": "out-of-bounds"},
+    planted={"row_stride_block": "out-of-bounds|out[1]", "no_mask": "out-of-bounds|out[0]"},
 )
 
 
@@ -124,7 +122,7 @@ def _check_matmul(run: Run) -> None:
 
 
 puzzle_matmul = Exercise(
-    id="part4.matmul.8", title=f"{LADDER} 5/6: a tiled matmul with tl.dot (fp32)", difficulty=3, kind="triton",
+    id="part4.matmul.8", title=f"{LADDER} 5/6: a tiled matmul with `tl.dot` (fp32)", difficulty=3, kind="triton",
     files=("part4/p5_matmul.py",),
     task="The tiled matrix multiply in Triton (the Triton half of the Part 3 project): each program computes a "
          "(BLOCK_M, BLOCK_N) tile of C, looping over K in steps of BLOCK_K with tl.dot on fp32 tiles (the CPU "
@@ -133,8 +131,8 @@ puzzle_matmul = Exercise(
          "stride_bk + cols[None, :] * stride_bn; mask both on k < K (and rows < M, cols < N) with other=0.0; "
          "acc += tl.dot(a, b)",
     check=_check_matmul,
-    planted={"b_stride": "c[", "no_k_mask": "out-of-bounds"},
-    gpu="the comparison with cuBLAS and with the chapter's v3 (python -m snippets bench matmul)",
+    planted={"b_stride": "out-of-bounds|c[", "no_k_mask": "out-of-bounds|c["},
+    gpu="the comparison with cuBLAS and with the chapter's v3 (`python -m snippets bench matmul`)",
 )
 
 
@@ -161,7 +159,7 @@ puzzle_online = Exercise(
     hint="m_new = max(m, tl.max(chunk)); s = s * tl.exp(m - m_new) + tl.sum(tl.exp(chunk - m_new)); masked lanes "
          "load -inf. Start from m = -inf and s = 0",
     check=_check_online,
-    planted={"no_rescale": "out[0, 0]", "stale_max": "out["},
+    planted={"no_rescale": "out[0, ", "no_update": "out[0, 0]"},
     gpu="the measurement in bf16 and fp32 at N = 2^16",
 )
 

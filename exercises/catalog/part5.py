@@ -75,7 +75,7 @@ def _check_swiglu(run: Run) -> None:
 
 
 swiglu = Exercise(
-    id="part5.norms-activations.4", title="SwiGLU on the fused [a | b] output of one GEMM", difficulty=2,
+    id="part5.norms-activations.4", title="SwiGLU on the fused output [a, b] of one GEMM", difficulty=2,
     kind="triton", files=("part5/swiglu_fused.py",),
     task="Write a SwiGLU variant that takes the fused [a | b] output of one GEMM, shape (M, 2N), instead of two "
          "tensors: out = silu(a) * b with a = h[:, :N] and b = h[:, N:]. (Whether the strided access costs "
@@ -120,7 +120,7 @@ rope = Exercise(
     hint="load the even elements at offsets 2 * i and the odd ones at 2 * i + 1 for i in tl.arange(0, D // 2), "
          "and the table row of the token at i",
     check=_check_rope,
-    planted={"rotate_half": "out[0, 1]", "sign": "out[0, 0]"},
+    planted={"rotate_half": "out[0, 1]", "sign": "out[1, 0]"},
 )
 
 
@@ -198,7 +198,7 @@ flash = Exercise(
          "v); finally out = acc / l[:, None]",
     check=_check_flash,
     planted={"no_rescale": "out[", "no_final_div": "out["},
-    gpu="the speed against torch's SDPA (python -m snippets bench flash_attention is the book's version)",
+    gpu="the speed against torch's SDPA (`python -m snippets bench flash_attention_fwd` is the book's version)",
 )
 
 EXERCISES = [residual_epilogue, add_rmsnorm, swiglu, rope, zloss, gqa_bytes, flash]

@@ -105,7 +105,7 @@ def measure_ceilings(quick: bool = False, extra: Iterable[str] = ()) -> dict[str
     n = 2**28  # 1 GiB of fp32 each way: far beyond L2
     src = torch.randn(n, device="cuda")
     dst = torch.empty_like(src)
-    t = time_device(lambda: dst.copy_(src), [()], budget_ms=300)
+    t = time_device(lambda: dst.copy_(src), [()], budget_ms=300)  # noqa: F821
     out["copy"] = {"value": 2 * src.nbytes / (t.median * 1e-3) / 1e9, "unit": "GB/s",
                    "how": f"dst.copy_(src), {src.nbytes >> 20} MiB fp32, bytes read + written"}
     del src, dst
@@ -133,35 +133,58 @@ def measure_ceilings(quick: bool = False, extra: Iterable[str] = ()) -> dict[str
 
 
 # --8<-- [start:check]
-def check_impl(op: Op, impl: Impl, args: tuple, dtype: torch.dtype) -> float:
+def check_impl(op: Op, impl: Impl, args: tuple, dtype: torch.dtype,
+               size: dict | None = None) -> float:
     """Run ``impl`` once and compare it with the reference computed in float64; raise if they
-    differ. An op whose reference returns a tuple (a backward pass: dx, dw, db) is compared part by
-    part. An op with its own ``check`` (random outputs) is checked by it instead, and reports an
-    error of 0. Returns the largest absolute error."""
+    differ (``compare_outputs``, the comparison the tests use too). An op with its own ``check``
+    (random outputs) is checked by it instead, and reports an error of 0. ``size``: the size
+    ``args`` were made for (a GEMM's tolerance grows with K). Returns the largest absolute
+    error."""
     if op.check is not None:
         op.check(impl.fn(*args), args, dtype)
         return 0.0
     # first: some versions (Liger) write results over their inputs
-    refs = as_tuple(op.reference_fp64(args))
-    outs = as_tuple(impl.fn(*args))
+    refs = op.reference_fp64(args)
+    return compare_outputs(op, impl.name, impl.fn(*args), refs, dtype, size)
+
+
+def compare_outputs(op: Op, name: str, out, ref, dtype: torch.dtype, size: dict | None = None,
+                    check_dtype: bool = False) -> float:
+    """An implementation's output against the float64 reference: the one comparison of the
+    harness and the tests. A tuple (a backward pass: dx, dw, db) is compared part by part: the
+    number of parts, then each part's dtype (``check_dtype``: the op's output dtype), shape, no
+    NaN where the reference has none (outputs are poisoned with NaN in the tests, so a NaN is an
+    element never written), and the values within the op's tolerance at ``size``. Raises
+    ``AssertionError`` naming the first element off; returns the largest absolute error."""
+    outs, refs = as_tuple(out), as_tuple(ref)
     if len(outs) != len(refs):
-        raise AssertionError(f"{op.name} {impl.name}: {len(outs)} outputs, reference has "
-                             f"{len(refs)}")
-    rtol, atol = op.tolerance(dtype)
+        raise AssertionError(f"{op.name} {name}: {len(outs)} outputs, reference has {len(refs)}")
+    rtol, atol = op.tolerance(dtype, size)
     worst = 0.0
-    for i, (out, ref) in enumerate(zip(outs, refs)):
-        ref = ref.to(torch.float64)  # integer results (indices, checksums) compare exactly
-        out64 = out.to(device=ref.device, dtype=torch.float64)
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        r = r.to(torch.float64)  # integer results (indices, checksums) compare exactly
         part = f" output {i}" if len(refs) > 1 else ""
-        if out64.shape != ref.shape:
-            raise AssertionError(f"{op.name} {impl.name}{part}: shape {tuple(out64.shape)}, "
-                                 f"reference {tuple(ref.shape)}")
-        if not torch.allclose(out64, ref, rtol=rtol, atol=atol, equal_nan=True):
-            err = (out64 - ref).abs().nan_to_num(float("inf")).max().item()
-            raise AssertionError(f"{op.name} {impl.name} {dtype_name(dtype)}{part}: max abs error "
-                                 f"{err:.3g} exceeds rtol={rtol}, atol={atol}")
-        if ref.numel():
-            worst = max(worst, (out64 - ref).abs().max().item())
+        what = f"{op.name} {name} {dtype_name(dtype)}{part}"
+        if check_dtype and o.dtype != op.output_dtype(dtype):
+            want = op.output_dtype(dtype)
+            raise AssertionError(f"{what}: output dtype {o.dtype}, expected {want}")
+        o64 = o.to(device=r.device, dtype=torch.float64)
+        if o64.shape != r.shape:
+            raise AssertionError(f"{what}: shape {tuple(o64.shape)}, "
+                                 f"reference {tuple(r.shape)}")
+        if o64.isnan().any() and not r.isnan().any():
+            first = tuple(o64.isnan().nonzero()[0].tolist())
+            raise AssertionError(f"{what}: NaN outputs, the first at {first} (unwritten elements?)")
+        if not torch.allclose(o64, r, rtol=rtol, atol=atol, equal_nan=True):
+            diff = (o64 - r).abs().nan_to_num(float("inf"))
+            off = (diff > atol + rtol * r.abs()).nonzero()
+            at = tuple(off[0].tolist()) if len(off) else ()
+            raise AssertionError(
+                f"{what}: max abs error {diff.max().item():.3g} exceeds rtol={rtol}, atol={atol}; "
+                f"{len(off)} of {r.numel()} elements off, the first at index {at}: "
+                f"got {o64[at].item():.6g}, expected {r[at].item():.6g}")
+        if r.numel():
+            worst = max(worst, (o64 - r).abs().max().item())
     return worst
 
 
@@ -200,7 +223,7 @@ def run_job(op: Op, dtype: torch.dtype, size: dict, impl: Impl, l2_bytes: int,
     ws = op.bytes_moved(size, dtype)
     sets, flush = rotation(ws, l2_bytes) if impl.timer == "device" else (1, False)
     arg_sets = [op.make_inputs(size, dtype, impl.input_device(run_on), gen) for _ in range(sets)]
-    err = check_impl(op, impl, arg_sets[0], dtype)
+    err = check_impl(op, impl, arg_sets[0], dtype, size)
     if impl.timer == "device":
         flush_buf = torch.empty(2 * l2_bytes // 4, device="cuda") if flush else None
         t = time_device(impl.fn, arg_sets, flush=flush_buf)
@@ -333,7 +356,7 @@ def run(op_names: list[str], quick: bool = False, out: Path | None = None, conso
     _print_table(console, ops, entries)
     console.print(f"wrote {path}")
     if failures:
-        raise SystemExit("bench: %d job(s) failed (the rest were written):\n  " % len(failures)
+        raise SystemExit(f"bench: {len(failures)} job(s) failed (the rest were written):\n  "
                          + "\n  ".join(failures))
     return path
 

@@ -15,7 +15,6 @@ no place on a logarithmic intensity axis; they are listed apart, with their band
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch

@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_int as _int, check_tensors, refuse_grad, triton_device
+from snippets._checks import check_int as _int
+from snippets._checks import check_tensors, refuse_grad, triton_device
 from snippets.registry import Impl, Op, register
 
 CU_FILE = "part2/coalescing.cu"

@@ -28,7 +28,8 @@ import torch
 import triton
 
 from snippets import cuda
-from snippets._checks import check_int as _int, check_tensors
+from snippets._checks import check_int as _int
+from snippets._checks import check_tensors
 from snippets.registry import Impl, Op, register
 
 CU_FILE = "part2/pointer_chase.cu"

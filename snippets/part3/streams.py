@@ -58,6 +58,7 @@ import triton.language as tl
 
 from snippets import cuda
 from snippets._checks import check_int, check_tensors, refuse_grad, triton_device
+
 # snippets.common.ceilings registers the "host_link" ceiling (pinned copy bandwidth) that
 # stream_overlap is compared against; block_pattern is the cheap, block-shifted input pattern of
 # Part 2's host transfers.
@@ -532,7 +533,7 @@ def gpu_events(trace_events: list[dict]) -> list[dict]:
             stream = int(stream)
         except (TypeError, ValueError):
             raise ValueError(f"trace event {name!r} has no integer stream id (args.stream or tid): "
-                             f"{stream!r}")
+                             f"{stream!r}") from None
         picked.append((float(e["ts"]), float(e["dur"]), name, kind, stream))
     if not picked:
         return []

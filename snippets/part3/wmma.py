@@ -34,13 +34,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import triton
-import triton.language as tl
 
 from snippets import cuda
 from snippets._checks import refuse_grad, triton_device
-from snippets.common.gemm import (HALF_TYPES, check_operands, gemm_flops, make_operands,
-                                  matmul_kernel, tolerance_for, triton_half_dtypes)
-from snippets.registry import Impl, Op, device_generator, register
+from snippets.common.gemm import (
+    HALF_TYPES,
+    check_operands,
+    gemm_flops,
+    make_operands,
+    matmul_kernel,
+    tolerance_for,
+    triton_half_dtypes,
+)
+from snippets.registry import Impl, Op, register
 
 CU_FILE = "part3/wmma_gemm.cu"
 GRID_Y_MAX = 65535  # CUDA's limit on gridDim.y

@@ -32,8 +32,14 @@ import torch
 import triton
 
 from snippets._checks import check_int, refuse_grad, triton_device, triton_interpreting
-from snippets.common.gemm import (HALF_TYPES, SMEM_LIMIT_SM90, check_operands, device_smem_limit,
-                                  matmul_kernel, tolerance_for)
+from snippets.common.gemm import (
+    HALF_TYPES,
+    SMEM_LIMIT_SM90,
+    check_operands,
+    device_smem_limit,
+    matmul_kernel,
+    tolerance_for,
+)
 
 
 # --8<-- [start:space]

@@ -43,8 +43,15 @@ import triton
 import triton.language as tl
 
 from snippets._checks import GRADS_ONLY, check_tensors, refuse_grad, triton_device, wants_grad
-from snippets.common.dropout import (BLOCK, FLOAT_TYPES, NUM_WARPS, check_dropout_args,
-                                     dropout_kernel, keep_ref, seeded_dropout)
+from snippets.common.dropout import (
+    BLOCK,
+    FLOAT_TYPES,
+    NUM_WARPS,
+    check_dropout_args,
+    dropout_kernel,
+    keep_ref,
+    seeded_dropout,
+)
 from snippets.registry import Impl, Op, device_generator, register
 
 # Philox-4x32-10 in NumPy (the exact reference of v2 and v3, keep_ref), the checks of p and the

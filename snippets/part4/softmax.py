@@ -34,7 +34,6 @@ exp, sum, scale), far below any GPU's FLOP/byte balance: softmax is memory-bound
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,8 +42,7 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import (check_int, check_tensors, refuse_grad, triton_device,
-                             triton_interpreting)
+from snippets._checks import check_int, check_tensors, refuse_grad, triton_device, triton_interpreting
 from snippets.common.baselines import compiled, needs_gpu
 from snippets.common.rows import ONLINE_BLOCK_N, ONLINE_NUM_WARPS
 from snippets.registry import Impl, Op, device_generator, register

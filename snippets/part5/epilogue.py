@@ -38,10 +38,23 @@ import triton.language as tl
 
 from snippets._checks import check_tensors, refuse_grad, triton_device, triton_interpreting
 from snippets.common.baselines import compiled, needs_gpu
-from snippets.common.gemm import (GROUP_M, HALF_TYPES, INTERPRET, check_operands, check_tma,
-                                  config_space, gemm_flops, launch_tma, make_operands, needs_hopper,
-                                  prune_configs, set_block_shapes, tile_coords, tolerance_for,
-                                  triton_half_dtypes)
+from snippets.common.gemm import (
+    GROUP_M,
+    HALF_TYPES,
+    INTERPRET,
+    check_operands,
+    check_tma,
+    config_space,
+    gemm_flops,
+    launch_tma,
+    make_operands,
+    needs_hopper,
+    prune_configs,
+    set_block_shapes,
+    tile_coords,
+    tolerance_for,
+    triton_half_dtypes,
+)
 from snippets.registry import Impl, Op, device_generator, register
 
 ACTS = ("gelu", "relu", "silu", "none")

@@ -62,8 +62,15 @@ import triton
 import triton.language as tl
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from snippets._checks import (GRADS_ONLY, check_scalar, check_tensors, refuse_grad, triton_device,
-                             triton_interpreting, wants_grad)
+from snippets._checks import (
+    GRADS_ONLY,
+    check_scalar,
+    check_tensors,
+    refuse_grad,
+    triton_device,
+    triton_interpreting,
+    wants_grad,
+)
 from snippets.registry import Impl, Op, device_generator, register
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -286,7 +286,7 @@ def report(name: str, cap: Capture, max_source_lines: int = 80) -> str:
     """A text report of one captured block: per graph, the steps of the wrapper, then each generated
     kernel's source (cut to ``max_source_lines`` lines)."""
     lines = [f"block: {name}; torch {torch.__version__}; {len(cap.code)} graph(s)"]
-    for i, (code, sched) in enumerate(zip(cap.code, cap.schedules)):
+    for i, sched in enumerate(cap.schedules):
         lines.append(f"\ngraph {i}: {len(sched.kernels)} generated kernel(s), "
                      f"{len(sched.externs())} external call(s), {len(sched.ops_called())} op(s) "
                      "called as they are; in order:")

@@ -50,8 +50,16 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from snippets._checks import (GRADS_ONLY, check_scalar, check_tensors, describe, refuse_grad,
-                              triton_device, triton_interpreting, wants_grad)
+from snippets._checks import (
+    GRADS_ONLY,
+    check_scalar,
+    check_tensors,
+    describe,
+    refuse_grad,
+    triton_device,
+    triton_interpreting,
+    wants_grad,
+)
 from snippets.common.baselines import compiled, grads_through, needs_gpu
 from snippets.common.gemm import device_smem_limit, tile_coords, triton_half_dtypes
 from snippets.registry import Impl, Op, device_generator, register

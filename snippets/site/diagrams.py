@@ -214,8 +214,8 @@ def draw_grid(n: int, block: int, style: str = "cuda") -> str:
         caption = (f"A launch of {blocks} blocks of {block} threads over n = {n} elements. Thread "
                    f"t of block b works on element i = b · {block} + t, so consecutive threads "
                    f"touch consecutive elements; the {masked} threads with i ≥ n fail the bounds "
-                   "check and do nothing. Real blocks hold 128 to 1024 threads (whole warps of "
-                   "32), and the arithmetic is the same.")
+                   "check and do nothing. Blocks in practice hold 128 to 1024 threads, whole "
+                   "warps of 32; the arithmetic is the same.")
     else:
         caption = (f"The same launch in Triton: {blocks} programs, each owning a block of "
                    f"BLOCK = {block} offsets, pid · {block} + tl.arange(0, {block}). There are no "
@@ -482,7 +482,7 @@ def draw_sgemm(version: str) -> str:
             r0, c0 = (wi // warps_n) * t.wm, (wi % warps_n) * t.wn
             svg.rect(cx + c0 * scale, cy + r0 * scale, t.wn * scale, t.wm * scale, stroke=GREEN,
                      width=2, role="warptile", warp=wi)
-            svg.text(cx + c0 * scale + t.wn * scale / 2, cy + r0 * scale + t.wm * scale / 2,
+            svg.text(cx + c0 * scale + t.wn * scale / 2, cy + (r0 + t.wm) * scale - 10,
                      f"warp {wi}", size=SMALL, anchor="middle")
     svg.text(cx + t.bn * scale / 2, cy + t.bm * scale + 14, f"block tile {t.bm} × {t.bn} of C",
              size=SMALL, anchor="middle")
@@ -501,7 +501,7 @@ def draw_sgemm(version: str) -> str:
     lines.append((ORANGE, 0.55, "what thread 0 reads for each k"))
     for i, (colour, op, text) in enumerate(lines):
         y = top + 6 + i * 22
-        svg.rect(legend_x, y, 14, 14, fill=colour, opacity=op or None,
+        svg.rect(legend_x, y, 14, 14, fill=colour if op else "none", opacity=op or None,
                  stroke=colour, width=2 if not op else 1)
         svg.text(legend_x + 20, y + 7, text, size=SMALL)
     fma = t.tm * t.tn

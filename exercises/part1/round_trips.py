@@ -1,0 +1,30 @@
+"""part1.why-gpus.5: k operations: PCIe round trips against data kept on the GPU
+
+Chapter: docs/part1/why-gpus.md, exercise 5. Difficulty 2 of 4 (write a few lines).
+
+A program applies k element-wise operations (each reads n elements and writes n) to the same
+array. Write the time of doing it with a round trip over PCIe for each operation, and with the
+data kept on the GPU, using the bytes model. How large must k be before the one-time transfer
+costs less than the operations themselves?
+
+Check it:  python -m snippets exercise check part1.why-gpus.5
+(--solution checks the reference solution; exercise show part1.why-gpus.5 gives the hint)
+"""
+
+
+
+def time_round_trips(n: int, k: int, itemsize: int, pcie: float, hbm: float) -> float:
+    """Seconds for k operations, each with its own round trip: upload n elements over PCIe (``pcie`` bytes/s
+    each way), run the operation on the GPU (read n, write n at ``hbm`` bytes/s), download n."""
+    raise NotImplementedError("YOUR CODE HERE")
+
+
+def time_resident(n: int, k: int, itemsize: int, pcie: float, hbm: float) -> float:
+    """Seconds for one upload, the k operations on the GPU, one download."""
+    raise NotImplementedError("YOUR CODE HERE")
+
+
+def smallest_k(pcie: float, hbm: float) -> int:
+    """The smallest k for which the one-time transfer (upload and download) costs less than the k operations
+    themselves (for any n and itemsize)."""
+    raise NotImplementedError("YOUR CODE HERE")

@@ -1,0 +1,31 @@
+"""part3.measuring.4: Project: a new metric for the benchmarking harness
+
+Chapter: docs/part3/measuring.md, exercise 4. Difficulty 2 of 4 (write a few lines).
+
+Extend the harness with the metrics a roofline needs: from an op's cost model (bytes moved,
+FLOPs) and a measured median time in milliseconds, compute the achieved GB/s and TFLOP/s, the
+arithmetic intensity, the attainable rate under the roofline of a GPU with given peaks, the
+fraction of that roof, and which roof applies. Then apply it to a registered op (Op.bytes_moved,
+Op.flops).
+
+Check it:  python -m snippets exercise check part3.measuring.4
+(--solution checks the reference solution; exercise show part3.measuring.4 gives the hint)
+"""
+
+
+def achieved(bytes_moved: int, flops: int, ms: float) -> dict:
+    """{"gb_per_s", "tflop_per_s", "intensity"} of a run that moved ``bytes_moved`` bytes and did ``flops``
+    FLOPs in ``ms`` milliseconds (intensity in FLOP/byte)."""
+    raise NotImplementedError("YOUR CODE HERE")
+
+
+def roofline(bytes_moved: int, flops: int, ms: float, peak_gb_per_s: float, peak_tflop_per_s: float) -> dict:
+    """achieved() plus "attainable_tflop_per_s" (the roof at this intensity), "fraction_of_roof" (achieved
+    TFLOP/s over the attainable) and "bound" ("memory" or "compute": which roof is the lower here)."""
+    raise NotImplementedError("YOUR CODE HERE")
+
+
+def for_op(op, size: dict, dtype, ms: float) -> dict:
+    """achieved() for an op of the registry (snippets.registry.Op) at ``size`` and ``dtype``, from its cost
+    model (op.bytes_moved(size, dtype), op.flops(size, dtype))."""
+    raise NotImplementedError("YOUR CODE HERE")

@@ -1,0 +1,30 @@
+"""part5.norms-activations.6: Interleaved RoPE
+
+Chapter: docs/part5/norms-activations.md, exercise 6. Difficulty 2 of 4 (write a few lines).
+
+Implement the interleaved RoPE layout: pair i of a head is (x[2i], x[2i + 1]), rotated by the
+angle of table column i (out[2i] = x[2i] cos - x[2i + 1] sin, out[2i + 1] = x[2i] sin + x[2i +
+1] cos). One program per token. (Showing that it equals the rotate-half layout after permuting
+the columns of W_q and W_k is the pen-and-paper half of the chapter's exercise.)
+
+Check it:  python -m snippets exercise check part5.norms-activations.6
+(--solution checks the reference solution; exercise show part5.norms-activations.6 gives the hint)
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, D: tl.constexpr, HALF: tl.constexpr):
+    t = tl.program_id(0)  # the token
+    i = tl.arange(0, HALF)  # the pairs
+    # YOUR CODE HERE: rotate each pair (x[2i], x[2i + 1]) of token t by the angle of table column i
+    pass
+
+
+def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> None:
+    """x, out: (T, D) contiguous, D a power of two; cos, sin: (T, D / 2)."""
+    t, d = x.shape
+    rope_kernel[(t,)](x, cos, sin, out, D=d, HALF=d // 2)
