@@ -14,7 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from snippets.part2.coalescing import make_strided_input, offset_copy, strided_copy, strided_copy_cuda  # noqa: E402
+from snippets.part2.coalescing import (  # noqa: E402
+    make_strided_input,
+    offset_copy,
+    strided_copy,
+    strided_copy_cuda,
+)
 
 # --8<-- [start:profile]
 # python scripts/profile_coalescing.py: each benchmark point once, for a profiler

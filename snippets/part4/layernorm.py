@@ -51,7 +51,15 @@ import triton.language as tl
 from snippets import cuda
 from snippets._checks import GRADS_ONLY, check_tensors, refuse_grad, triton_device, wants_grad
 from snippets.common.baselines import compiled, grads_through, liger, liger_missing, needs_gpu
-from snippets.common.rows import NORM_HEADLINE, NORM_SWEEP, NORM_TEST_SIZES, RowConfig, check_rows, compute_dtype
+from snippets.common.rows import MAX_N as MAX_N  # the longest row it takes (re-exported)
+from snippets.common.rows import (
+    NORM_HEADLINE,
+    NORM_SWEEP,
+    NORM_TEST_SIZES,
+    RowConfig,
+    check_rows,
+    compute_dtype,
+)
 from snippets.common.rows import backward_groups as row_backward_groups
 from snippets.common.rows import config_for as row_config_for
 from snippets.registry import Impl, Op, device_generator, register

@@ -42,7 +42,13 @@ import triton
 import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import check_int, check_tensors, refuse_grad, triton_device, triton_interpreting
+from snippets._checks import (
+    check_int,
+    check_tensors,
+    refuse_grad,
+    triton_device,
+    triton_interpreting,
+)
 from snippets.common.baselines import compiled, needs_gpu
 from snippets.common.rows import ONLINE_BLOCK_N, ONLINE_NUM_WARPS
 from snippets.registry import Impl, Op, device_generator, register

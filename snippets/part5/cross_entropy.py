@@ -56,7 +56,15 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from snippets._checks import GRADS_ONLY, check_int, check_scalar, check_tensors, describe, refuse_grad, triton_device
+from snippets._checks import (
+    GRADS_ONLY,
+    check_int,
+    check_scalar,
+    check_tensors,
+    describe,
+    refuse_grad,
+    triton_device,
+)
 from snippets.common.baselines import compiled, grads_through, liger, liger_missing, needs_gpu
 from snippets.common.rows import ONLINE_BLOCK_N, ONLINE_NUM_WARPS, compute_dtype
 from snippets.registry import Impl, Op, device_generator, register
