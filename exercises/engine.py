@@ -289,7 +289,7 @@ class Run:
         except Failure as exc:
             raise Failure(f"{name}: {exc.message}" if not exc.message.startswith(name) else exc.message,
                           exc.hint or hint) from exc
-        except Exception as exc:  # noqa: BLE001: the learner's code raised
+        except Exception as exc:  # noqa: BLE001 (the learner's code raised)
             raise Failure(f"{name}: {explain(exc, self.files.values())}", hint) from exc
         else:
             self.ok(name)
@@ -383,7 +383,7 @@ def check(ex: Exercise, variant: str = "learner", planted: str | None = None,
         return Result(ex, variant, planted, files, False, run.lines, exc.message, exc.hint or ex.hint)
     except Skip as exc:
         run.skip(str(exc))
-    except Exception as exc:  # noqa: BLE001: the learner's code raised outside a case
+    except Exception as exc:  # noqa: BLE001 (the learner's code raised outside a case)
         return Result(ex, variant, planted, files, False, run.lines, explain(exc, files.values()), ex.hint)
     incomplete = None
     if ex.kind == "cuda" and run.kernel_runs == 0:
