@@ -2,8 +2,9 @@
 
 An exercise has files the learner edits (``exercises/partN/...``), the same files solved
 (``exercises/solutions/partN/...``) and one or more *planted* wrong solutions
-(``exercises/planted/partN/<stem>.<name><suffix>``: a planted variant replaces some of the files and takes the
-others from the solution). Its check is a function of a :class:`Run`, which loads the files of the variant
+(the solution with one bug put in, kept as an edit of it in ``exercises/planted/partN/<file>.planted.json``,
+or as a whole file ``exercises/planted/partN/<stem>.<name><suffix>``: a planted variant replaces some of the
+files and takes the others from the solution). Its check is a function of a :class:`Run`, which loads the files of the variant
 under test and records what passed; the first failure stops the check with a message that says what is wrong
 and a hint written for that exercise.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -113,16 +115,41 @@ class Exercise:
         return f"python -m snippets exercise check {self.id}"
 
 
+def _substitutions(rel: str) -> dict[str, list[list[str]]]:
+    """The planted variants of one file as edits of its solution: ``exercises/planted/<rel>.planted.json``
+    maps each variant's name to its (old, new) substitutions, each ``old`` found once in the solution. A
+    planted solution is the solution with one bug put in, so it is kept as that edit, not as a copy."""
+    f = PLANTED / f"{rel}.planted.json"
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
 def planted_path(rel: str, name: str) -> Path:
+    """The file of a planted variant: a hand-written one under ``exercises/planted/`` if there is one,
+    else the solution with the variant's substitutions applied, written under ``build/exercises/``."""
     p = Path(rel)
-    return PLANTED / p.parent / f"{p.stem}.{name}{p.suffix}"
+    written = PLANTED / p.parent / f"{p.stem}.{name}{p.suffix}"
+    subs = _substitutions(rel).get(name)
+    if written.exists() or subs is None:
+        return written
+    text = (SOLUTIONS / rel).read_text()
+    for old, new in subs:
+        if text.count(old) != 1:
+            raise ValueError(f"planted {name!r} of {rel}: its edit no longer matches the solution once; "
+                             "update exercises/planted/" + f"{rel}.planted.json")
+        text = text.replace(old, new)
+    out = ROOT.parent / "build" / "exercises" / "planted" / p.parent / written.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.exists() or out.read_text() != text:
+        out.write_text(text)
+    return out
 
 
 def planted_names(ex: Exercise) -> list[str]:
-    """The planted variants present on disk for ``ex``."""
+    """The planted variants of ``ex``: hand-written files and edits of the solution."""
     names = set()
     for rel in ex.files:
         p = Path(rel)
+        names.update(_substitutions(rel))
         folder = PLANTED / p.parent
         if folder.is_dir():
             for f in folder.glob(f"{p.stem}.*{p.suffix}"):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from exercises import cuda
+from exercises import cuda, engine
 from exercises.catalog import EXERCISES
 from exercises.engine import MARK, PLANTED, ROOT, SOLUTIONS, Exercise, check, planted_names
 
@@ -97,8 +97,18 @@ def test_files_stub_solution_and_planted(ex_id):
 def test_no_stray_planted_files():
     known = {str(PLANTED / Path(rel).parent / f"{Path(rel).stem}.{name}{Path(rel).suffix}")
              for ex in EXERCISES.values() for rel in ex.files for name in ex.planted}
+    known |= {str(PLANTED / f"{rel}.planted.json") for ex in EXERCISES.values() for rel in ex.files}
     stray = [str(p) for p in PLANTED.rglob("*") if p.is_file() and str(p) not in known]
     assert not stray, stray
+    # every edit of a solution names a planted variant the catalogue expects, and still applies
+    for ex in EXERCISES.values():
+        for rel in ex.files:
+            f = PLANTED / f"{rel}.planted.json"
+            if f.is_file():
+                names = set(json.loads(f.read_text()))
+                assert names <= set(ex.planted), (rel, names - set(ex.planted))
+                for name in names:
+                    assert engine.planted_path(rel, name).is_file()
 
 
 # ---------------------------------------------------------------------------------------------- CLI and docs
