@@ -1,6 +1,7 @@
 """Test configuration: Triton's interpreter without a GPU, the ``gpu`` marker, and shared helpers.
 
-- No CUDA GPU: ``TRITON_INTERPRET=1`` is set before anything imports Triton, so Triton kernels run on the CPU.
+- No CUDA GPU: the root ``conftest.py`` sets ``TRITON_INTERPRET=1`` before anything imports Triton, so Triton
+  kernels run on the CPU (for the docs' code blocks too).
 - ``@pytest.mark.gpu`` tests skip with a reason on CPU machines; with ``REQUIRE_GPU=1`` (the GPU runner) a
   missing GPU fails them instead, so a broken runner cannot pass by skipping everything.
 - A version that cannot run here (``Impl.requires``) is skipped through :func:`skip_unavailable`: with
@@ -15,13 +16,10 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
 import torch
 
-HAS_GPU = torch.cuda.is_available()
-if not HAS_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
+HAS_GPU = torch.cuda.is_available()  # without one, the root conftest.py has switched the interpreter on
 
 REQUIRE_GPU = os.environ.get("REQUIRE_GPU", "0") not in ("", "0")
 DEVICE = "cuda" if HAS_GPU else "cpu"
