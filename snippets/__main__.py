@@ -18,6 +18,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("ops", nargs="*", help="op names (default: all)")
     b.add_argument("--quick", action="store_true", help="headline sizes only, smaller GEMM ceilings")
     b.add_argument("--out", type=Path, help="results file to merge into (default: benchmarks/results/<gpu>.json)")
+    b.add_argument("--stale-only", action="store_true",
+                   help="only the ops the results file lacks or holds stale (python -m snippets report)")
+    b.add_argument("--claim", type=Path, metavar="DIR",
+                   help="split the ops between several bench processes (one per GPU, each with its own --out) "
+                        "that share the folder DIR: each takes the next op no other has claimed")
     r = sub.add_parser("report", help="summarise committed results (no GPU needed)")
     r.add_argument("--json", action="store_true", help="one JSON record per op and GPU (results), and one per "
                                                        "stale captured output (stale_captures)")
@@ -34,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cmd == "bench":
         from snippets.bench.harness import run
-        run(args.ops, quick=args.quick, out=args.out)
+        run(args.ops, quick=args.quick, out=args.out, stale_only=args.stale_only, claim_dir=args.claim)
     elif args.cmd == "export":
         from snippets.export import main as export_main
         return export_main(args.op, args.version, args.out)

@@ -181,6 +181,37 @@ def fake_results(tmp_path, op_name="vector_add", stale=(), gpu="Test GPU"):
     return path
 
 
+def test_stale_only_picks_missing_and_stale_ops(tmp_path):
+    """bench --stale-only re-measures an op with a stale version and an op never measured, not a fresh one."""
+    path = fake_results(tmp_path, "vector_add")
+    fake_results(tmp_path, "scale", stale=("v1",))
+    ops = [OPS["vector_add"], OPS["scale"], OPS["saxpy"]]
+    assert [op.name for op in harness.stale_ops(ops, "Test GPU", path)] == ["scale", "saxpy"]
+    assert [op.name for op in harness.stale_ops(ops, "Test GPU", tmp_path / "none.json")] == ["vector_add", "scale",
+                                                                                  "saxpy"]
+    # fresh in either file (a run's own --out, or the committed results) is fresh
+    assert [op.name for op in harness.stale_ops(ops, "Test GPU", tmp_path / "none.json", path)] == ["scale",
+                                                                                              "saxpy"]
+    # another GPU's results do not count
+    assert len(harness.stale_ops(ops, "Other GPU", path)) == 3
+
+
+def test_claims_split_ops_between_processes(tmp_path):
+    """Two bench processes sharing a claim folder: each op is taken by exactly one of them."""
+    import concurrent.futures as cf
+
+    names = [f"op{i}" for i in range(40)]
+    with cf.ProcessPoolExecutor(2) as pool:
+        taken = list(pool.map(_claim_all, [(tmp_path, names)] * 2))
+    assert sorted(taken[0] + taken[1]) == sorted(names)
+    assert harness.claim(None, "op0")  # no folder: every op is this process's
+
+
+def _claim_all(args):
+    folder, names = args
+    return [n for n in names if harness.claim(folder, n)]
+
+
 def test_derive_rates_and_speedups(tmp_path):
     data = json.loads(fake_results(tmp_path).read_text())
     rec = {r["impl"]: r for r in data["ops"]["vector_add"]["records"] if r["headline"]}
@@ -335,10 +366,14 @@ def test_bench_end_to_end_on_gpu(tmp_path):
     data = json.loads(out.read_text())
     recs = data["ops"]["vector_add"]["records"]
     assert {r["impl"] for r in recs} == set(OPS["vector_add"].impls)
-    for r in recs:  # a log that is not a terminal gets one line per job
+    for r in recs:  # one line per job
         assert f"vector_add {r['impl']} {r['dtype']} {r['size_key']}: " in log.getvalue()
     assert all(r["value"] > 0 and 0 < r["fraction_of_ceiling"] < 2 for r in recs)
     assert data["ceilings"]["copy"]["value"] > 100
+    # measured now, so fresh: --stale-only finds nothing left to do
+    harness.run(["vector_add"], quick=True, out=out, console=Console(file=log, width=200), stale_only=True)
+    assert "stale or missing in r.json: none" in log.getvalue()
+    assert json.loads(out.read_text())["ops"]["vector_add"]["records"] == recs
 
 
 def test_latency_metric_has_no_ceiling_and_lower_is_better(tmp_path):

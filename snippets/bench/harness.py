@@ -16,6 +16,7 @@ import os
 import platform
 import re
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -285,11 +286,44 @@ def merge(path: Path, gpu: str, entries: dict[str, dict], ceilings: dict) -> dic
     return data
 
 
-def run(op_names: list[str], quick: bool = False, out: Path | None = None, console=None) -> Path:
+def claim(claim_dir: Path | None, op_name: str) -> bool:
+    """Take ``op_name`` for this process: with ``claim_dir`` (a folder shared by the bench processes of one
+    machine, one per GPU), the first process to create ``<op>.claimed`` there measures the op and the others
+    skip it; without, always True."""
+    if claim_dir is None:
+        return True
+    claim_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(claim_dir / f"{op_name}.claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, f"{os.getpid()} {os.environ.get('CUDA_VISIBLE_DEVICES', '')}\n".encode())
+    os.close(fd)
+    return True
+
+
+def stale_ops(ops: list[Op], gpu: str, *paths: Path) -> list[Op]:
+    """The ops of ``ops`` that none of the results files at ``paths`` holds fresh for ``gpu`` (each lacks
+    the op, is another GPU's, or an implementation's headline result is missing or was measured on other
+    source: snippets.bench.report.stale_impls)."""
+    from snippets.bench.report import stale_impls
+
+    files = [data["ops"] for data in (json.loads(p.read_text()) for p in paths if p.exists())
+             if data.get("gpu") == gpu]
+    return [op for op in ops
+            if all(op.name not in ent or stale_impls(op, ent[op.name]) for ent in files)]
+
+
+def run(op_names: list[str], quick: bool = False, out: Path | None = None, console=None,
+        stale_only: bool = False, claim_dir: Path | None = None) -> Path:
     """The ``bench`` command: measure ceilings, then every requested op; merge into the
-    results file."""
+    results file, one op at a time.
+
+    ``stale_only``: only the ops that no results file of this GPU holds fresh (``out``, the committed
+    one, and any other beside ``out``: the files of the other processes of an earlier run). ``claim_dir``: several bench
+    processes (one per GPU of a machine, each with its own ``out``) split the ops between them, the
+    op with the most jobs first; each takes the next op no other process has claimed (``claim``)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if not torch.cuda.is_available():
         raise SystemExit("bench needs a CUDA GPU (torch.cuda.is_available() is False). The "
@@ -304,6 +338,14 @@ def run(op_names: list[str], quick: bool = False, out: Path | None = None, conso
     ops = [registry[n] for n in (op_names or sorted(registry))]
     prov = provenance()
     l2 = prov["l2_bytes"] or 64 * 2**20
+    path = out or RESULTS_DIR / f"{slug(prov['gpu'])}.json"
+    if stale_only:  # fresh in the committed results, or in a results file beside --out, is fresh
+        beside = sorted(path.parent.glob("*.json")) if out else []
+        ops = stale_ops(ops, prov["gpu"], path, RESULTS_DIR / f"{slug(prov['gpu'])}.json", *beside)
+        console.print(f"stale or missing in {path.name}: {', '.join(op.name for op in ops) or 'none'}")
+    jobs = {op.name: [j for j in plan([op], quick)] for op in ops}
+    if claim_dir is not None:  # the longest ops first, so the processes finish together
+        ops.sort(key=lambda op: -len(jobs[op.name]))
     console.print(f"[bold]{prov['gpu']}[/], {prov['sm_count']} SMs, torch {prov['torch']}, "
                   f"triton {prov['triton']}, commit {str(prov['commit'])[:10]}")
     extra = sorted({op.ceiling for op in ops if op.ceiling in CEILING_MEASURES})
@@ -311,47 +353,39 @@ def run(op_names: list[str], quick: bool = False, out: Path | None = None, conso
         ceilings = measure_ceilings(quick, extra)
     for k, c in ceilings.items():
         console.print(f"  ceiling {k}: {c['value']:.1f} {c['unit']} ({c['how']})")
-
-    jobs = plan(ops, quick)
     for op in ops:
         for impl in op.impls.values():
             if impl.unavailable():
                 console.print(f"  [yellow]left out[/] {op.name} {impl.name}: {impl.unavailable()}")
-    path = out or RESULTS_DIR / f"{slug(prov['gpu'])}.json"
-    records: dict[str, list[dict]] = {op.name: [] for op in ops}
+
     entries: dict[str, dict] = {}
     failures: list[str] = []
-    remaining = {op.name: sum(1 for j in jobs if j[0] is op) for op in ops}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("benchmarking", total=len(jobs))
-        for op, dtype, size, impl in jobs:
-            progress.update(task, description=f"{op.name} {impl.name} {size_key(size)}")
+    for op in ops:
+        if not claim(claim_dir, op.name):
+            continue
+        t0 = time.perf_counter()
+        records: list[dict] = []
+        for _, dtype, size, impl in jobs[op.name]:
             try:
-                records[op.name].append(run_job(op, dtype, size, impl, l2))
-                # a log file gets one line per job (the bar is drawn only at the end)
-                if not console.is_terminal:
-                    r = records[op.name][-1]
-                    console.print(f"  {op.name} {impl.name} {dtype_name(dtype)} {size_key(size)}: "
-                                  f"{r['ms']:.4f} ms ({r['reps']} reps)")
+                records.append(run_job(op, dtype, size, impl, l2))
+                r = records[-1]
+                console.print(f"  {op.name} {impl.name} {dtype_name(dtype)} {size_key(size)}: "
+                              f"{r['ms']:.4f} ms ({r['reps']} reps)")
             except Exception as e:  # one failing version must not lose the rest of the run
                 msg = (f"{op.name} {impl.name} {dtype_name(dtype)} {size_key(size)}: "
                        f"{type(e).__name__}: {e}")
                 failures.append(msg)
                 console.print(f"  [red]failed[/] {msg}")
             torch.cuda.empty_cache()
-            progress.advance(task)
-            remaining[op.name] -= 1
-            if remaining[op.name] == 0:
-                # An op is written as soon as its jobs are done, so a run cut short keeps what
-                # it finished.
-                ceiling = ceilings[op.ceiling] if op.ceiling else None
-                derive(op, records[op.name], ceiling["value"] if ceiling else None)
-                entries[op.name] = {"part": op.part, "title": op.title, "metric": op.metric,
-                                    "ceiling": {"name": op.ceiling, **ceiling} if ceiling else None,
-                                    "provenance": prov, "records": records[op.name]}
-                merge(path, prov["gpu"], {op.name: entries[op.name]}, ceilings)
+        # An op is written as soon as its jobs are done, so a run cut short keeps what it finished.
+        ceiling = ceilings[op.ceiling] if op.ceiling else None
+        derive(op, records, ceiling["value"] if ceiling else None)
+        entries[op.name] = {"part": op.part, "title": op.title, "metric": op.metric,
+                            "ceiling": {"name": op.ceiling, **ceiling} if ceiling else None,
+                            "provenance": prov, "records": records}
+        merge(path, prov["gpu"], {op.name: entries[op.name]}, ceilings)
+        console.print(f"[bold]{op.name}[/]: {len(records)} of {len(jobs[op.name])} jobs in "
+                      f"{time.perf_counter() - t0:.0f} s")
     ops = [op for op in ops if op.name in entries]
     _print_table(console, ops, entries)
     console.print(f"wrote {path}")
@@ -380,5 +414,5 @@ def _print_table(console, ops: list[Op], entries: dict) -> None:
     console.print(table)
 
 
-__all__ = ["Timing", "check_impl", "derive", "measure_ceilings", "merge", "plan", "provenance",
-           "run", "slug"]
+__all__ = ["Timing", "check_impl", "claim", "derive", "measure_ceilings", "merge", "plan", "provenance",
+           "run", "slug", "stale_ops"]
