@@ -2,7 +2,8 @@
 without a CUDA GPU, Triton's interpreter runs the kernels on the CPU, and it must be switched on before
 anything imports Triton. Under the interpreter every load, store and atomic is bounds-checked
 (tests/interpreter_guard.py), so that a kernel's out-of-bounds access fails its test instead of
-crashing the run (INTERPRETER_BOUNDS=0 turns the checks off). tests/conftest.py holds the rest."""
+crashing the run (INTERPRETER_BOUNDS=0 turns the checks off); a Triton and NumPy pair whose interpreter
+cannot run the kernels stops the run at once, saying which. tests/conftest.py holds the rest."""
 
 import importlib.util
 import os
@@ -21,3 +22,7 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") and os.environ.get("
     if not hasattr(_guard, "install"):
         _spec.loader.exec_module(_guard)
     _guard.install()
+    if _guard.version_problem():  # say so once, instead of a TypeError in every kernel test
+        import pytest
+
+        pytest.exit(_guard.version_problem(), returncode=4)

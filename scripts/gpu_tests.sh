@@ -7,9 +7,10 @@
 #   bash scripts/gpu_tests.sh OUTDIR [test files...]       (default: every tests/test_*.py)
 #   KM_SHARD=2/4 bash scripts/gpu_tests.sh OUTDIR           the second of four shards, one device call each
 #
-# Jobs: one per file, except that a file named in KM_SPLIT (FILE:N, default "tests/test_ops.py:8
-# tests/test_part5_lora.py:3") is N jobs, each the k-th share of its tests (KM_SPLIT_PART=k/N, tests/conftest.py;
-# an op's cases stay in one job). KM_SHARD=i/n keeps every n-th job starting at the i-th (the longest first), so n
+# Jobs: one per file, except that a file named in KM_SPLIT (FILE:N, default "tests/test_ops.py:10
+# tests/test_part5_lora.py:3 tests/test_part4_matmul.py:3") is N jobs, each the k-th share of its tests
+# (KM_SPLIT_PART=k/N, tests/conftest.py; an op's cases stay in one job). Split jobs start first, then the files
+# in KM_SLOW (minutes each on an H100), then the rest. KM_SHARD=i/n keeps every n-th job starting at the i-th (the longest first), so n
 # calls run the whole suite; merge their summaries with
 #   python -m snippets.bench.captures merge-tests OUT1/outputs/gpu_tests.txt ... -o FILE.
 # Files in KM_ALONE (default tests/test_part2_memory.py: it reads the device's free memory, which other processes
@@ -36,7 +37,11 @@ fi
 
 FILES=("$@")
 [ ${#FILES[@]} -gt 0 ] || FILES=(tests/test_*.py)
-SPLIT=" ${KM_SPLIT-tests/test_ops.py:8 tests/test_part5_lora.py:3} "
+SPLIT=" ${KM_SPLIT-tests/test_ops.py:10 tests/test_part5_lora.py:3 tests/test_part4_matmul.py:3} "
+# Files that took minutes on an H100 (after the split ones): started next, so none starts last and runs alone
+SLOW=" ${KM_SLOW-tests/test_part5_epilogue.py tests/test_part3_profiling.py tests/test_part5_flash_attention.py
+tests/test_cuda_compile.py tests/test_gradients.py tests/test_export.py tests/test_mutate.py} "
+SLOW=$(tr '\n' ' ' <<< "$SLOW")
 ALONE=" ${KM_ALONE-tests/test_part2_memory.py} "
 # Jobs as FILE or FILE@k/N, split files first (they are the longest), the files that run alone last.
 JOBS=()
@@ -47,7 +52,10 @@ for f in "${FILES[@]}"; do
   fi
 done
 for f in "${FILES[@]}"; do
-  [[ $SPLIT == *" $f:"* || $ALONE == *" $f "* ]] || JOBS+=("$f")
+  [[ $SLOW == *" $f "* && $SPLIT != *" $f:"* && $ALONE != *" $f "* ]] && JOBS+=("$f")
+done
+for f in "${FILES[@]}"; do
+  [[ $SPLIT == *" $f:"* || $SLOW == *" $f "* || $ALONE == *" $f "* ]] || JOBS+=("$f")
 done
 for f in "${FILES[@]}"; do
   [[ $ALONE == *" $f "* ]] && JOBS+=("$f")

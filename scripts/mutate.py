@@ -521,6 +521,16 @@ class Worker:
                 "tail": res["tail"] if status == "broken" else []}
 
 
+def interpreter_problem() -> str | None:
+    """Why Triton's CPU interpreter cannot run the tests here (tests/interpreter_guard.py), or None."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("interpreter_guard", ROOT / "tests" / "interpreter_guard.py")
+    guard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guard)
+    return guard.version_problem()
+
+
 def campaign(mutants: list[Mutant], jobs: int = 2, timeout: float = 600, baseline: bool = True,
              root: Path = ROOT, progress=None) -> dict:
     """Run ``mutants`` on copies of ``root``: the unmutated baseline of each distinct test selection
@@ -529,6 +539,8 @@ def campaign(mutants: list[Mutant], jobs: int = 2, timeout: float = 600, baselin
     problems = check(root, mutants)
     if problems:
         raise SystemExit("mutants do not apply:\n  " + "\n  ".join(problems))
+    if interpreter_problem():
+        raise SystemExit(f"mutate: the tests run under Triton's interpreter, and {interpreter_problem()}")
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mutate-") as tmp:
         workers = [Worker(root, Path(tmp), i) for i in range(max(1, jobs))]

@@ -41,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
         from snippets.bench.harness import run
         run(args.ops, quick=args.quick, out=args.out, stale_only=args.stale_only, claim_dir=args.claim)
     elif args.cmd == "export":
+        import os
+
+        import torch
+
+        if not torch.cuda.is_available():  # the export tries the kernel on wrong dtypes: on the CPU, interpreted
+            os.environ.setdefault("TRITON_INTERPRET", "1")
         from snippets.export import main as export_main
         return export_main(args.op, args.version, args.out)
     elif args.cmd == "report":

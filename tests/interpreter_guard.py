@@ -3,7 +3,7 @@
 Under ``TRITON_INTERPRET=1`` a ``tl.load`` or ``tl.store`` is a raw read or write at a host address
 (``triton/runtime/interpreter.py`` hands the pointers to C): a mask off by one (``rows <= M``) reads
 whatever lies past the tensor, or writes over it, and a wild pointer segfaults the Python process,
-taking pytest and every later test with it. Triton 3.9's interpreter has no bounds option of its own,
+taking pytest and every later test with it. Triton's interpreter (3.6 to 3.9) has no bounds option of its own,
 so :func:`install` adds one: every launch records the storage of each tensor argument (a view's whole
 storage, a ``TensorDescriptor``'s base), and every masked load, store and atomic checks, before it
 touches memory, that each active lane's element lies inside one of them. A stray lane raises
@@ -18,6 +18,20 @@ from __future__ import annotations
 import numpy as np
 
 _STATE = {"installed": False, "kernel": "?", "ranges": []}  # ranges: (lo, hi, argument name)
+
+
+def version_problem() -> str | None:
+    """Why Triton's interpreter cannot run this suite with the installed versions, or None. Triton 3.6's
+    interpreter turns a scalar (a kernel argument, ``tl.program_id``) into a Python int with ``int()`` of
+    a one-element array, which NumPy 2.4 refuses: every loop with a runtime bound fails."""
+    import triton
+
+    major_minor = tuple(int(x) for x in triton.__version__.split(".")[:2])
+    numpy_mm = tuple(int(x) for x in np.__version__.split(".")[:2])
+    if major_minor <= (3, 6) and numpy_mm >= (2, 4):
+        return (f"Triton {triton.__version__}'s CPU interpreter needs NumPy < 2.4 (installed: "
+                f"{np.__version__}): pip install 'numpy<2.4', or a newer Triton")
+    return None
 
 
 class OutOfBounds(IndexError):
@@ -96,21 +110,23 @@ def install() -> bool:
         return False
     load, store, rmw, cas, init_args = originals
 
-    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+    # The leading arguments are the same in Triton 3.6 to 3.9; the rest (cache and eviction policies,
+    # volatility, memory scope) vary by version and pass through untouched.
+    def create_masked_load(self, ptrs, mask, *rest):
         _check("load", ptrs.data, mask.data, ptrs.get_element_ty().primitive_bitwidth // 8)
-        return load(self, ptrs, mask, other, cache_policy, is_volatile)
+        return load(self, ptrs, mask, *rest)
 
-    def create_masked_store(self, ptrs, value, mask, cache_policy):
+    def create_masked_store(self, ptrs, value, mask, *rest):
         _check("store", ptrs.data, mask.data, ptrs.get_element_ty().primitive_bitwidth // 8)
-        return store(self, ptrs, value, mask, cache_policy)
+        return store(self, ptrs, value, mask, *rest)
 
-    def create_atomic_rmw(self, rmw_op, ptr, val, mask, sem, scope):
+    def create_atomic_rmw(self, rmw_op, ptr, val, mask, *rest):
         _check("atomic", ptr.data, mask.data, ptr.get_element_ty().primitive_bitwidth // 8)
-        return rmw(self, rmw_op, ptr, val, mask, sem, scope)
+        return rmw(self, rmw_op, ptr, val, mask, *rest)
 
-    def create_atomic_cas(self, ptr, cmp, val, sem, scope):
+    def create_atomic_cas(self, ptr, *rest):
         _check("atomic", ptr.data, None, ptr.get_element_ty().primitive_bitwidth // 8)
-        return cas(self, ptr, cmp, val, sem, scope)
+        return cas(self, ptr, *rest)
 
     def _init_args_hst(self, args_dev, kwargs):
         args_hst, kwargs_hst = init_args(self, args_dev, kwargs)

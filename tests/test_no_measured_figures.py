@@ -74,8 +74,11 @@ def strings_and_comments_py(text: str) -> list[tuple[int, str]]:
     """(first line, text) of every comment and string literal (docstrings, f-strings) of a Python
     source: the places a figure could be typed into."""
     out = []
+    # Python 3.12 tokenizes an f-string as FSTRING_START, FSTRING_MIDDLE (its literal text), ...,
+    # FSTRING_END instead of one STRING: the literal pieces are what a figure could be typed into.
+    kinds = {tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
     for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-        if tok.type in (tokenize.COMMENT, tokenize.STRING):
+        if tok.type in kinds:
             out.append((tok.start[0], tok.string))
     return out
 
@@ -123,10 +126,10 @@ def test_patterns_catch_measurements_and_spare_the_rest():
 
 
 def test_strings_and_comments_are_what_is_scanned():
-    source = 'x = 3  # 2.5 ms\n"""doc: 1 TB/s"""\ny = f"{t:.2f} ms"\nz = 4  \n'
-    assert [line for line, _ in strings_and_comments_py(source)] == [1, 2, 3]
+    source = 'x = 3  # 2.5 ms\n"""doc: 1 TB/s"""\ny = f"{t:.2f} ms"\nz = 4  \nw = f"took 3.5 ms ({n})"\n'
+    assert sorted({line for line, _ in strings_and_comments_py(source)}) == [1, 2, 3, 5]
     assert [(line, fig) for line, piece in strings_and_comments_py(source)
-            for line, fig in figures(piece, line)] == [(1, "2.5 ms"), (2, "1 TB/s")]
+            for line, fig in figures(piece, line)] == [(1, "2.5 ms"), (2, "1 TB/s"), (5, "3.5 ms")]
 
 
 def test_every_allowed_figure_is_still_there():

@@ -27,6 +27,7 @@ EXTENSIONS = ["footnotes", "tables", "md_in_html", "admonition", "attr_list", "p
 
 def html_of(md: str) -> tuple[str, str]:
     """(page body, footnotes) of ``md`` converted with the site's Markdown extensions."""
+    pytest.importorskip("pymdownx", reason="pymdown-extensions is not installed (the GPU image lacks it)")
     out = markdown.markdown(md, extensions=EXTENSIONS, extension_configs={"pymdownx.tabbed":
                                                                           {"alternate_style": True}})
     i = out.find('<div class="footnote">')
