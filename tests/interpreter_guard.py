@@ -112,21 +112,21 @@ def install() -> bool:
 
     # The leading arguments are the same in Triton 3.6 to 3.9; the rest (cache and eviction policies,
     # volatility, memory scope) vary by version and pass through untouched.
-    def create_masked_load(self, ptrs, mask, *rest):
+    def create_masked_load(self, ptrs, mask, *rest, **kw):
         _check("load", ptrs.data, mask.data, ptrs.get_element_ty().primitive_bitwidth // 8)
-        return load(self, ptrs, mask, *rest)
+        return load(self, ptrs, mask, *rest, **kw)
 
-    def create_masked_store(self, ptrs, value, mask, *rest):
+    def create_masked_store(self, ptrs, value, mask, *rest, **kw):
         _check("store", ptrs.data, mask.data, ptrs.get_element_ty().primitive_bitwidth // 8)
-        return store(self, ptrs, value, mask, *rest)
+        return store(self, ptrs, value, mask, *rest, **kw)
 
-    def create_atomic_rmw(self, rmw_op, ptr, val, mask, *rest):
+    def create_atomic_rmw(self, rmw_op, ptr, val, mask, *rest, **kw):
         _check("atomic", ptr.data, mask.data, ptr.get_element_ty().primitive_bitwidth // 8)
-        return rmw(self, rmw_op, ptr, val, mask, *rest)
+        return rmw(self, rmw_op, ptr, val, mask, *rest, **kw)
 
-    def create_atomic_cas(self, ptr, *rest):
+    def create_atomic_cas(self, ptr, *rest, **kw):
         _check("atomic", ptr.data, None, ptr.get_element_ty().primitive_bitwidth // 8)
-        return cas(self, ptr, *rest)
+        return cas(self, ptr, *rest, **kw)
 
     def _init_args_hst(self, args_dev, kwargs):
         args_hst, kwargs_hst = init_args(self, args_dev, kwargs)

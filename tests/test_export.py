@@ -112,12 +112,24 @@ def exported(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run(exported):
-    """The exported tests of every op, run once in the isolated process: (process, {file: outcomes})."""
+    """The exported tests of every op, each file in its own isolated process, several at once (on a GPU each
+    file compiles and autotunes its kernels: one process for all of them took minutes):
+    (process with every file's output and the worst exit code, {file: outcomes})."""
+    import concurrent.futures as cf
+
     out, _ = exported
-    proc = run_isolated(out, "-q", "--junitxml=report.xml", "-W", "ignore")
+    files = sorted(p.name for p in out.glob("test_*.py"))
+
+    def one(name: str) -> subprocess.CompletedProcess:
+        return run_isolated(out, "-q", f"--junitxml=report.{name}.xml", "-W", "ignore", name)
+
+    with cf.ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 2)))) as pool:
+        procs = list(pool.map(one, files))
+    proc = subprocess.CompletedProcess(
+        "exported tests", max(p.returncode for p in procs),
+        "".join(p.stdout for p in procs), "".join(p.stderr for p in procs))
     outcomes: dict[str, list[str]] = {}
-    report = out / "report.xml"
-    if report.is_file():
+    for report in sorted(out.glob("report.*.xml")):
         for case in ET.parse(report).getroot().iter("testcase"):
             kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
             file = case.get("classname", "").split(".")[0]

@@ -109,6 +109,12 @@ def test_matmul_with_every_config(device, cfg, shape, dtype):
     torch.testing.assert_close(c.double().cpu(), a.double().cpu() @ b.double().cpu(), rtol=rtol, atol=atol)
 
 
+TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
+
+
+@pytest.mark.skipif(TRITON_VERSION <= (3, 6) and not torch.cuda.is_available(),
+                    reason="Triton 3.6's autotuner times every pruned config even when one is left, and "
+                           "timing needs a GPU (Triton 3.9 launches a lone config untimed)")
 def test_autotuner_runs_the_config_pruning_leaves(device):
     # Two configs; at K = 16 the 64-deep one has a block 4x the problem and goes: one config is left, which the
     # autotuner launches without timing (so this runs under the interpreter too). On a GPU it would time both.
