@@ -86,7 +86,7 @@ class Exercise:
     gpu: str = ""
 
     def __post_init__(self) -> None:
-        if not re.fullmatch(r"part[1-5]\.[a-z0-9-]+\.\d+", self.id):
+        if not re.fullmatch(r"part[1-8]\.[a-z0-9-]+\.\d+", self.id):
             raise ValueError(f"{self.id}: an id is partN.<chapter>.<number>")
         if self.difficulty not in DIFFICULTY:
             raise ValueError(f"{self.id}: difficulty must be one of {sorted(DIFFICULTY)}")

@@ -47,7 +47,9 @@ ALL_SPECS = ["grid", "grid n=37 block=16 style=triton", "coalescing", "coalescin
              "banks", "banks col=0", "sgemm v3", "sgemm v4", "sgemm v5", "sgemm v6", "sgemm v7",
              "sgemm v8", "online_softmax", "online_softmax x=3,1,4,1,5,9,2,6 block=4",
              "causal_blocks", "causal_blocks s=512 block_m=128 block_n=64", "flash_backward",
-             "flash_backward s=320 col=0 row=4"]
+             "flash_backward s=320 col=0 row=4", "layout", "layout shape=((4,2),(4,2)) stride=((1,16),(4,32))",
+             "layout shape=8 stride=32", "tv", "tv shape=((4,8),(2,2,2)) stride=((32,1),(16,8,128)) tile=(16,16)",
+             "swizzle", "swizzle bits=2 base=4 shift=3"]
 
 
 # ---------------------------------------------------------------------------------- every picture
@@ -102,6 +104,9 @@ def test_the_chapters_directives_render():
     assert used.get("online_softmax") == {"part4/softmax.md"}
     assert used.get("causal_blocks") == {"part5/flash-attention.md"}
     assert used.get("flash_backward") == {"part5/flash-attention.md"}
+    assert used.get("layout") == {"part6/layouts.md", "part6/layout-algebra.md"}
+    assert used.get("tv") == {"part6/tv-layouts.md"}
+    assert used.get("swizzle") == {"part6/swizzles.md"}
 
 
 # ------------------------------------------------------------------------------------ the grid
@@ -301,3 +306,62 @@ def test_the_backward_picture_follows_one_program_per_pass():
     assert {b["data-qb"] for b in row} == {"2"} and len(row) == s // bn_q
     programs = marks(html, "program")
     assert [(p["data-kernel"], p["data-index"]) for p in programs] == [("dkdv", "1"), ("dq", "2")]
+
+
+# ---------------------------------------------------------------------------- Part 6's layouts
+
+@pytest.mark.parametrize("shape,stride", [((4, 8), (1, 4)), ((4, 8), (8, 1)), (((4, 2), (4, 2)), ((1, 16), (4, 32))),
+                                          (8, 32), ((3, (2, 2)), (0, (1, 6)))])
+def test_a_layout_cell_holds_the_index_the_layout_gives_its_coordinate(shape, stride):
+    from snippets.part6.layout import make_layout
+
+    layout = make_layout(shape, stride)
+    compact = lambda t: str(t).replace(" ", "")  # noqa: E731
+    html = draw(f"layout shape={compact(shape)} stride={compact(stride)}")
+    cells = marks(html, "cell")
+    assert len(cells) == layout.size
+    for c in cells:
+        i, j, idx = int(c["data-row"]), int(c["data-col"]), int(c["data-index"])
+        assert idx == (layout(j) if isinstance(shape, int) else layout((i, j)))
+
+
+def test_a_tv_cell_names_the_thread_and_value_that_own_it():
+    from snippets.part6.layout import make_layout
+
+    tv = make_layout(((4, 8), (2, 2)), ((32, 1), (16, 8)))
+    cells = marks(draw("tv shape=((4,8),(2,2)) stride=((32,1),(16,8)) tile=(16,8)"), "cell")
+    assert len(cells) == 128
+    for c in cells:
+        t, v = int(c["data-thread"]), int(c["data-value"])
+        assert tv((t, v)) == int(c["data-row"]) + 16 * int(c["data-col"])
+        # the PTX ISA's accumulator fragment of mma.m16n8: row lane/4 (+8), column 2 (lane % 4) (+1)
+        assert int(c["data-row"]) == t // 4 + 8 * (v // 2) and int(c["data-col"]) == 2 * (t % 4) + v % 2
+
+
+def test_a_tv_layout_that_claims_an_element_twice_is_refused():
+    with pytest.raises(ValueError, match="owned twice"):
+        draw("tv shape=(4,2) stride=(1,1) tile=(4,2)")
+    with pytest.raises(ValueError, match="outside"):
+        draw("tv shape=(4,2) stride=(1,8) tile=(4,2)")
+
+
+def test_the_swizzle_picture_puts_a_column_in_eight_positions():
+    from snippets.part6.layout import Swizzle
+
+    html = draw("swizzle bits=3 base=4 shift=3")
+    after = marks(html, "after")
+    assert len(after) == 64
+    sw = Swizzle(3, 4, 3)
+    for c in after:
+        r, chunk, lands = int(c["data-row"]), int(c["data-chunk"]), int(c["data-lands"])
+        assert lands == (sw(r * 128 + chunk * 16) % 128) // 16 == chunk ^ r
+    for chunk in range(8):
+        assert len({c["data-lands"] for c in after if c["data-chunk"] == str(chunk)}) == 8
+
+
+@pytest.mark.parametrize("spec,match", [("layout shape=(4,8 stride=(1,4)", "nested tuple"),
+                                        ("layout shape=(2,2,2) stride=(1,2,4)", "rank-1 or rank-2"),
+                                        ("layout shape=(32,32) stride=(1,32)", "at most 512")])
+def test_bad_layout_pictures_say_why(spec, match):
+    with pytest.raises(ValueError, match=match):
+        draw(spec)

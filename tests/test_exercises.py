@@ -287,3 +287,25 @@ def test_cuda_solutions_run_on_the_gpu(ex_id):
     result = check(EXERCISES[ex_id], "solution")
     assert result.passed, result.report()
     assert any(status == "ok" and "GPU" in text for status, text in result.lines), result.report()
+
+
+def test_part6_solutions_agree_with_the_books_layout_algebra():
+    """The layout exercises' solutions are the same functions as snippets/part6/layout.py."""
+    import random
+
+    from snippets.part6.layout import Swizzle, coalesce, make_layout
+
+    crd, coal, sw = (_solution(f"part6/{n}.py") for n in ("crd2idx", "coalesce", "swizzle"))
+    rng = random.Random(7)
+    for _ in range(300):
+        shape = tuple(rng.choice([rng.randint(1, 4), (rng.randint(1, 3), rng.randint(1, 3))])
+                      for _ in range(rng.randint(1, 3)))
+        stride = tuple(s if isinstance(s, int) else tuple(rng.randint(0, 9) for _ in s)
+                       for s in (rng.randint(0, 9) if isinstance(x, int) else x for x in shape))
+        layout = make_layout(shape, stride)
+        for k in range(layout.size):
+            assert crd.crd2idx(k, shape, stride) == layout(k)
+        got_shape, got_stride = coal.coalesce(shape, stride)
+        assert make_layout(got_shape, got_stride) == coalesce(layout)
+    for b, m, s in ((3, 4, 3), (2, 3, 3), (3, 3, 3)):
+        assert all(sw.swizzle(o, b, m, s) == Swizzle(b, m, s)(o) for o in range(4096))

@@ -16,6 +16,9 @@ A chapter asks for one with a directive on a line of its own, like the measured 
                                                         FlashAttention forward skips, masks or
                                                         computes whole
     <!-- bench:diagram flash_backward s=256 -->          the two passes of its backward
+    <!-- bench:diagram layout shape=(4,8) stride=(8,1) -->  Part 6's layouts, thread-value layouts
+    <!-- bench:diagram tv ... -->, <!-- bench:diagram swizzle ... -->  and swizzles
+                                                        (snippets/site/layouts.py)
 
 Nothing here is typed twice: the numbers come from the modules that run the kernels (the SGEMM
 configurations and the template arguments of the CUDA files, the attention kernels' block sizes and
@@ -853,5 +856,9 @@ def render_diagram(pos: list[str], kw: dict[str, str]) -> str:
         return draw_causal_blocks(_int(kw, "s", 384), *_launch_blocks("fwd", kw))
     if name == "flash_backward":
         return draw_flash_backward(_int(kw, "s", 256), kw)
+    if name in ("layout", "tv", "swizzle"):  # Part 6's layouts (snippets/site/layouts.py)
+        from snippets.site.layouts import render
+
+        return render(name, kw)
     raise ValueError(f"unknown diagram {name!r}; known: grid, coalescing, banks, sgemm, "
-                     "online_softmax, causal_blocks, flash_backward")
+                     "online_softmax, causal_blocks, flash_backward, layout, tv, swizzle")

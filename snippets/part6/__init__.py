@@ -1,0 +1,1 @@
+"""Part 6: CuTe-style tiling and Hopper GEMMs."""
