@@ -1,0 +1,213 @@
+"""Data parallelism from scratch (snippets/part7/ddp.py): BucketedDDP on 2 and 4 gloo ranks trains
+tiny_model exactly as one process does on the whole batch, as torch's own DDP does; no_sync
+accumulates; a bucket's all-reduce starts before the backward ends.
+
+Each rank trains on its shard of a global batch with the mean loss over its shard; since the shards
+are equal, the average of the ranks' gradients is the gradient of the mean loss over the whole
+batch, which the single-process reference computes. One world per size runs every scenario
+(spawning the processes is most of the time).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from snippets.part7.ddp import BucketedDDP, assign_buckets
+from snippets.part7.launch import run_world
+from snippets.part7.models import lm_loss, tiny_batch, tiny_model, train_tiny
+
+SEED = 7
+GLOBAL_BATCH = 8        # sequences per step: divisible by every world size tested
+SEQ_LEN = 8
+STEPS = 10
+LR = 0.1
+BUCKET_BYTES = 2**14    # several buckets for tiny_model in float32 and float64
+TOL = {torch.float32: 1e-6, torch.float64: 1e-12}
+
+
+def micro_batches(step: int, rank: int, world: int, micro: int):
+    """Rank ``rank``'s ``micro`` micro-batches of step ``step``: the global batch of
+    GLOBAL_BATCH * micro sequences cut into ``world`` shards, each cut into ``micro`` pieces."""
+    tokens, targets = tiny_batch(step, GLOBAL_BATCH * micro, SEQ_LEN)
+    mine = (tokens.tensor_split(world)[rank], targets.tensor_split(world)[rank])
+    return list(zip(mine[0].tensor_split(micro), mine[1].tensor_split(micro)))
+
+
+def train(rank: int, world: int, dtype, wrapper: str, steps: int = STEPS, micro: int = 1):
+    """Train tiny_model(SEED) for ``steps`` SGD steps; returns (local losses, parameters, log of the
+    last backward). ``wrapper``: "ours" (BucketedDDP), "torch" (DistributedDataParallel) or
+    "none" (a single process: rank 0 of a world of 1)."""
+    model = tiny_model(SEED, dtype)
+    if wrapper == "ours":
+        wrapped = BucketedDDP(model, bucket_bytes=BUCKET_BYTES)
+    elif wrapper == "torch":
+        wrapped = DistributedDataParallel(model, bucket_cap_mb=BUCKET_BYTES / 2**20)
+    else:
+        wrapped = model
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        total = 0.0
+        batches = micro_batches(step, rank, world, micro)
+        for k, (tokens, targets) in enumerate(batches):
+            loss = lm_loss(wrapped, tokens, targets) / micro
+            if wrapper != "none" and k < micro - 1:
+                with wrapped.no_sync():
+                    loss.backward()
+            else:
+                loss.backward()
+            total += loss.item()
+        opt.step()
+        losses.append(total)
+    log = list(wrapped.log) if wrapper == "ours" else []
+    return losses, [p.detach().clone() for p in model.parameters()], log
+
+
+def ddp_world(rank: int, world: int) -> dict:
+    out = {}
+    for dtype in (torch.float32, torch.float64):
+        for wrapper in ("ours", "torch"):
+            out[wrapper, dtype] = train(rank, world, dtype, wrapper)
+    out["no_sync"] = train(rank, world, torch.float64, "ours", steps=4, micro=2)
+    out["torch no_sync"] = train(rank, world, torch.float64, "torch", steps=4, micro=2)
+    # replicas that start different are made equal by the broadcast from rank 0
+    start = BucketedDDP(tiny_model(100 + rank), bucket_bytes=BUCKET_BYTES)
+    out["broadcast"] = [p.detach().clone() for p in start.parameters()]
+    out["buckets"] = len(start.buckets)
+    out["train_tiny"] = train_tiny(rank, world)
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda p: f"world{p}")
+def world(request):
+    return request.param, run_world(ddp_world, request.param, backend="gloo", timeout_s=120)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(dtype, steps: int = STEPS, micro: int = 1):
+    """One process, the whole batch (all ranks' micro-batches at once), the mean loss."""
+    model = tiny_model(SEED, dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        tokens, targets = tiny_batch(step, GLOBAL_BATCH * micro, SEQ_LEN)
+        opt.zero_grad()
+        loss = lm_loss(model, tokens, targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach() for p in model.parameters()]
+
+
+def assert_same_run(results, ref, tol):
+    """Every rank ended with the reference's parameters, and the mean of the ranks' losses is the
+    reference's loss at every step."""
+    ref_losses, ref_params = ref
+    losses = torch.tensor([r[0] for r in results], dtype=torch.float64).mean(0)
+    # the losses are near 4, where one float32 rounding is 4.8e-7: relative and absolute tol
+    torch.testing.assert_close(losses, torch.tensor(ref_losses, dtype=torch.float64),
+                               atol=tol, rtol=tol)
+    for rank, (_, params, _) in enumerate(results):
+        assert len(params) == len(ref_params)
+        for p, q in zip(params, ref_params):
+            torch.testing.assert_close(p, q, atol=tol, rtol=0, msg=lambda m: f"rank {rank}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("wrapper", ["ours", "torch"])
+def test_data_parallel_equals_one_process_on_the_whole_batch(world, wrapper, dtype):
+    _, results = world
+    assert_same_run([r[wrapper, dtype] for r in results], reference(dtype), TOL[dtype])
+
+
+def test_the_test_can_fail(world):
+    """A different learning rate (or a missed average) moves the parameters far past the
+    tolerance: the comparison above is not vacuous."""
+    _, results = world
+    losses, params = reference(torch.float64)
+    with pytest.raises(AssertionError):
+        assert_same_run([r["ours", torch.float64] for r in results],
+                        (losses, [2 * p for p in params]), TOL[torch.float64])
+    alone = train(0, world[0], torch.float64, "none")  # rank 0's shard alone, no averaging
+    with pytest.raises(AssertionError):
+        assert_same_run([alone], reference(torch.float64), TOL[torch.float64])
+
+
+@pytest.mark.parametrize("wrapper", ["ours", "torch"])
+def test_no_sync_accumulation_equals_one_step_on_twice_the_batch(world, wrapper):
+    _, results = world
+    key = "no_sync" if wrapper == "ours" else "torch no_sync"
+    assert_same_run([r[key] for r in results], reference(torch.float64, steps=4, micro=2),
+                    TOL[torch.float64])
+
+
+def test_construction_broadcasts_rank0s_weights(world):
+    _, results = world
+    expected = list(tiny_model(100).parameters())
+    for r in results:
+        assert len(r["broadcast"]) == len(expected)
+        for p, q in zip(r["broadcast"], expected):
+            assert torch.equal(p, q.detach())
+
+
+def test_a_bucket_is_launched_before_the_backward_ends(world):
+    """The log of a backward: at least one all-reduce was launched while gradients of other
+    buckets were still to come, every bucket was launched once, in order, and the end came last."""
+    _, results = world
+    for r in results:
+        log = r["ours", torch.float32][2]
+        n = r["buckets"]
+        assert n >= 3
+        launches = [b for kind, b in log if kind == "launch"]
+        assert launches == list(range(n))
+        last_grad = max(i for i, (kind, _) in enumerate(log) if kind == "grad")
+        first_launch = log.index(("launch", 0))
+        assert first_launch < last_grad, log
+        assert log[-1] == ("end", -1)
+
+
+def test_train_tiny_on_p_ranks_is_train_tiny_on_one(world):
+    """The chapter's loop: every rank reports the global mean loss, and ends with the parameters
+    of the one-process run."""
+    p, results = world
+    one = train_tiny(0, 1)
+    for r in results:
+        assert r["train_tiny"]["loss"] == pytest.approx(one["loss"], abs=1e-12, rel=0)
+        for a, b in zip(r["train_tiny"]["params"], one["params"]):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+    assert one["log"] == [] and ("launch", 0) in results[0]["train_tiny"]["log"]
+    with pytest.raises(ValueError, match="equal shards"):
+        train_tiny(0, 3)
+
+
+def test_buckets_take_parameters_in_reverse_up_to_the_size():
+    f32 = [torch.zeros(n) for n in (10, 20, 30, 5, 5, 100)]        # 40, 80, 120, 20, 20, 400 B
+    assert assign_buckets(f32, 128) == [[5], [4, 3], [2], [1, 0]]
+    assert assign_buckets(f32, 10**6) == [[5, 4, 3, 2, 1, 0]]
+    assert assign_buckets(f32, 1) == [[i] for i in reversed(range(6))]
+    mixed = [torch.zeros(2), torch.zeros(2, dtype=torch.float64), torch.zeros(2)]
+    assert assign_buckets(mixed, 10**6) == [[2], [1], [0]]           # one dtype per bucket
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        assign_buckets(f32, 0)
+
+
+def test_bucketed_ddp_needs_a_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="process group"):
+        BucketedDDP(tiny_model(0))
+
+
+def test_tiny_model_is_reproducible_and_leaves_the_generator_alone():
+    state = torch.random.get_rng_state()
+    a, b = tiny_model(3), tiny_model(3, torch.float64)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert all(torch.equal(p.double(), q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(next(tiny_model(4).parameters()), next(a.parameters()))
+    with pytest.raises(TypeError):
+        tiny_model(0, torch.bfloat16)
