@@ -22,7 +22,8 @@ START, END = "<!-- exercises:start -->", "<!-- exercises:end -->"
 SAMPLE_START, SAMPLE_END = "<!-- exercises:sample:start -->", "<!-- exercises:sample:end -->"
 SAMPLE = ("part1.execution-model.1", "no_rounding")  # a model exercise: the same report on any machine
 PART_TITLES = {1: "Part 1: GPUs and first kernels", 2: "Part 2: the memory hierarchy",
-               3: "Part 3: performance engineering", 4: "Part 4: Triton", 5: "Part 5: fusion and FlashAttention"}
+               3: "Part 3: performance engineering", 4: "Part 4: Triton", 5: "Part 5: fusion and FlashAttention",
+               6: "Part 6: CuTe-style tiling"}
 
 
 def chapter_title(chapter: str) -> str:
