@@ -281,3 +281,17 @@ def test_docs_code_fences_fit():
             for n, w, lang in wide_fence_lines(p)]
     assert not wide, (f"lines of fenced code blocks wider than {MAX_WIDTH} characters "
                       f"(from the fence's indentation):\n" + "\n".join(wide))
+
+
+def test_fence_info_strings_are_ones_superfences_reads():
+    """A fence opens with a bare language (```python) or an attribute list (```{.python notest}). Anything else
+    after the language (```python notest) is not a fence to pymdownx.superfences: the block and every fence after
+    it render as prose."""
+    opener = re.compile(r"^\s*```(?P<info>[^`]*)$")
+    bad = []
+    for page in [*sorted((REPO_ROOT / "docs").rglob("*.md")), REPO_ROOT / "README.md", REPO_ROOT / "CONTRIBUTING.md"]:
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            m = opener.match(line)
+            if m and not re.fullmatch(r"\w*|\{[^}]*\}", m.group("info").strip()):
+                bad.append(f"{page.relative_to(REPO_ROOT)}:{n}: {line.strip()}")
+    assert not bad, bad
