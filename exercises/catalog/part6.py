@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 from exercises import compare
@@ -20,7 +21,7 @@ def _coords(shape, rng: random.Random, k: int):
     """``k`` coordinates of ``shape``: 1-D ints, and congruent tuples at the top level."""
 
     def size(s):
-        return s if isinstance(s, int) else __import__("math").prod(size(x) for x in s)
+        return s if isinstance(s, int) else math.prod(size(x) for x in s)
 
     out = [rng.randrange(size(shape)) for _ in range(k)]
     if not isinstance(shape, int):

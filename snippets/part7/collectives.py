@@ -34,6 +34,10 @@ import torch
 import torch.distributed as dist
 
 SUM_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+# torch.distributed's own tensor collectives, for code that calls them directly (the sweep,
+# ZeRO): torch 2.13 renamed them (the old names warn), older torch has only the old names
+all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _rank_and_size(group) -> tuple[int, int]:

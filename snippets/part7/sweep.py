@@ -23,12 +23,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from snippets.part7.collectives import all_gather_tensor, reduce_scatter_tensor
 from snippets.part7.cost import algorithm_bandwidth, bus_bandwidth, fit_alpha_beta
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-# torch 2.13 renamed the tensor forms (the old names warn); older torch has only the old ones
-ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def sizes_between(lo: int, hi: int) -> list[int]:
@@ -60,9 +58,9 @@ def collective(op: str, nbytes: int, p: int, device: torch.device, dtype: torch.
     if op == "all_reduce":
         return lambda: dist.all_reduce(full)
     if op == "all_gather":
-        return lambda: ALL_GATHER(full, part)
+        return lambda: all_gather_tensor(full, part)
     if op == "reduce_scatter":
-        return lambda: REDUCE_SCATTER(part, full)
+        return lambda: reduce_scatter_tensor(part, full)
     if op == "all_to_all":
         out = torch.empty_like(full)
         return lambda: dist.all_to_all_single(out, full)

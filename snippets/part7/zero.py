@@ -24,9 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-# torch 2.13 renamed the tensor collectives (the old names warn): use the new ones where they exist
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+from snippets.part7.collectives import all_gather_tensor, reduce_scatter_tensor
 
 
 def _count(name: str, value, least: int) -> int:
@@ -165,7 +163,7 @@ class ZeroOptimizer:
         """Step this rank's shard, then all-gather every rank's updated shard into the module."""
         self.optimizer.step()
         with torch.no_grad():
-            _all_gather(self.flat, self.shard.detach().clone(), group=self.group)
+            all_gather_tensor(self.flat, self.shard.detach().clone(), group=self.group)
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -184,7 +182,7 @@ class ZeroOptimizer:
         for p in self.params:
             p.grad = None
         mine = torch.empty(self.shard_numel, dtype=flat.dtype, device=flat.device)
-        _reduce_scatter(mine, flat, group=self.group)
+        reduce_scatter_tensor(mine, flat, group=self.group)
         self.shard.grad = mine.div_(self.world_size)
     # --8<-- [end:zero2]
 
@@ -236,7 +234,7 @@ class _GatheredForward(torch.autograd.Function):
             inputs = [full, x_in] if x_in.requires_grad else [full]
             grads = torch.autograd.grad(out, inputs, grad_out)
         grad_shard = torch.empty_like(owner.shards[i])
-        _reduce_scatter(grad_shard, grads[0], group=owner.group)
+        reduce_scatter_tensor(grad_shard, grads[0], group=owner.group)
         grad_shard.div_(owner.world_size)
         return (grads[1] if x_in.requires_grad else None), grad_shard, None, None
 
@@ -279,7 +277,7 @@ class Zero3Module(nn.Module):
         """Unit i's full flat parameters (padded), all-gathered from every rank's shard."""
         shard = self.shards[i].detach()
         full = shard.new_empty(shard.numel() * self.world_size)
-        _all_gather(full, shard, group=self.group)
+        all_gather_tensor(full, shard, group=self.group)
         return full
 
     def run_unit(self, i: int, full: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
