@@ -539,8 +539,9 @@ def campaign(mutants: list[Mutant], jobs: int = 2, timeout: float = 600, baselin
     problems = check(root, mutants)
     if problems:
         raise SystemExit("mutants do not apply:\n  " + "\n  ".join(problems))
-    if interpreter_problem():
-        raise SystemExit(f"mutate: the tests run under Triton's interpreter, and {interpreter_problem()}")
+    problem = interpreter_problem()
+    if problem:
+        raise SystemExit(f"mutate: the tests run under Triton's interpreter, and {problem}")
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mutate-") as tmp:
         workers = [Worker(root, Path(tmp), i) for i in range(max(1, jobs))]

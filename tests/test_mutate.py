@@ -49,7 +49,10 @@ def _digest(paths) -> str:
     return hashlib.sha256(b"".join((REPO_ROOT / p).read_bytes() for p in paths)).hexdigest()
 
 
-@pytest.mark.skipif(mutate.interpreter_problem() is not None, reason=str(mutate.interpreter_problem()))
+INTERPRETER_PROBLEM = mutate.interpreter_problem()
+
+
+@pytest.mark.skipif(INTERPRETER_PROBLEM is not None, reason=str(INTERPRETER_PROBLEM))
 def test_campaign_end_to_end():
     """Three runs on one copy, each with a narrow test selection to stay fast: the row mask ``offs <= n``
     (an out-of-bounds read and write, killed through the bounds checks), RMSNorm's eps (killed through the
