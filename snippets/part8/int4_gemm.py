@@ -1,0 +1,321 @@
+"""W4A16: y = x @ w.T with w stored as int4 codes (two per byte) and one fp16/bf16 scale per group
+of input channels, for the small M of decoding (1 to 64 tokens at a time).
+
+At small M a linear layer is a read of its weight: 2 * M * N * K FLOPs on N * K weights, M FLOPs
+per weight byte in bf16, far below any GPU's ridge point. Four bits instead of sixteen is then a
+fourfold cut in the bytes that set the time. The kernel reads the packed bytes and the scales,
+dequantises in registers inside its K loop, and feeds the tensor cores fp16/bf16 tiles with fp32
+sums; the full-precision weight never exists in memory.
+
+Versions of ``int4_gemm`` (never renumbered):
+
+- v0  cuBLAS through ``torch.matmul`` on the fp16/bf16 weight the codes stand for: the
+      uncompressed layer, the bandwidth comparison the chapter's goal judges against.
+- v1  Triton: one program per BLOCK_M x BLOCK_N tile of y, the packed codes and group scales
+      loaded and dequantised in registers for every BLOCK_K slice of K, fp32 sums.
+- v2  like v1, with split-K: at M <= 64 there are only N / BLOCK_N tiles (128 at N = 8192 with
+      64-wide tiles), fewer than twice the SMs of an H100, so K is cut into SPLIT_K ranges too;
+      each program writes an fp32 partial sum and one deterministic sum over the splits follows.
+- v3  PyTorch, dequantise then matmul: the weight is rebuilt in memory (a write and a read of N * K
+      half-precision values) and then multiplied; the naive way to run a quantised checkpoint.
+
+Layout: x (M, K) fp16/bf16 (fp32 is accepted for tests under the interpreter), packed (N, K / 2)
+uint8 (byte j of row n holds the codes of k = 2j in its low nibble and 2j + 1 in its high one, as
+``snippets.part8.quant.pack_int4`` writes), scales (N, K / G) in x's dtype, zeros (N, K / G)
+uint8 codes or None (symmetric: the implicit zero 8). y (M, N) in x's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from snippets._checks import refuse_grad, triton_device, triton_interpreting
+from snippets.common.gemm import INTERPRET_SMS, gemm_flops, num_sms, tolerance_for
+from snippets.part8.quant import dequantize_int4, pack_int4, rtn_int4, unpack_int4
+from snippets.registry import Impl, Op, device_generator, register
+
+ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# --8<-- [start:reference]
+def int4_gemm_ref(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                  zeros: torch.Tensor | None = None) -> torch.Tensor:
+    """Dequantise, then multiply: y = x @ ((q - z) * s).T in the scales' dtype (float64 when the
+    tests upcast). Bytes: N*K/2 codes + N*K/G scales (and zeros) + M*K + M*N activations; FLOPs
+    2*M*N*K, so M FLOPs per weight byte at int4: bandwidth-bound for any M of decoding."""
+    w = dequantize_int4(unpack_int4(packed), scales, zeros)
+    return x.to(w.dtype) @ w.T
+# --8<-- [end:reference]
+
+
+# --------------------------------------------------------------------------------------------------
+# Checks
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:checks]
+def check_int4_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                    zeros: torch.Tensor | None, fn: str = "int4_gemm") -> tuple[int, int, int, int]:
+    """(M, N, K, group size), or a TypeError/ValueError naming the bad argument, before any
+    launch: dtypes, devices, 2-D contiguous operands, packed (N, K / 2), scales (N, K / G) with G
+    even and dividing K, zeros like scales."""
+    device = triton_device()
+    tensors = dict(x=x, packed=packed, scales=scales) | ({} if zeros is None else dict(zeros=zeros))
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != device:
+            raise ValueError(f"{fn}: {name} must be on a {device} device, got {t.device}")
+        if t.dim() != 2:
+            raise ValueError(f"{fn}: {name} must be 2-D, got shape {tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(f"{fn}: {name} must be contiguous, got strides {t.stride()}; "
+                             "call .contiguous() first")
+        if t.device != x.device:
+            raise ValueError(f"{fn}: {name} is on {t.device} but x is on {x.device}")
+    dtypes = ACT_DTYPES if not triton_interpreting() else (torch.float16, torch.float32)
+    if x.dtype not in dtypes:
+        raise TypeError(f"{fn}: x has dtype {x.dtype}; supported here: {dtypes} (the CPU "
+                        "interpreter has no bf16 arithmetic)")
+    if scales.dtype != x.dtype:
+        raise TypeError(f"{fn}: scales must have x's dtype {x.dtype}, got {scales.dtype}")
+    for name, t in (("packed", packed), ("zeros", zeros)):
+        if t is not None and t.dtype != torch.uint8:
+            raise TypeError(f"{fn}: {name} must be uint8 (int4 codes), got {t.dtype}")
+    (m, k), n = x.shape, packed.shape[0]
+    if packed.shape[1] * 2 != k:
+        raise ValueError(f"{fn}: packed must be (N, K / 2) = (N, {k / 2:g}) for x of shape "
+                         f"{tuple(x.shape)}, got {tuple(packed.shape)}")
+    groups = scales.shape[1]
+    if scales.shape[0] != n or groups == 0 or k % groups:
+        raise ValueError(f"{fn}: scales must be (N, K / G) = ({n}, K / G) with G dividing K = {k},"
+                         f" got {tuple(scales.shape)}")
+    g = k // groups
+    if g % 2:
+        raise ValueError(f"{fn}: the group size K / {groups} = {g} must be even (a byte's two "
+                         "codes share one scale)")
+    if zeros is not None and zeros.shape != scales.shape:
+        raise ValueError(f"{fn}: zeros must have the scales' shape {tuple(scales.shape)}, got "
+                         f"{tuple(zeros.shape)}")
+    if n == 0 or k == 0:
+        raise ValueError(f"{fn}: empty weight, N = {n}, K = {k}")
+    return m, n, k, g
+# --8<-- [end:checks]
+
+
+# --------------------------------------------------------------------------------------------------
+# v1, v2: the kernel
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:kernel]
+@triton.jit
+def _int4_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+                      stride_xm, stride_wn, stride_sn, stride_ys, stride_ym,
+                      GROUP_SIZE: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    tl.static_assert(BLOCK_K % 32 == 0)  # BLOCK_K / 2 codes per dot: tl.dot needs K >= 16
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_p = tl.arange(0, BLOCK_K // 2)  # byte p of a slice: k = 2p (low nibble), 2p + 1 (high)
+    m_ok, n_ok = offs_m < M, offs_n < N
+    k_lo = pid_k * K_PER_SPLIT  # this program's range of K (all of it without split-K)
+    k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm  # (BLOCK_M, 1)
+    w_cols = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn  # (1, BLOCK_N)
+    s_cols = s_ptr + offs_n[None, :].to(tl.int64) * stride_sn  # (1, BLOCK_N); zeros: same layout
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_even = k0 + 2 * offs_p  # (BLOCK_K / 2,); K is even, so k_even < k_hi covers k_even + 1
+        k_ok = k_even < k_hi
+        # x's even and odd columns: the two halves of K that the low and high nibbles hold
+        x_mask = m_ok[:, None] & k_ok[None, :]
+        x_even = tl.load(x_rows + k_even[None, :], mask=x_mask, other=0.0)  # (BLOCK_M, BLOCK_K/2)
+        x_odd = tl.load(x_rows + k_even[None, :] + 1, mask=x_mask, other=0.0)
+        w_mask = k_ok[:, None] & n_ok[None, :]
+        packed = tl.load(w_cols + (k_even // 2)[:, None], mask=w_mask, other=0)  # (BLOCK_K/2, BN)
+        group = (k_even // GROUP_SIZE)[:, None]  # both codes of a byte are in one group (G even)
+        scale = tl.load(s_cols + group, mask=w_mask, other=0.0).to(tl.float32)
+        if HAS_ZEROS:
+            zero = tl.load(z_ptr + offs_n[None, :].to(tl.int64) * stride_sn + group, mask=w_mask,
+                           other=0).to(tl.int32)
+        else:
+            zero = 8  # symmetric codes: 0..15 stand for -8..7
+        # dequantise in registers: (code - zero) * scale, exact in fp32, rounded once to x's dtype
+        w_lo = (((packed & 0xF).to(tl.int32) - zero).to(tl.float32) * scale).to(x_even.dtype)
+        w_hi = (((packed >> 4).to(tl.int32) - zero).to(tl.float32) * scale).to(x_even.dtype)
+        acc = tl.dot(x_even, w_lo, acc)  # (BLOCK_M, BLOCK_K/2) x (BLOCK_K/2, BLOCK_N), fp32 sums
+        acc = tl.dot(x_odd, w_hi, acc)
+    # without split-K y is the output (x's dtype); with it, this split's fp32 slice of a workspace
+    y_ptrs = y_ptr + pid_k * stride_ys + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+# --8<-- [end:kernel]
+
+
+# --8<-- [start:config]
+def launch_config(m: int, n: int, k: int) -> dict:
+    """Blocks and warps for one (M, N, K). BLOCK_M is the smallest tile tl.dot takes (16) that
+    holds M up to 64: padding rows costs tensor-core work, which is free here, not bytes. BLOCK_K =
+    128 codes (64 bytes of each of BLOCK_N weight rows) per step; 4 stages keep 3 slices in flight,
+    the latency hiding a read-bound kernel lives on. Under the interpreter: small blocks, so the
+    tests cross tile edges in every direction."""
+    if triton_interpreting():
+        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=1)
+    block_m = min(64, max(16, triton.next_power_of_2(m)))
+    return dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
+
+
+def auto_split_k(m: int, n: int, k: int, config: dict) -> int:
+    """The number of K ranges for v2: double it while the grid is under two programs per SM and
+    each range keeps at least two BLOCK_K steps (a power of two, at least 1)."""
+    sms = INTERPRET_SMS if triton_interpreting() else num_sms(torch.cuda.current_device())
+    tiles = triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"])
+    steps = triton.cdiv(k, config["BLOCK_K"])
+    split = 1
+    while tiles * split < 2 * sms and steps >= 4 * split:
+        split *= 2
+    return split
+# --8<-- [end:config]
+
+
+# --8<-- [start:launch]
+def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+              zeros: torch.Tensor | None = None, split_k: int | None = 1) -> torch.Tensor:
+    """y = x @ dequantised(w).T with the dequantisation in registers. ``split_k``: 1 (v1), an int
+    > 1, or None (v2's choice, ``auto_split_k``)."""
+    m, n, k, g = check_int4_gemm(x, packed, scales, zeros)
+    refuse_grad("int4_gemm", x, scales, instead="int4_gemm_ref")
+    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int)
+                                or split_k < 1):
+        raise ValueError(f"int4_gemm: split_k must be an int >= 1 or None, got {split_k!r}")
+    config = launch_config(m, n, k)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    split = auto_split_k(m, n, k, config) if split_k is None else split_k
+    # each range is a whole number of BLOCK_K steps; a range past K (when split does not divide
+    # the steps evenly) writes a zero partial sum
+    k_per_split = triton.cdiv(triton.cdiv(k, config["BLOCK_K"]), split) * config["BLOCK_K"]
+    out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(m, config["BLOCK_M"]), split)
+    _int4_gemm_kernel[grid](
+        x, packed, scales, zeros if zeros is not None else scales, out, m, n, k, k_per_split,
+        x.stride(0), packed.stride(0), scales.stride(0), out.stride(0) if split > 1 else 0,
+        out.stride(-2), GROUP_SIZE=g, HAS_ZEROS=zeros is not None, **config)
+    if split > 1:
+        y.copy_(out.sum(dim=0))  # one sum in a fixed order: deterministic, unlike atomic adds
+    return y
+# --8<-- [end:launch]
+
+
+# --------------------------------------------------------------------------------------------------
+# Baselines
+# --------------------------------------------------------------------------------------------------
+
+def dequant_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                   zeros: torch.Tensor | None = None) -> torch.Tensor:
+    """v3: PyTorch, dequantise the whole weight into memory in x's dtype, then torch.matmul."""
+    check_int4_gemm(x, packed, scales, zeros, fn="dequant_matmul")
+    q = torch.stack((packed & 0xF, packed >> 4), dim=2).reshape(packed.shape[0], -1)
+    return x @ dequantize_int4(q, scales, zeros).T
+
+
+def cublas_dense(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """v0: cuBLAS through torch.matmul on the (N, K) fp16/bf16 weight: four times the weight bytes
+    of the int4 versions."""
+    if x.dtype != weight.dtype or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"cublas_dense: x {x.dtype} {tuple(x.shape)} and weight {weight.dtype} "
+                         f"{tuple(weight.shape)} do not match")
+    return x @ weight.T
+
+
+# --------------------------------------------------------------------------------------------------
+# Registration
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:register]
+def make_inputs(size, dtype, device, gen):
+    """(x, packed, scales, dense): x (M, K) standard normal; a standard normal (N, K) weight
+    quantised by RTN with symmetric groups of size["g"], its scales rounded to ``dtype``; and the
+    dequantised weight in ``dtype`` for v0 (the uncompressed layer the codes stand for)."""
+    dev_gen = device_generator(gen, device)
+    m, n, k, g = size["m"], size["n"], size["k"], size["g"]
+    x = torch.randn((m, k), generator=dev_gen, device=device).to(dtype)
+    w = torch.randn((n, k), generator=dev_gen, device=device)
+    codes, scales, _ = rtn_int4(w, g)
+    scales = scales.to(dtype)
+    dense = dequantize_int4(codes, scales.float()).to(dtype)
+    return x, pack_int4(codes), scales, dense
+
+
+def _reference(x, packed, scales, dense):
+    """The registered reference: int4_gemm_ref on the codes (``dense`` is v0's input only)."""
+    return int4_gemm_ref(x, packed, scales)
+
+
+def bytes_moved(size, dtype) -> int:
+    """What an int4 version must read and write: the packed codes (K / 2 bytes per output
+    channel), one scale per group, x and y. v0 reads 2 bytes per weight instead of 1/2, and its rate
+    is computed with this same count: rates compare times, and v0's is an 'int4-equivalent' one."""
+    m, n, k, g = size["m"], size["n"], size["k"], size["g"]
+    return n * k // 2 + n * (k // g) * dtype.itemsize + (m * k + m * n) * dtype.itemsize
+
+
+def dense_linear(x, packed, scales, dense):
+    """v0 with the registry's arguments: cuBLAS on ``dense``, the fp16/bf16 weight."""
+    return cublas_dense(x, dense)
+
+
+def int4_linear(x, packed, scales, dense=None):
+    """v1 with the registry's arguments: int4_gemm(x, packed, scales), no split. ``dense``, v0's
+    input, is not read."""
+    return int4_gemm(x, packed, scales, split_k=1)
+
+
+def int4_linear_splitk(x, packed, scales, dense=None):
+    """v2 with the registry's arguments: int4_gemm with auto_split_k's split. ``dense``, v0's
+    input, is not read."""
+    return int4_gemm(x, packed, scales, split_k=None)
+
+
+def dequant_linear(x, packed, scales, dense=None):
+    """v3 with the registry's arguments: dequant_matmul(x, packed, scales)."""
+    return dequant_matmul(x, packed, scales)
+
+
+# M = 16 tokens against an 8192 x 8192 layer: the weight is 32 MiB of codes + 1 MiB of scales
+# (128 MiB in bf16), so every size here reads well past the 50 MB L2 in v0 and v3.
+HEADLINE = {"m": 16, "n": 8192, "k": 8192, "g": 128}
+SWEEP = [{"m": m, "n": 8192, "k": 8192, "g": 128} for m in (1, 4, 16, 64)]
+# every group size, M = 1, ragged M and N, and K not a multiple of the interpreter's BLOCK_K = 64
+TEST_SIZES = [{"m": m, "n": n, "k": k, "g": g}
+              for m, n, k, g in ((1, 64, 128, 32), (5, 40, 192, 64), (16, 96, 256, 128),
+                                 (33, 72, 96, 32))]
+MAX_K = max(s["k"] for s in [HEADLINE, *SWEEP])
+SOURCES = (_int4_gemm_kernel, int4_gemm, launch_config, check_int4_gemm)
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _triton_dtypes() -> tuple[torch.dtype, ...]:
+    return (torch.float16,) if triton_interpreting() else HALF
+
+
+int4_gemm_op = register(Op(
+    name="int4_gemm", part=8, chapter="part8/quantisation.md",
+    title="W4A16 GEMM, small M (int4 weights, group scales)", reference=_reference,
+    make_inputs=make_inputs, bytes_moved=bytes_moved, flops=gemm_flops, metric="GB/s",
+    ceiling="copy", headline=HEADLINE, sweep=SWEEP, dtypes=HALF, bench_dtypes=HALF,
+    test_sizes=TEST_SIZES, sweep_axis="m",
+    tolerances={d: tolerance_for(MAX_K, d) for d in HALF},
+    tolerance_at=lambda s, d: tolerance_for(s["k"], d)))
+int4_gemm_op.add(Impl("v0", dense_linear, "PyTorch", "cuBLAS via torch.matmul, fp16/bf16 weight",
+                      (cublas_dense,)))
+int4_gemm_op.add(Impl("v1", int4_linear, "Triton", "int4 dequantised in registers, fp32 sums",
+                      SOURCES, device="any", dtypes=_triton_dtypes()))
+int4_gemm_op.add(Impl("v2", int4_linear_splitk, "Triton",
+                      "like v1, split-K (fp32 partials, one sum)", (*SOURCES, auto_split_k),
+                      device="any", dtypes=_triton_dtypes()))
+int4_gemm_op.add(Impl("v3", dequant_linear, "PyTorch", "dequantise to memory, then torch.matmul",
+                      (dequant_matmul, check_int4_gemm), origin="library"))
+# --8<-- [end:register]
