@@ -8,6 +8,7 @@ activation formulas).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -50,15 +51,16 @@ WORLD = 2
 DTYPE_NAMES = {torch.float32: "fp32", torch.float64: "fp64"}
 
 
-def tiny_config(dtype=torch.float32, **kw) -> ModelConfig:
+def tiny_config(dtype=torch.float32, micro: int = 1, **kw) -> ModelConfig:
     """The calculator's description of tiny_transformer(SEED, dtype, **kw) trained on GLOBAL_BATCH
-    sequences of SEQ_LEN tokens over WORLD ranks, with AdamW (two moments, no master copy)."""
+    sequences of SEQ_LEN tokens over WORLD ranks, each in ``micro`` micro-batches, with AdamW (two
+    moments, no master copy)."""
     args = dict(vocab=64, dim=32, heads=4, blocks=2, max_seq=64) | kw
     name = DTYPE_NAMES[dtype]
     return ModelConfig(layers=args["blocks"], hidden=args["dim"], heads=args["heads"],
                        ffn=4 * args["dim"], vocab=args["vocab"], seq=SEQ_LEN,
                        max_positions=args["max_seq"], arch="gpt",
-                       micro_batch=GLOBAL_BATCH // WORLD, global_batch=GLOBAL_BATCH,
+                       micro_batch=GLOBAL_BATCH // (WORLD * micro), global_batch=GLOBAL_BATCH,
                        param_dtype=name, grad_dtype=name, optim_dtype=name, act_dtype=name)
 
 
@@ -206,10 +208,12 @@ def adamw(params):
     return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1)
 
 
-def run_stage(rank: int, world: int, stage: int, dtype) -> dict:
+def run_stage(rank: int, world: int, stage: int, dtype, micro: int = 1) -> dict:
     """Two steps of tiny_transformer(SEED) on this rank's shard with ZeRO stage ``stage`` (0:
-    BucketedDDP, one bucket); the bytes held after the second backward and the collectives of
-    the second step."""
+    BucketedDDP, one bucket), the shard cut into ``micro`` micro-batches whose gradients
+    accumulate (stage 0: under no_sync but the last; ZeroOptimizer replaces its gradients at each
+    backward, so stages 1 and 2 take micro=1); the bytes held after the second step's backward and
+    the collectives of the second step."""
     model = tiny_transformer(SEED, dtype)
     if stage == 0:
         wrapped = BucketedDDP(model, bucket_bytes=2**30)
@@ -229,7 +233,11 @@ def run_stage(rank: int, world: int, stage: int, dtype) -> dict:
                 setattr(obj, name, fn)
         try:
             opt.zero_grad()
-            lm_loss(wrapped, tokens, targets).backward()
+            for i, (x, y) in enumerate(zip(tokens.tensor_split(micro),
+                                           targets.tensor_split(micro))):
+                sync = stage != 0 or i == micro - 1
+                with contextlib.nullcontext() if sync else wrapped.no_sync():
+                    (lm_loss(wrapped, x, y) / micro).backward()
             if step == 1:
                 memory = (wrapped.memory(opt) if stage == 3 else opt.memory() if stage else
                           measured_bytes(model.parameters(), [p.grad for p in model.parameters()],
@@ -245,6 +253,8 @@ def run_stage(rank: int, world: int, stage: int, dtype) -> dict:
 def calculator_world(rank: int, world: int) -> dict:
     out = {(stage, dtype): run_stage(rank, world, stage, dtype)
            for stage in range(4) for dtype in DTYPE_NAMES}
+    for stage in (0, 3):
+        out[stage, "accumulate"] = run_stage(rank, world, stage, torch.float32, micro=2)
     dist.barrier()
     return out
 
@@ -279,6 +289,25 @@ def test_collectives_equal_what_the_ranks_call(measured, stage, dtype):
             mine = [c for c in predicted if c.op == op]
             assert len(calls) == sum(c.count for c in mine), op
             assert sum(calls) == sum(c.count * c.nbytes for c in mine), op
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_collectives_with_gradient_accumulation(measured, stage):
+    """Two micro-batches per step: data parallelism still all-reduces once (no_sync), ZeRO-3
+    gathers and reduce-scatters every unit for each micro-batch."""
+    cfg = tiny_config(micro=2)
+    assert check(cfg, Layout(dp=WORLD)) == 2
+    predicted = communication(cfg, Layout(dp=WORLD, zero=stage), gpus_per_node=8)
+    for r in measured:
+        log = r[stage, "accumulate"]["log"]
+        for op in ("all_reduce", "all_gather", "reduce_scatter"):
+            calls = [n for o, n in log if o == op]
+            mine = [c for c in predicted if c.op == op]
+            assert len(calls) == sum(c.count for c in mine), op
+            assert sum(calls) == sum(c.count * c.nbytes for c in mine), op
+    single = communication(tiny_config(), Layout(dp=WORLD, zero=stage), gpus_per_node=8)
+    ratio = sum(c.bytes_sent for c in predicted) / sum(c.bytes_sent for c in single)
+    assert ratio == (2 if stage == 3 else 1)
 
 
 def test_the_comparison_can_fail(measured):
