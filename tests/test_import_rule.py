@@ -187,7 +187,7 @@ def state():
 
 before = state()
 import snippets
-for sub in ("common", "part1", "part2", "part3", "part4", "part5", "part6", "part7"):
+for sub in ("common", "part1", "part2", "part3", "part4", "part5", "part6", "part7", "part8"):
     pkg = importlib.import_module(f"snippets.{sub}")
     for m in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"snippets.{sub}.{m.name}")
