@@ -329,3 +329,70 @@ def train_moe(rank: int, world_size: int, steps: int = 10, dtype: torch.dtype = 
         dropped.append(int(stats[1]))
     return {"loss": losses, "dropped": dropped, "params": global_parameters(model)}
 # --8<-- [end:train_moe]
+
+
+def check_expert_parallel(rank: int, world_size: int, dtype: torch.dtype = torch.float64,
+                          k: int = 1, capacity_factor: float | None = None,
+                          experts: int = 8) -> dict:
+    """The one-process ``MoE(groups=p)`` on every rank's tokens, then ``ExpertParallelMoE`` built
+    from it on this rank's 12 tokens, both differentiated through sum(out * do) + aux / 2.
+    Returns the largest differences of the output, the input's gradient, the router's gradient
+    (summed over the ranks), this rank's experts' gradients and the load-balancing loss (the
+    ranks' mean), and (dropped on all ranks, dropped by the reference). Made for ``run_world``
+    and ``torchrun``."""
+    p, device = world_size, device_for(rank)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        moe = MoE(16, 24, experts, k, capacity_factor, groups=p).to(device, dtype)
+    g = torch.Generator().manual_seed(4)
+    x, do = (torch.randn(12 * p, 16, generator=g, dtype=dtype).to(device) for _ in range(2))
+    x_ref = x.clone().requires_grad_()
+    y_ref = moe(x_ref)
+    ((y_ref * do).sum() + 0.5 * moe.aux_loss).backward()
+    ref_grads = {n: w.grad.clone() for n, w in moe.named_parameters()}
+    ref_aux, ref_dropped = moe.aux_loss.item(), moe.dropped
+    moe.zero_grad()
+    ep = ExpertParallelMoE(moe)
+    x_mine = x.tensor_split(p)[rank].clone().requires_grad_()
+    y = ep(x_mine)
+    ((y * do.tensor_split(p)[rank]).sum() + 0.5 * ep.aux_loss / p).backward()
+    dist.all_reduce(ep.router.weight.grad)                # the replicated router: sum the shares
+    stats = torch.tensor([ep.aux_loss.item() / p, ep.dropped], dtype=torch.float64,
+                         device=device)
+    dist.all_reduce(stats)
+
+    def diff(a, b) -> float:
+        return float((a.detach() - b.detach()).abs().max())
+
+    return {"y": diff(y, y_ref.tensor_split(p)[rank]),
+            "dx": diff(x_mine.grad, x_ref.grad.tensor_split(p)[rank]),
+            "router": diff(ep.router.weight.grad, ref_grads["router.weight"]),
+            "experts": max(diff(w.grad, ref_grads[f"experts.{ep.first + i}.{n}"])
+                           for i, e in enumerate(ep.experts) for n, w in e.named_parameters()),
+            "aux": abs(stats[0].item() - ref_aux),
+            "dropped": (int(stats[1]), ref_dropped), "local experts": len(ep.experts)}
+
+
+def main() -> None:
+    """``torchrun --nproc-per-node P -m snippets.part7.expert_parallel``: the expert-parallel
+    layer against the one-process one, k = 1 and 2, with and without dropping; rank 0 prints."""
+    from snippets.part7.launch import init_from_env
+
+    rank, world_size = init_from_env()
+    worst = 0.0
+    for k in (1, 2):
+        for capacity_factor in (None, 0.5):
+            out = check_expert_parallel(rank, world_size, torch.float64, k, capacity_factor,
+                                        experts=2 * world_size)
+            errs = {n: out[n] for n in ("y", "dx", "router", "experts", "aux")}
+            worst = max(worst, *errs.values())
+            if rank == 0:
+                print(f"k={k} capacity={capacity_factor} dropped={out['dropped']} "
+                      + " ".join(f"{n} {e:.1e}" for n, e in errs.items()))
+    dist.destroy_process_group()
+    if worst > 1e-12:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
