@@ -421,6 +421,39 @@ def test_activations_term_by_term():
     assert sum(sum(g.values()) for g in terms.values()) == sbh * (34 + 5 * a * s / h)
 
 
+def saved_bytes(module: nn.Module, x: torch.Tensor) -> int:
+    """Bytes of the tensors autograd saves for the backward of ``module(x)``: each storage once,
+    parameters left out."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("dtype", list(DTYPE_NAMES), ids=str)
+@pytest.mark.parametrize("dim, heads, b, s", [(32, 4, 4, 8), (48, 6, 3, 20), (40, 5, 1, 33)])
+def test_activations_equal_what_autograd_saves(dtype, dim, heads, b, s):
+    """A TinyTransformer block (no dropout) saves exactly the paper's terms, at the model's
+    element size, plus two that the paper neglects: each LayerNorm's mean and 1/std (2 sb
+    elements per norm) and the causal mask (s^2 booleans)."""
+    block = tiny_transformer(0, dtype, dim=dim, heads=heads, max_seq=64).blocks[0]
+    x = torch.randn(b, s, dim, dtype=dtype, requires_grad=True)
+    cfg = dataclasses.replace(tiny_config(dtype, dim=dim, heads=heads), seq=s, micro_batch=b,
+                              global_batch=b, dropout=False)
+    terms = layer_activations(cfg, Layout())
+    formula = sum(sum(g.values()) for g in terms.values())
+    e = torch.empty((), dtype=dtype).element_size()
+    assert saved_bytes(block, x) == formula + 2 * 2 * s * b * e + s * s
+
+
 @pytest.mark.parametrize("t", [2, 8])
 def test_activations_under_tensor_and_sequence_parallelism(t):
     s, h, a = 2048, 12288, 96
