@@ -548,6 +548,13 @@ def test_bad_layouts_raise(cfg_kw, layout_kw, message):
         plan(cfg, Layout(**layout_kw), MACHINE)
 
 
+def test_wrong_types_raise():
+    with pytest.raises(TypeError, match="ModelConfig and a Layout"):
+        check(LLAMA3_8B, {"tp": 8})
+    with pytest.raises(TypeError, match="machine must be a Machine"):
+        plan(LLAMA3_8B, Layout(), (8, 1e-5, 1e11))
+
+
 def test_checks_pass_and_count_microbatches():
     assert check(dataclasses.replace(LLAMA3_8B, global_batch=64, micro_batch=2),
                  Layout(dp=4, microbatches=8)) == 8

@@ -141,6 +141,9 @@ def check(cfg: ModelConfig, layout: Layout) -> int:
     """Raise ValueError naming the bad value when the layout cannot split the model or the batch;
     return the number of micro-batches per step, m = global_batch / (dp * micro_batch)."""
     fn = "calculator"
+    if not isinstance(cfg, ModelConfig) or not isinstance(layout, Layout):
+        raise TypeError(f"{fn}: need a ModelConfig and a Layout, got {type(cfg).__name__} and "
+                        f"{type(layout).__name__}")
     for name in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "micro_batch",
                  "global_batch", "kv", "top_k"):
         _positive(fn, f"config.{name}", getattr(cfg, name))
@@ -584,6 +587,8 @@ class Plan(NamedTuple):
 def plan(cfg: ModelConfig, layout: Layout, machine: Machine) -> Plan:
     """Memory and communication of every pipeline stage's rank; returns the fullest one's."""
     m = check(cfg, layout)
+    if not isinstance(machine, Machine):
+        raise TypeError(f"plan: machine must be a Machine, got {type(machine).__name__}")
     best = None
     for stage in range(layout.pp):
         state = state_bytes(cfg, layout, stage)
