@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -558,3 +559,33 @@ def test_wrong_types_raise():
 def test_checks_pass_and_count_microbatches():
     assert check(dataclasses.replace(LLAMA3_8B, global_batch=64, micro_batch=2),
                  Layout(dp=4, microbatches=8)) == 8
+
+
+CHAPTER = Path(__file__).resolve().parent.parent / "docs" / "part7" / "putting-it-together.md"
+WALK = {   # the chapter's table: its layout column, and the Layout it names
+    "DP 8": Layout(dp=8), "DP 8, ZeRO-1": Layout(dp=8, zero=1),
+    "DP 8, ZeRO-2": Layout(dp=8, zero=2), "DP 8, ZeRO-3": Layout(dp=8, zero=3),
+    "TP 8 + SP": Layout(tp=8, sequence_parallel=True),
+    "TP 2 + SP, DP 4, ZeRO-1": Layout(tp=2, dp=4, zero=1, sequence_parallel=True),
+    "DP 64, ZeRO-3": Layout(dp=64, zero=3),
+    "TP 8 + SP, DP 8, ZeRO-1": Layout(tp=8, dp=8, zero=1, sequence_parallel=True),
+    "TP 8 + SP, PP 2, DP 4, ZeRO-1": Layout(tp=8, pp=2, dp=4, zero=1, sequence_parallel=True),
+    "TP 2 + SP, DP 32, ZeRO-1": Layout(tp=2, dp=32, zero=1, sequence_parallel=True),
+}
+
+
+def test_the_chapters_table_is_the_calculators():
+    """Every row of the 8B walk-through, recomputed: a change to a formula shows up here."""
+    cfg = dataclasses.replace(LLAMA3_8B, global_batch=128, recompute="selective")
+    rows = [line for line in CHAPTER.read_text().splitlines()
+            if line.startswith(("| 8 |", "| 64 |"))]
+    assert len(rows) == len(WALK)
+    for row in rows:
+        gpus, name, *cells = (c.strip() for c in row.strip("|").split("|"))
+        layout = WALK[name]
+        assert layout.world == int(gpus), name
+        p = plan(cfg, layout, MACHINE)
+        sent = ", ".join(f"{d} {v / 1e9:.1f}" for d, v in p.comm_bytes.items() if v)
+        expected = [f"{p.state['total'] / 1e9:.1f}", f"{p.activations['total'] / 1e9:.1f}",
+                    f"{p.memory / 1e9:.1f}", str(p.microbatches), sent]
+        assert cells == expected, name
