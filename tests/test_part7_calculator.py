@@ -368,6 +368,14 @@ def test_tensor_parallel_volumes():
               if x.what == "layer activations"]
         assert sorted(x.op for x in sp) == ["all_gather", "reduce_scatter"]
         assert sum(x.bytes_sent for x in sp) == pytest.approx(plain[0].bytes_sent, rel=1e-12)
+    # with sequence parallelism the norms' gradients are partial: one all-reduce per step of the
+    # 65 RMSNorm weights (2 per layer and the final one), bf16
+    norms = [(x.op, x.nbytes, x.count) for x in communication(
+        cfg, Layout(tp=8, sequence_parallel=True), 8) if x.what.startswith("sequence-parallel")]
+    assert norms == [("all_reduce", 65 * 4096 * 2, 1)]
+    gpt = [x.nbytes for x in communication(tiny_config(), Layout(tp=2, dp=2,
+           sequence_parallel=True), 8) if x.what.startswith("sequence-parallel")]
+    assert gpt == [(2 * 6 * 32 + 2 * 32) * 4]      # 6h a block (4h of norms, 2 row biases), 2h
 
 
 def test_pipeline_context_and_expert_volumes():

@@ -457,8 +457,10 @@ def communication(cfg: ModelConfig, layout: Layout, gpus_per_node: int,
     - tp, per layer and micro-batch: two all-reduces of e sbh in the forward (after attention,
       after the MLP), two in the backward, two more in a full recompute's second forward; with
       sequence parallelism each all-reduce becomes an all-gather and a reduce-scatter of the same
-      n. The vocab-parallel embedding all-reduces its output; the head all-reduces its input's
-      gradient, and the cross-entropy three fp32 values per token (max, sum, target logit);
+      n, and once per step the gradients of the norms (and gpt's row-parallel biases), which each
+      rank computed on its shard of the sequence only, are all-reduced. The vocab-parallel
+      embedding all-reduces its output; the head all-reduces its input's gradient, and the
+      cross-entropy three fp32 values per token (max, sum, target logit);
     - pp: each micro-batch's activation e sbh (/ tp with sequence parallelism) sent to the next
       stage, and its gradient to the previous one;
     - cp: the ring passes each rank's K and V (2 e sb d_kv / tp) cp - 1 times per layer in the
@@ -520,6 +522,11 @@ def communication(cfg: ModelConfig, layout: Layout, gpus_per_node: int,
         else:
             add("tp", "head input gradient", "all_reduce", act, t, m, "tp")
         add("tp", "cross-entropy", "all_reduce", 3 * LOGIT_BYTES * s * b, t, m, "tp")
+    if sp:
+        # norms (and gpt's row-parallel biases) see a sequence shard: their gradients are partial
+        norms = block_params(cfg)["norms"] + (2 * h if cfg.arch == "gpt" else 0)
+        replicated = layers * norms + ((2 * h if cfg.arch == "gpt" else h) if last else 0)
+        add("tp", "sequence-parallel norm gradients", "all_reduce", replicated * gb, t, 1, "tp")
 
     boundary = act / (t if sp else 1)
     sends = (0 if last else m) + (0 if first else m)
