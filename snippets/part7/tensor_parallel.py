@@ -13,6 +13,8 @@ Korthikanti et al. ("Reducing Activation Recomputation in Large Transformer Mode
 what is left between the pairs (the norms, the residual additions) along the sequence: g becomes a
 reduce-scatter onto a sequence shard, and f an all-gather of the shards (*sequence parallelism*).
 Every rank then stores 1/p of those activations too, for the same bytes of communication.
+Megatron also cuts the vocabulary: a vocab-parallel embedding, a head whose logits stay cut, and a
+cross-entropy computed from the slices (``vocab_parallel=True``).
 
 Conventions:
 
@@ -25,7 +27,8 @@ Conventions:
 - Activations are (batch, seq, features); the sequence is dimension 1.
 
 Under ``torchrun`` (``torchrun --nproc-per-node 4 -m snippets.part7.tensor_parallel``) the module
-trains the tiny transformer with and without sequence parallelism and compares it with one process.
+trains the tiny transformer with and without sequence parallelism (and the vocabulary cut), and
+with DTensor, and compares each with one process.
 """
 
 from __future__ import annotations
@@ -632,6 +635,8 @@ def main() -> None:
     rank, world_size = init_from_env()
     runs = {"tp": train_tp(rank, world_size, dtype=torch.float32),
             "tp+sp": train_tp(rank, world_size, dtype=torch.float32, sp=True),
+            "tp+sp+vocab": train_tp(rank, world_size, dtype=torch.float32, sp=True,
+                                    vocab_parallel=True),
             "dtensor": train_dtensor(rank, world_size, dtype=torch.float32),
             "dtensor+sp": train_dtensor(rank, world_size, dtype=torch.float32, sp=True)}
     if rank == 0:
