@@ -197,6 +197,8 @@ def ring_attention_backward(q, k, v, o, lse, do, causal, zigzag, group=None):
                          - delta_parts[i].unsqueeze(-1))
             dq_parts[i].add_(ds @ k_parts[j] * scale)
             dk_parts[j].add_(ds.transpose(-1, -2) @ q_parts[i] * scale)
+        if p == 1:                                         # nothing travels: the block is home
+            return dq, block[2], block[3]
         grads_next = torch.empty_like(block[2:])          # dk, dv of the block arriving next
         grad_works = _ring_start(block[2:].contiguous(), grads_next, rank, p, group)
         for work in works + grad_works:
