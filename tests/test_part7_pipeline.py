@@ -86,6 +86,12 @@ def pp_world(rank: int, world: int) -> dict:
         run_schedule(stage, actions, *tiny_batch(0, 4, 8), 2)
     except ValueError as exc:
         out["bad schedule"] = str(exc)
+    # the stages in reverse: the first rank holds the head
+    wrong = split_stages(tiny_transformer(0, blocks=BLOCKS), world)[world - 1 - rank]
+    try:
+        run_schedule(wrong, gpipe_schedule(world, 2)[rank], *tiny_batch(0, 4, 8), 2)
+    except ValueError as exc:
+        out["wrong stage"] = str(exc)
     return out
 
 
@@ -163,6 +169,7 @@ def test_ranks_that_disagree_or_err_all_raise(world):
         assert "rank 1: (2, 16, 32, 2)" in r["mismatch"]
         assert "rank 1: check_schedule: its actions must run" in r["bad schedule"]
         assert "rank 0" not in r["bad schedule"]
+        assert f"rank {p - 1}: its stage is not stage {p - 1} of {p}" in r["wrong stage"]
 
 
 # ---------------------------------------------------------------- the schedules, without processes

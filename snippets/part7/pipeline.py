@@ -222,15 +222,16 @@ def bubble_formula(p: int, m: int) -> Fraction:
 
 
 def timeline_mermaid(timeline: Timeline, title: str = "") -> str:
-    """A Mermaid gantt chart of ``timeline``: one section per stage, one bar per action (times as
-    seconds of a clock that starts at 0; the axis shows them as numbers)."""
-    lines = ["gantt", *([f"    title {title}"] if title else []), "    dateFormat X",
-             "    axisFormat %s"]
+    """A Mermaid gantt chart of ``timeline``: one row per stage, one bar per action, backwards in
+    red. Mermaid's gantt charts take dates: a time t is written as t seconds after the Unix epoch,
+    in milliseconds (``dateFormat x``), and the axis prints seconds since the epoch (``%s``), t."""
+    lines = ["---", "displayMode: compact", "---", "gantt",
+             *([f"    title {title}"] if title else []), "    dateFormat x", "    axisFormat %s"]
     for s, stage in enumerate(timeline.spans):
         lines.append(f"    section stage {s}")
         for kind, i, start, end in stage:
-            tag = " :crit," if kind == "B" else " :"
-            lines.append(f"    {kind}{i}{tag} {start}, {end}")
+            tag = "crit, " if kind == "B" else ""
+            lines.append(f"    {kind}{i} :{tag}{round(start * 1000)}, {round(end * 1000)}")
     return "\n".join(lines)
 
 
@@ -273,8 +274,11 @@ def _agree_on_shapes(name: str, group, dtype, described) -> None:
                          + ", ".join(f"rank {r}: {d[2]}" for r, d in enumerate(everyone)))
 
 
-def _input_problem(actions, tokens, targets, m) -> str | None:
+def _input_problem(stage, rank, p, actions, tokens, targets, m) -> str | None:
     """What is wrong with one rank's input to ``run_schedule``, or None."""
+    if (stage.embed is not None) != (rank == 0) or (stage.head is not None) != (rank == p - 1):
+        return f"its stage is not stage {rank} of {p} (the embeddings must be on the first, " \
+               "the head on the last)"
     if not isinstance(m, int) or isinstance(m, bool) or m < 1:
         return f"m must be an int >= 1, got {m!r}"
     try:
@@ -304,7 +308,7 @@ def run_schedule(stage: StageModule, actions: Sequence[Action], tokens: torch.Te
     first, last = rank == 0, rank == p - 1
     param = next(stage.parameters())
     device, dtype = param.device, param.dtype
-    problem = _input_problem(actions, tokens, targets, m)
+    problem = _input_problem(stage, rank, p, actions, tokens, targets, m)
     shape = None if problem else (tokens.shape[0] // m, tokens.shape[1], stage.dim)
     _agree_on_shapes("run_schedule", group, dtype, problem or (*shape, m))   # checked everywhere
     tokens_mb, targets_mb = tokens.to(device).chunk(m), targets.to(device).chunk(m)
