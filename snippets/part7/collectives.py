@@ -59,7 +59,7 @@ def _p2p(sends, recvs, group) -> None:
 # --8<-- [end:p2p]
 
 
-def _describe(x) -> tuple[str | None, str, tuple]:
+def describe_input(x) -> tuple[str | None, str, tuple]:
     """(problem or None, dtype, shape) of one rank's input, for the exchange that checks it."""
     if not isinstance(x, torch.Tensor):
         return f"a {type(x).__name__}, not a tensor", "", ()
@@ -69,7 +69,7 @@ def _describe(x) -> tuple[str | None, str, tuple]:
     return None, str(x.dtype), tuple(x.shape)
 
 
-def _agree(name: str, group, described: list) -> list:
+def agree(name: str, group, described: list) -> list:
     """Gather every rank's description and raise the same error on every rank if one is unusable
     or the dtypes differ. Returns the descriptions, in rank order."""
     everyone = [None] * dist.get_world_size(group)
@@ -84,8 +84,8 @@ def _agree(name: str, group, described: list) -> list:
     return everyone
 
 
-def _agree_same_shape(name: str, x, group) -> None:
-    everyone = _agree(name, group, _describe(x))
+def agree_same_shape(name: str, x, group) -> None:
+    everyone = agree(name, group, describe_input(x))
     if len({d[2] for d in everyone}) > 1:
         raise ValueError(f"{name}: every rank must pass the same shape, got "
                          + ", ".join(f"rank {r}: {d[2]}" for r, d in enumerate(everyone)))
@@ -116,7 +116,7 @@ def ring_reduce_scatter(x: torch.Tensor, group=None) -> torch.Tensor:
     """Every rank passes a tensor of one shape; rank r gets chunk r (``tensor_split`` of the
     flattened tensor into p chunks) of the element-wise sum over ranks, as a new 1-D tensor."""
     rank, p = _rank_and_size(group)
-    _agree_same_shape("ring_reduce_scatter", x, group)
+    agree_same_shape("ring_reduce_scatter", x, group)
     chunks = x.detach().reshape(-1).clone().tensor_split(p)    # p views of one copy of x
     reduce_scatter_chunks(chunks, rank, p, group)
     return chunks[rank].clone()
@@ -139,7 +139,7 @@ def ring_all_gather(chunk: torch.Tensor, group=None) -> torch.Tensor:
     chunks of ``tensor_split`` do). A 0-d tensor counts as one element."""
     rank, p = _rank_and_size(group)
     chunk = chunk.reshape(1) if isinstance(chunk, torch.Tensor) and chunk.dim() == 0 else chunk
-    everyone = _agree("ring_all_gather", group, _describe(chunk))
+    everyone = agree("ring_all_gather", group, describe_input(chunk))
     if len({d[2][1:] for d in everyone}) > 1:
         raise ValueError("ring_all_gather: the dims after the first must agree, got "
                          + ", ".join(f"rank {r}: {d[2]}" for r, d in enumerate(everyone)))
@@ -158,7 +158,7 @@ def ring_all_reduce(x: torch.Tensor, group=None) -> torch.Tensor:
     a ring reduce-scatter, then a ring all-gather of the reduced chunks, both in place on one
     flat copy of x. 2 (p - 1) steps of n / p elements each."""
     rank, p = _rank_and_size(group)
-    _agree_same_shape("ring_all_reduce", x, group)
+    agree_same_shape("ring_all_reduce", x, group)
     flat = x.detach().reshape(-1).clone()
     chunks = flat.tensor_split(p)
     reduce_scatter_chunks(chunks, rank, p, group)   # chunks[rank] is now the sum
@@ -175,7 +175,7 @@ def tree_all_reduce(x: torch.Tensor, group=None) -> torch.Tensor:
     back down the same tree. Whole messages, not pipelined: 2 floor(log2 p) steps of n elements.
     Returns a new tensor of x's shape."""
     rank, p = _rank_and_size(group)
-    _agree_same_shape("tree_all_reduce", x, group)
+    agree_same_shape("tree_all_reduce", x, group)
     total = x.detach().reshape(-1).clone()
     parent = (rank - 1) // 2
     children = [c for c in (2 * rank + 1, 2 * rank + 2) if c < p]
@@ -203,7 +203,7 @@ def recursive_halving_doubling_all_reduce(x: torch.Tensor, group=None) -> torch.
     if p & (p - 1):
         raise ValueError(f"recursive_halving_doubling_all_reduce: needs a power-of-two number of "
                          f"ranks, got {p} (use ring_all_reduce)")
-    _agree_same_shape("recursive_halving_doubling_all_reduce", x, group)
+    agree_same_shape("recursive_halving_doubling_all_reduce", x, group)
     flat = x.detach().reshape(-1).clone()
     at = _chunk_bounds(flat.numel(), p)           # chunk k is flat[at[k]:at[k + 1]]
     lo, hi = 0, p                                 # the chunks this rank is responsible for
@@ -239,7 +239,7 @@ def all_to_all(chunks, group=None) -> list[torch.Tensor]:
     ok = isinstance(chunks, (list, tuple)) and len(chunks) == p
     shapes = None
     if ok:
-        problem = next((d[0] for d in map(_describe, chunks) if d[0]), None)
+        problem = next((d[0] for d in map(describe_input, chunks) if d[0]), None)
         ok = problem is None and len({(c.dtype, c.shape[1:]) for c in chunks}) == 1 \
             and all(c.dim() for c in chunks)
         shapes = [tuple(c.shape) for c in chunks]
@@ -248,7 +248,7 @@ def all_to_all(chunks, group=None) -> list[torch.Tensor]:
         described = (f"{type(chunks).__name__} {shapes or ''}, not {why}", "", ())
     else:
         described = (None, str(chunks[0].dtype), tuple(shapes))
-    everyone = _agree("all_to_all", group, described)
+    everyone = agree("all_to_all", group, described)
     if len({tuple(s[1:] for s in d[2]) for d in everyone}) > 1:
         raise ValueError("all_to_all: the dims after the first must agree on every rank, got "
                          + ", ".join(f"rank {r}: {d[2]}" for r, d in enumerate(everyone)))

@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from snippets.part7.collectives import _agree_same_shape
+from snippets.part7.collectives import agree_same_shape
 from snippets.part7.launch import device_for
 from snippets.part7.models import lm_loss, tiny_batch, tiny_transformer
 
@@ -256,7 +256,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     if zigzag and q.shape[-2] % 2:
         raise ValueError(f"ring_attention: a zig-zag shard holds two equal chunks, got "
                          f"{q.shape[-2]} positions")
-    _agree_same_shape("ring_attention", q, group)     # every rank, the same shard shape
+    agree_same_shape("ring_attention", q, group)     # every rank, the same shard shape
     return RingAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, zigzag,
                                group)
 

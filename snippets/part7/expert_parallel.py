@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from snippets.part7.collectives import _agree
+from snippets.part7.collectives import agree
 from snippets.part7.launch import device_for
 from snippets.part7.models import DIM, VOCAB, lm_loss, tiny_batch
 
@@ -204,7 +204,7 @@ class ExpertParallelMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = _check_input(x, self.dim, "ExpertParallelMoE")
-        everyone = _agree("ExpertParallelMoE", self.group,
+        everyone = agree("ExpertParallelMoE", self.group,
                           (None if flat.shape[0] else "no tokens", str(x.dtype), (self.dim,)))
         if len({d[2] for d in everyone}) > 1:
             raise ValueError("ExpertParallelMoE: every rank must build the layer with one dim, "

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from snippets.part7.collectives import _agree
+from snippets.part7.collectives import agree
 from snippets.part7.launch import device_for, init_from_env
 from snippets.part7.models import TinyTransformer, lm_loss, tiny_batch, tiny_transformer
 
@@ -265,7 +265,7 @@ def _agree_on_shapes(name: str, group, dtype, described) -> None:
     or what is wrong with its input; if one rank's input is wrong or its shape differs, every rank
     raises the same error before a message is sent (a rank that raised alone would leave its
     neighbours waiting for its messages until the process group's timeout)."""
-    everyone = _agree(name, group, (None, str(dtype), described))
+    everyone = agree(name, group, (None, str(dtype), described))
     problems = [f"rank {r}: {d[2]}" for r, d in enumerate(everyone) if isinstance(d[2], str)]
     if problems:
         raise ValueError(f"{name}: " + "; ".join(problems))

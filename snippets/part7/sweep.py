@@ -97,7 +97,8 @@ def sweep(ops: tuple[str, ...], sizes: list[int], iters: int = 20, warmup: int =
             continue  # gloo has no reduce-scatter of tensors
         for nbytes in sizes:
             fn = collective(op, nbytes, p, device, dtype)
-            t = torch.tensor([time_op(fn, device, iters, warmup)], dtype=torch.float64)
+            t = torch.tensor([time_op(fn, device, iters, warmup)], dtype=torch.float64,
+                             device=device)   # NCCL reduces only tensors on the GPU
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank
             seconds = float(t.item())
             algbw = algorithm_bandwidth(nbytes, seconds)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Part 7 on every GPU of one machine (2 or 4 of them): the topology, NCCL's collectives swept
+# from 1 KiB to 1 GiB, the book's ring and one-shot all-reduces against NCCL's, and the
+# from-scratch parallel layouts (pipeline, tensor, context, expert) checked against one process
+# on NCCL. NVLink multicast (NVLS) is left off, as the chapters assume.
+#
+#   bash scripts/part7_gpus.sh OUTDIR
+#
+# Pass KM_COMMIT (and KM_DIRTY) on a copy of the tree without .git. Each step has its own time
+# limit; a step that fails or runs out of time is logged and the next one runs.
+set -uo pipefail
+OUT=${1:?usage: part7_gpus.sh OUTDIR}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+N=${KM_GPUS:-$(nvidia-smi -L | grep -c '^GPU')}
+RUN="torchrun --standalone --nproc-per-node $N"
+nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
+echo "commit ${KM_COMMIT:-$(git rev-parse HEAD 2> /dev/null)} dirty ${KM_DIRTY:-?} gpus $N" \
+  > "$OUT/provenance.txt"
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name: rc $? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
+}
+step sweep 150 $RUN -m snippets.part7.sweep --out "$OUT/sweep.json"
+step fast_allreduce 150 $RUN -m snippets.part7.fast_allreduce --out "$OUT/fast_allreduce.json"
+step pipeline 60 $RUN -m snippets.part7.pipeline --micro-batches 8
+step tensor_parallel 60 $RUN -m snippets.part7.tensor_parallel
+step context_parallel 60 $RUN -m snippets.part7.context_parallel
+step expert_parallel 60 $RUN -m snippets.part7.expert_parallel

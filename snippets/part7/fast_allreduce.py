@@ -1,0 +1,251 @@
+"""Two all-reduces built to be timed against NCCL's: the ring of collectives.py made fast for big
+messages, and a one-shot all-reduce over peer-to-peer memory for small ones.
+
+- ``RingAllReduce``: the same ring (reduce-scatter, then all-gather), in place, with the shape
+  agreed once when it is built (as NCCL's plans are) instead of on every call, and each step's
+  chunk cut into ``pieces`` so that the addition of one piece runs while the next is on the wire.
+- ``OneShotAllReduce``: every rank copies its input into a buffer that every other GPU can read
+  (PyTorch's symmetric memory), the ranks meet at a barrier, and each reads all the buffers over
+  NVLink and adds them: one step instead of the ring's 2 (p - 1), for messages small enough that
+  latency, not bandwidth, sets the time. GPUs only (peer-to-peer access between them).
+
+``python -m snippets.part7.fast_allreduce --out fast.json`` under torchrun times both against
+``dist.all_reduce`` (NCCL) in one run; it is what the multi-GPU measurements of Part 7 run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from snippets.part7.collectives import SUM_DTYPES, agree, describe_input
+
+
+def _check_input(name: str, x, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    """The local checks of a call: the tensor the collective was built for (no communication)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a tensor, got {type(x).__name__}")
+    if tuple(x.shape) != shape or x.dtype != dtype or x.device != device:
+        raise ValueError(f"{name} was built for shape {shape}, {dtype} on {device}; got shape "
+                         f"{tuple(x.shape)}, {x.dtype} on {x.device}")
+    if not x.is_contiguous():
+        raise ValueError(f"{name}: the tensor must be contiguous (it is reduced in place)")
+
+
+# --8<-- [start:ring]
+class RingAllReduce:
+    """An in-place ring all-reduce for tensors of one shape, dtype and device, agreed by every
+    rank when it is built. Each of the ring's steps sends its chunk as ``pieces`` messages, and
+    adds each piece as soon as it has arrived, while the later pieces are still in flight."""
+
+    def __init__(self, shape, dtype: torch.dtype, device, group=None, pieces: int = 4):
+        if not isinstance(pieces, int) or pieces < 1:
+            raise ValueError(f"RingAllReduce: pieces must be a positive int, got {pieces!r}")
+        self.shape, self.dtype, self.device = tuple(shape), dtype, torch.device(device)
+        self.group, self.pieces = group, pieces
+        self.rank, self.p = dist.get_rank(group), dist.get_world_size(group)
+        probe = torch.empty(self.shape, dtype=dtype, device="meta")   # a shape, no memory
+        everyone = agree("RingAllReduce", group, describe_input(probe))
+        if len({d[2] for d in everyone}) > 1:
+            raise ValueError("RingAllReduce: every rank must build it for the same shape, got "
+                             + ", ".join(f"rank {r}: {d[2]}" for r, d in enumerate(everyone)))
+        numel = probe.numel()
+        self.bounds = [numel * k // self.p for k in range(self.p + 1)]     # p chunks
+        biggest = max(b - a for a, b in zip(self.bounds, self.bounds[1:]))
+        self.incoming = torch.empty(biggest, dtype=dtype, device=self.device)
+
+    def _chunk(self, flat: torch.Tensor, k: int) -> torch.Tensor:
+        k %= self.p
+        return flat[self.bounds[k]:self.bounds[k + 1]]
+
+    def _exchange(self, send: torch.Tensor, recv: torch.Tensor) -> list:
+        right, left = (self.rank + 1) % self.p, (self.rank - 1) % self.p
+        ops = [dist.P2POp(op, t, group=self.group, group_peer=peer)
+               for op, t, peer in ((dist.isend, send, right), (dist.irecv, recv, left))
+               if t.numel()]           # an empty chunk's partner is empty too: both skip it
+        return dist.batch_isend_irecv(ops) if ops else []
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        _check_input("RingAllReduce", x, self.shape, self.dtype, self.device)
+        flat, r = x.view(-1), self.rank
+        for step in range(self.p - 1):                 # reduce-scatter: chunk r - s - 2 grows
+            send, mine = self._chunk(flat, r - step - 1), self._chunk(flat, r - step - 2)
+            sends, recvs = send.tensor_split(self.pieces), mine.tensor_split(self.pieces)
+            bufs = self.incoming[:mine.numel()].tensor_split(self.pieces)
+            posted = [self._exchange(s, b) for s, b in zip(sends, bufs)]
+            for works, piece, buf in zip(posted, recvs, bufs):
+                for work in works:
+                    work.wait()                        # this piece has arrived: add it while
+                piece += buf                           # the next ones are still on the wire
+        for step in range(self.p - 1):                 # all-gather: the sums travel round
+            for work in self._exchange(self._chunk(flat, r - step), self._chunk(flat, r - step - 1)):
+                work.wait()
+        return x
+# --8<-- [end:ring]
+
+
+# --8<-- [start:one_shot]
+class OneShotAllReduce:
+    """An all-reduce of up to ``max_numel`` elements in one step over peer-to-peer memory. Two
+    symmetric buffers are used in turn: call i writes buffer i % 2 and meets the other ranks at
+    a barrier before reading; the barrier of call i + 1 comes after every rank has finished
+    reading in call i (each GPU runs its calls in order), so call i + 2 may overwrite buffer
+    i % 2 without a second barrier."""
+
+    def __init__(self, max_numel: int, dtype: torch.dtype, group=None):
+        if not torch.cuda.is_available():
+            raise RuntimeError("OneShotAllReduce: needs GPUs with peer-to-peer access")
+        if dtype not in SUM_DTYPES:
+            raise TypeError(f"OneShotAllReduce: dtype {dtype} is not one the sums take")
+        if not isinstance(max_numel, int) or max_numel < 1:
+            raise ValueError(f"OneShotAllReduce: max_numel must be a positive int, got {max_numel!r}")
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group = group or dist.group.WORLD
+        self.p, self.rank, self.dtype = dist.get_world_size(group), dist.get_rank(group), dtype
+        self.max_numel, self.calls = max_numel, 0
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.handles, self.peers = [], []
+        for _ in range(2):
+            buf = symm_mem.empty(max_numel, dtype=dtype, device=self.device)
+            handle = symm_mem.rendezvous(buf, group.group_name)
+            self.handles.append(handle)
+            self.peers.append([handle.get_buffer(r, (max_numel,), dtype) for r in range(self.p)])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dtype != self.dtype or x.device != self.device:
+            raise ValueError(f"OneShotAllReduce: expected a {self.dtype} tensor on {self.device}, "
+                             f"got {getattr(x, 'dtype', type(x).__name__)} on "
+                             f"{getattr(x, 'device', '?')}")
+        n = x.numel()
+        if n > self.max_numel:
+            raise ValueError(f"OneShotAllReduce: {n} elements, built for at most {self.max_numel}")
+        turn = self.calls % 2
+        self.calls += 1
+        peers = [b[:n] for b in self.peers[turn]]
+        peers[self.rank].copy_(x.reshape(-1))          # my contribution, readable by every GPU
+        self.handles[turn].barrier(channel=turn)       # every rank's copy has landed
+        out = peers[0] + peers[1] if self.p > 1 else peers[0].clone()
+        for b in peers[2:]:                            # reads over NVLink, adds locally
+            out += b
+        return out.view(x.shape)
+# --8<-- [end:one_shot]
+
+
+def _time(fn, iters: int, warmup: int) -> float:
+    """Seconds per call, the slowest rank's, timed between barriers."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _library_one_shot(x: torch.Tensor, group_name: str):
+    """PyTorch's own one-shot all-reduce kernel on symmetric memory (a library baseline), or None
+    when this torch has none."""
+    op = getattr(getattr(torch.ops, "symm_mem", None), "one_shot_all_reduce", None)
+    if op is None:
+        return None
+    import torch.distributed._symmetric_memory as symm_mem
+
+    buf = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
+    symm_mem.rendezvous(buf, group_name)
+    buf.copy_(x)
+    return lambda: op(buf, "sum", group_name)
+
+
+def measure(big: list[int], small: list[int], iters: int, warmup: int,
+            dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    """Time NCCL's all-reduce, the ring (``big`` sizes, bytes) and the one-shot (``small``) in one
+    run, checking each result against NCCL's first."""
+    p, rank = dist.get_world_size(), dist.get_rank()
+    device = torch.device("cuda", torch.cuda.current_device())
+    records: list[dict[str, Any]] = []
+    esize = torch.tensor([], dtype=dtype).element_size()
+
+    def inputs(nbytes: int) -> torch.Tensor:
+        g = torch.Generator(device=device).manual_seed(rank)
+        return torch.randint(-8, 8, (nbytes // esize,), generator=g, device=device).to(dtype)
+
+    def record(impl: str, origin: str, nbytes: int, seconds: float) -> None:
+        algbw = nbytes / seconds
+        records.append({"impl": impl, "origin": origin, "bytes": nbytes, "world_size": p,
+                        "dtype": str(dtype).removeprefix("torch."), "seconds": seconds,
+                        "algbw": algbw, "busbw": algbw * 2 * (p - 1) / p})
+
+    for nbytes in big:
+        x = inputs(nbytes)
+        want = x.clone()
+        dist.all_reduce(want)
+        ring = RingAllReduce(x.shape, dtype, device)
+        got = ring(x.clone())
+        if not torch.equal(got, want):     # small integers: every order of addition is exact
+            raise AssertionError(f"RingAllReduce differs from NCCL at {nbytes} bytes")
+        y = x.clone()
+        record("nccl", "library", nbytes, _time(lambda: dist.all_reduce(y), iters, warmup))
+        record("ring", "book", nbytes, _time(lambda: ring(y), iters, warmup))
+    for nbytes in small:
+        x = inputs(nbytes)
+        want = x.clone()
+        dist.all_reduce(want)
+        one = OneShotAllReduce(x.numel(), dtype)
+        for _ in range(3):                 # both buffers, and the first reused
+            if not torch.equal(one(x), want):
+                raise AssertionError(f"OneShotAllReduce differs from NCCL at {nbytes} bytes")
+        y = x.clone()
+        record("nccl", "library", nbytes, _time(lambda: dist.all_reduce(y), iters, warmup))
+        record("one_shot", "book", nbytes, _time(lambda: one(x), iters, warmup))
+        try:
+            lib = _library_one_shot(x, dist.group.WORLD.group_name)
+        except Exception as exc:           # noqa: BLE001 - a baseline this torch cannot run
+            lib, why = None, f"{type(exc).__name__}: {exc}"
+        else:
+            why = "torch.ops.symm_mem.one_shot_all_reduce is missing"
+        if lib is None:
+            records.append({"impl": "torch_one_shot", "bytes": nbytes, "skipped": why})
+        else:
+            record("torch_one_shot", "library", nbytes, _time(lib, iters, warmup))
+    return {"records": records}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from snippets.part7.launch import init_from_env
+    from snippets.part7.sweep import provenance, sizes_between
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--pieces", type=int, default=4)
+    args = ap.parse_args(argv)
+    rank, world = init_from_env(timeout_s=600)
+    result = measure(sizes_between(1 << 20, 1 << 30), sizes_between(1 << 10, 1 << 21),
+                     args.iters, args.warmup)
+    result["provenance"] = provenance(dist.get_backend(), world)
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        for r in result["records"]:
+            if "skipped" in r:
+                print(f"{r['impl']:>15} {r['bytes']:>11} skipped: {r['skipped']}")
+            else:
+                print(f"{r['impl']:>15} {r['bytes']:>11} {r['seconds'] * 1e6:10.1f} us "
+                      f"busbw {r['busbw'] / 1e9:7.1f} GB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
