@@ -25,7 +25,7 @@ Versions of ``paged_decode_attention`` (never renumbered):
 - v2  like v1, but the context of each sequence is split into ``num_splits`` chunks, one program
       per (sequence, kv head, chunk), each writing its partial output and log-sum-exp; a second
       kernel merges the chunks. For small batches, where v1 has too few programs to keep every SM
-      reading (Flash-Decoding, Dao et al., 2023).
+      reading (Flash-Decoding, Dao et al., 2023). Where the default count is one chunk, v2 is v1.
 
 Cost model: decode attention must read K and V of every cached token, read q and write o; its
 FLOPs are 4 * Hq * D per cached token (q.k and p*v). With one query row per head the FLOPs per
@@ -400,11 +400,15 @@ def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens):
 
 
 def paged_attention_split(q, k_cache, v_cache, block_tables, seq_lens):
-    """v2, as the harness times it, with the default chunk count."""
+    """v2, as the harness times it, with the default chunk count; where that is one chunk (a
+    batch large enough to fill the GPU), v1's single launch, since partial results and a merge
+    would only add work."""
     scale = check_decode_inputs("paged_attention_split", q, k_cache, v_cache, block_tables,
                                 seq_lens, contents=False)
     splits = default_splits(q.shape[0], k_cache.shape[2],
                             block_tables.shape[1] * k_cache.shape[1], q.device)
+    if splits == 1:
+        return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
     return _decode_split(q, k_cache, v_cache, block_tables, seq_lens, scale, splits)
 # --8<-- [end:host]
 
@@ -490,5 +494,6 @@ paged_decode.add(Impl("v1", paged_attention_triton, "Triton",
 paged_decode.add(Impl("v2", paged_attention_split, "Triton",
                       "split-KV: chunks of the context in parallel, then a merge",
                       (_paged_decode_split_kernel, _merge_splits_kernel, _attend_tokens,
-                       _decode_split, _consts, _launch_config, default_splits,
+                       _decode_split, _paged_decode_kernel, _decode, _consts, _launch_config,
+                       default_splits,
                        check_decode_inputs, *SOURCES), device="any"))
