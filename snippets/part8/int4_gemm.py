@@ -112,7 +112,7 @@ def check_int4_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
 @triton.jit
 def _int4_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER_SPLIT,
                       stride_xm, stride_wn, stride_sn, stride_ys, stride_ym,
-                      GROUP_SIZE: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                      GROUP_SIZE: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_AFTER: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     tl.static_assert(BLOCK_K % 32 == 0)  # BLOCK_K / 2 codes per dot: tl.dot needs K >= 16
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -127,26 +127,50 @@ def _int4_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER_SPLIT,
     s_cols = s_ptr + offs_n[None, :].to(tl.int64) * stride_sn  # (1, BLOCK_N); zeros: same layout
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        k_even = k0 + 2 * offs_p  # (BLOCK_K / 2,); K is even, so k_even < k_hi covers k_even + 1
+        # byte indices along a weight row: contiguous, so each row's BLOCK_K / 2 bytes are one
+        # vectorised load (k0 is a multiple of BLOCK_K, hence even)
+        byte = tl.max_contiguous(tl.multiple_of(k0 // 2 + offs_p, BLOCK_K // 2), BLOCK_K // 2)
+        k_even = 2 * byte  # (BLOCK_K / 2,); K is even, so k_even < k_hi covers k_even + 1
         k_ok = k_even < k_hi
-        # x's even and odd columns: the two halves of K that the low and high nibbles hold
-        x_mask = m_ok[:, None] & k_ok[None, :]
-        x_even = tl.load(x_rows + k_even[None, :], mask=x_mask, other=0.0)  # (BLOCK_M, BLOCK_K/2)
-        x_odd = tl.load(x_rows + k_even[None, :] + 1, mask=x_mask, other=0.0)
+        # x's slice in one contiguous (vectorised) load, then split into its even and odd columns:
+        # the two halves of K that the low and high nibbles hold, (BLOCK_M, BLOCK_K / 2) each
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < k_hi),
+                    other=0.0)
+        x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
         w_mask = k_ok[:, None] & n_ok[None, :]
-        packed = tl.load(w_cols + (k_even // 2)[:, None], mask=w_mask, other=0)  # (BLOCK_K/2, BN)
-        group = (k_even // GROUP_SIZE)[:, None]  # both codes of a byte are in one group (G even)
-        scale = tl.load(s_cols + group, mask=w_mask, other=0.0).to(tl.float32)
-        if HAS_ZEROS:
-            zero = tl.load(z_ptr + offs_n[None, :].to(tl.int64) * stride_sn + group, mask=w_mask,
-                           other=0).to(tl.int32)
+        packed = tl.load(w_cols + byte[:, None], mask=w_mask, other=0)  # (BLOCK_K / 2, BLOCK_N)
+        lo = (packed & 0xF).to(tl.int32)  # codes 0..15 of k = 2p and 2p + 1
+        hi = (packed >> 4).to(tl.int32)
+        if SCALE_AFTER:
+            # the slice lies in one group: one scale (and zero) per column, (1, BLOCK_N). The dot
+            # takes the integers q - z (exact in fp16/bf16) and the scale multiplies its fp32
+            # result: BLOCK_M x BLOCK_N multiplies per slice instead of one per weight
+            group = k0 // GROUP_SIZE
+            scale = tl.load(s_cols + group, mask=n_ok[None, :], other=0.0).to(tl.float32)
+            if HAS_ZEROS:
+                zero = tl.load(z_ptr + offs_n[None, :].to(tl.int64) * stride_sn + group,
+                               mask=n_ok[None, :], other=0).to(tl.int32)
+            else:
+                zero = 8  # symmetric codes: 0..15 stand for -8..7
+            part = tl.dot(x_even, (lo - zero).to(x_even.dtype))
+            part = tl.dot(x_odd, (hi - zero).to(x_even.dtype), part)
+            acc += part * scale
         else:
-            zero = 8  # symmetric codes: 0..15 stand for -8..7
-        # dequantise in registers: (code - zero) * scale, exact in fp32, rounded once to x's dtype
-        w_lo = (((packed & 0xF).to(tl.int32) - zero).to(tl.float32) * scale).to(x_even.dtype)
-        w_hi = (((packed >> 4).to(tl.int32) - zero).to(tl.float32) * scale).to(x_even.dtype)
-        acc = tl.dot(x_even, w_lo, acc)  # (BLOCK_M, BLOCK_K/2) x (BLOCK_K/2, BLOCK_N), fp32 sums
-        acc = tl.dot(x_odd, w_hi, acc)
+            # a slice spans several groups: a scale per element, by group index (both codes of
+            # a byte are in one group, G being even)
+            group = (k_even // GROUP_SIZE)[:, None]
+            scale = tl.load(s_cols + group, mask=w_mask, other=0.0).to(tl.float32)
+            if HAS_ZEROS:
+                zero = tl.load(z_ptr + offs_n[None, :].to(tl.int64) * stride_sn + group,
+                               mask=w_mask, other=0).to(tl.int32)
+            else:
+                zero = 8
+            # dequantise in registers: (code - zero) * scale, exact in fp32, rounded once
+            w_lo = ((lo - zero).to(tl.float32) * scale).to(x_even.dtype)
+            w_hi = ((hi - zero).to(tl.float32) * scale).to(x_even.dtype)
+            acc = tl.dot(x_even, w_lo, acc)  # (BLOCK_M, BLOCK_K/2) x (BLOCK_K/2, BLOCK_N)
+            acc = tl.dot(x_odd, w_hi, acc)
     # without split-K y is the output (x's dtype); with it, this split's fp32 slice of a workspace
     y_ptrs = y_ptr + pid_k * stride_ys + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -154,16 +178,19 @@ def _int4_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER_SPLIT,
 
 
 # --8<-- [start:config]
-def launch_config(m: int, n: int, k: int) -> dict:
-    """Blocks and warps for one (M, N, K). BLOCK_M is the smallest tile tl.dot takes (16) that
-    holds M up to 64: padding rows costs tensor-core work, which is free here, not bytes. BLOCK_K =
-    128 codes (64 bytes of each of BLOCK_N weight rows) per step; 4 stages keep 3 slices in flight,
-    the latency hiding a read-bound kernel lives on. Under the interpreter: small blocks, so the
-    tests cross tile edges in every direction."""
+def launch_config(m: int, n: int, k: int, g: int) -> dict:
+    """Blocks and warps for one (M, N, K) and group size G. BLOCK_M is the smallest tile tl.dot
+    takes (16) that holds M up to 64: padding rows costs tensor-core work, which is free here, not
+    bytes. BLOCK_K is the largest of 256, 128, 64, 32 codes that divides G, so that a slice lies in
+    one group and the scale is applied after the dot (SCALE_AFTER); 4 stages keep 3 slices in
+    flight, the latency hiding a read-bound kernel lives on. Under the interpreter: 64-deep slices
+    whatever G, so that the tests run both paths and cross tile edges in every direction."""
     if triton_interpreting():
         return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=1)
     block_m = min(64, max(16, triton.next_power_of_2(m)))
-    return dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
+    block_k = next((b for b in (256, 128, 64, 32) if g % b == 0), 128)
+    return dict(BLOCK_M=block_m, BLOCK_N=128 if m > 4 and m <= 16 else 64, BLOCK_K=block_k,
+                num_warps=4, num_stages=4)
 
 
 def auto_split_k(m: int, n: int, k: int, config: dict) -> int:
@@ -189,7 +216,7 @@ def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int)
                                 or split_k < 1):
         raise ValueError(f"int4_gemm: split_k must be an int >= 1 or None, got {split_k!r}")
-    config = launch_config(m, n, k)
+    config = launch_config(m, n, k, g)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
@@ -202,7 +229,8 @@ def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     _int4_gemm_kernel[grid](
         x, packed, scales, zeros if zeros is not None else scales, out, m, n, k, k_per_split,
         x.stride(0), packed.stride(0), scales.stride(0), out.stride(0) if split > 1 else 0,
-        out.stride(-2), GROUP_SIZE=g, HAS_ZEROS=zeros is not None, **config)
+        out.stride(-2), GROUP_SIZE=g, HAS_ZEROS=zeros is not None,
+        SCALE_AFTER=g % config["BLOCK_K"] == 0, **config)
     if split > 1:
         y.copy_(out.sum(dim=0))  # one sum in a fixed order: deterministic, unlike atomic adds
     return y
