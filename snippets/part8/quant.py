@@ -1,7 +1,8 @@
 """Weight quantisation for inference, in PyTorch on any device: int8 per output channel, int4 with
 group scales (optionally zero points) packed two to a byte, and three ways to choose the int4
 codes: round to nearest (RTN), GPTQ (Frantar et al., 2022) and AWQ (Lin et al., 2023). Then FP8
-(e4m3) for the KV cache, with per-head or per-token scales from the Part 6 FP8 chapter.
+(e4m3) for the KV cache, with per-head or per-token scales (the Part 6 FP8 chapter's per-block
+scaling, restated for the cache's blocks: a chapter imports only its own part and the foundation).
 
 Conventions (those of ``nn.Linear``): a weight ``w`` is (N, K), N output channels by K input
 channels, and a layer computes ``y = x @ w.T``. Groups run along K: a group of ``group_size``
@@ -17,8 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from snippets.part6.fp8 import E4M3, dequantize_blocks, format_facts, quantize_blocks
-
+E4M3 = torch.float8_e4m3fn  # 4 exponent bits, 3 mantissa bits, no infinities: max 448
 INT4_SYMMETRIC_ZERO = 8  # codes 0..15 stand for -8..7 when there is no zero point
 INT4_MAX_CODE = 15
 GROUP_SIZES = (32, 64, 128)  # the group sizes GPTQ and AWQ checkpoints use; any even divisor works
@@ -316,38 +316,37 @@ KV_GRANULARITIES = ("head", "token")
 
 def quantize_kv_fp8(kv: torch.Tensor, granularity: str = "head"):
     """(q, scales) for a K or V cache of shape (batch, heads, seq, head_dim) in e4m3: one fp32
-    scale per (batch, head) over all its tokens, or one per (batch, head, token). The scaling is
-    Part 6's quantize_blocks on a 2-D view: a block is one head's whole cache, or one token's
-    head_dim values. scales has shape (batch, heads, 1, 1) or (batch, heads, seq, 1)."""
-    if not isinstance(kv, torch.Tensor) or kv.dim() != 4:
-        raise ValueError("quantize_kv_fp8: kv must be a 4-D (batch, heads, seq, head_dim) tensor, "
-                         f"got {tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv)}")
+    scale per (batch, head) over all its tokens, or one per (batch, head, token). The Part 6
+    recipe of per-block scaling, with the cache's blocks: each block's largest magnitude maps to
+    e4m3's largest value (448), so nothing overflows and the most range is used. scales has shape
+    (batch, heads, 1, 1) or (batch, heads, seq, 1), and broadcasts against q."""
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or not kv.is_floating_point():
+        raise ValueError("quantize_kv_fp8: kv must be a floating-point 4-D (batch, heads, seq, "
+                         "head_dim) tensor, got "
+                         f"{tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv)}")
     if granularity not in KV_GRANULARITIES:
         raise ValueError(f"quantize_kv_fp8: granularity must be one of {KV_GRANULARITIES}, got "
                          f"{granularity!r}")
-    b, h, s, d = kv.shape
     if kv.numel() == 0:
         raise ValueError(f"quantize_kv_fp8: empty cache, shape {tuple(kv.shape)}")
-    rows, cols = (b * h, s * d) if granularity == "head" else (b * h * s, d)
-    q, scales = quantize_blocks(kv.reshape(rows, cols), (1, cols), E4M3)
-    shape = (b, h, 1, 1) if granularity == "head" else (b, h, s, 1)
-    return q.reshape(b, h, s, d), scales.reshape(shape)
+    dims = (2, 3) if granularity == "head" else (3,)
+    amax = kv.float().abs().amax(dim=dims, keepdim=True).clamp(min=1e-12)
+    scales = amax / torch.finfo(E4M3).max
+    return (kv.float() / scales).to(E4M3), scales
 
 
 def dequantize_kv_fp8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The fp32 cache q and scales stand for (Part 6's dequantize_blocks on the same view)."""
-    b, h, s, d = q.shape
-    per_token = scales.shape[2] == s and s > 1
-    rows, cols = (b * h * s, d) if per_token else (b * h, s * d)
-    return dequantize_blocks(q.reshape(rows, cols), scales.reshape(rows, 1)).reshape(b, h, s, d)
+    """The fp32 cache that q and its scales stand for."""
+    return q.float() * scales
 
 
 def kv_fp8_error_bound(kv: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The largest error e4m3 rounding allows per element: half a unit in the last place of a
-    3-bit mantissa (|x| * eps / 2) for normal values, plus half the smallest subnormal step
-    (scale * 2^-10) for values that land among the subnormals."""
-    f = format_facts(E4M3)
-    return kv.abs().float() * (f.eps / 2) + scales * (f.min_subnormal / 2)
+    3-bit mantissa (|x| * eps / 2, eps = 2^-3) for normal values, plus half the smallest subnormal
+    step (scale * 2^-10) for values that land among the subnormals."""
+    fi = torch.finfo(E4M3)
+    min_subnormal = fi.smallest_normal * fi.eps  # 2^-6 * 2^-3
+    return kv.abs().float() * (fi.eps / 2) + scales * (min_subnormal / 2)
 # --8<-- [end:kv_fp8]
 
 
