@@ -132,12 +132,10 @@ def _int4_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER_SPLIT,
         byte = tl.max_contiguous(tl.multiple_of(k0 // 2 + offs_p, BLOCK_K // 2), BLOCK_K // 2)
         k_even = 2 * byte  # (BLOCK_K / 2,); K is even, so k_even < k_hi covers k_even + 1
         k_ok = k_even < k_hi
-        # x's slice in one contiguous (vectorised) load, then split into its even and odd columns:
-        # the two halves of K that the low and high nibbles hold, (BLOCK_M, BLOCK_K / 2) each
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & (offs_k[None, :] < k_hi),
-                    other=0.0)
-        x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_K // 2, 2)))
+        # x's even and odd columns: the two halves of K that the low and high nibbles hold
+        x_mask = m_ok[:, None] & k_ok[None, :]
+        x_even = tl.load(x_rows + k_even[None, :], mask=x_mask, other=0.0)  # (BLOCK_M, BLOCK_K/2)
+        x_odd = tl.load(x_rows + k_even[None, :] + 1, mask=x_mask, other=0.0)
         w_mask = k_ok[:, None] & n_ok[None, :]
         packed = tl.load(w_cols + byte[:, None], mask=w_mask, other=0)  # (BLOCK_K / 2, BLOCK_N)
         lo = (packed & 0xF).to(tl.int32)  # codes 0..15 of k = 2p and 2p + 1
