@@ -16,9 +16,9 @@ from snippets.part8.quant import pack_int4, rtn_int4
 
 HALF = torch.bfloat16 if HAS_GPU else torch.float16
 # (M, N, K, G): M = 1, ragged M and N, K = 96 and 192 against the interpreter's BLOCK_K = 64 (and
-# the GPU's 128), every group size
+# the GPU's 128), every group size, and G = 48, which no power-of-two slice divides
 SHAPES = [(1, 64, 128, 32), (1, 37, 96, 32), (4, 40, 192, 64), (16, 96, 256, 128),
-          (33, 72, 96, 32), (64, 48, 384, 128)]
+          (33, 72, 96, 32), (64, 48, 384, 128), (3, 40, 144, 48)]
 
 
 def _operands(m, n, k, g, dtype=HALF, zero_point=False, seed=0):
@@ -60,6 +60,14 @@ def test_split_k_equals_no_split(split):
     one = ig.int4_gemm(x, packed, scales, zeros, split_k=1)
     torch.testing.assert_close(ig.int4_gemm(x, packed, scales, zeros, split_k=split), one,
                                rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.op("int4_gemm")
+def test_shapes_cover_both_dequantisation_paths():
+    """SHAPES runs the scale-after-the-dot path (BLOCK_K divides G) and the scale-per-element path
+    (it does not) with the launch configuration of this machine."""
+    after = {g % ig.launch_config(m, n, k, g)["BLOCK_K"] == 0 for m, n, k, g in SHAPES}
+    assert after == {True, False}  # G = 48 is the per-element case on a GPU too
 
 
 @pytest.mark.op("int4_gemm")
@@ -168,3 +176,16 @@ def test_gpu_sweep_shapes(m, dtype):
     for split in (1, None):
         _check(ig.int4_gemm(x, packed, scales, zeros, split_k=split), x, packed, scales, zeros,
                f"GPU M={m} {dtype} split_k={split}")
+
+
+@pytest.mark.gpu
+@pytest.mark.op("int4_gemm")
+@pytest.mark.parametrize("m", [1, 16])
+def test_gpu_per_element_scales(m):
+    """G = 48: no power-of-two BLOCK_K divides it, so the GPU runs the scale-per-element path."""
+    x, packed, scales, zeros = _operands(m, 1024, 48 * 43, 48, dtype=torch.bfloat16,
+                                         zero_point=True)
+    assert 48 % ig.launch_config(m, 1024, 48 * 43, 48)["BLOCK_K"] != 0
+    for split in (1, None):
+        _check(ig.int4_gemm(x, packed, scales, zeros, split_k=split), x, packed, scales, zeros,
+               f"GPU G=48 M={m} split_k={split}")

@@ -129,6 +129,24 @@ def test_awq_beats_rtn_with_salient_channels(zero_point):
     assert int(res.act_scale.argmax()) < 4
 
 
+def test_awq_scale_folds_into_the_previous_layer():
+    """prev -> (fold 1/s into prev) -> quantised (w * s) computes prev -> w_eff: the rescaling
+    costs no op at inference."""
+    g = _gen(16)
+    prev = torch.randn(128, 32, generator=g, dtype=torch.float64)  # the previous linear layer
+    w = torch.randn(48, 128, generator=g, dtype=torch.float64)
+    h = torch.randn(256, 32, generator=g, dtype=torch.float64)
+    h[:, :2] *= 20
+    res = qt.awq_int4(w, h @ prev.T, 64, True)
+    folded = qt.fold_awq_scale(prev, res.act_scale)
+    w_q = qt.dequantize_int4(res.codes, res.scales.double(), res.zeros)  # what the kernel reads
+    torch.testing.assert_close((h @ folded.T) @ w_q.T, (h @ prev.T) @ res.weight().T)
+    gain = torch.rand(128, generator=g, dtype=torch.float64) + 0.5  # or a norm's gain
+    torch.testing.assert_close(qt.fold_awq_scale(gain, res.act_scale) * res.act_scale, gain)
+    with pytest.raises(ValueError, match="fold_awq_scale"):
+        qt.fold_awq_scale(torch.ones(64), res.act_scale)
+
+
 def test_awq_without_outliers_gains_little():
     """With no salient channels every s_j is about equal: AWQ has nothing to protect."""
     w = torch.randn(32, 128, generator=_gen(13))

@@ -303,6 +303,17 @@ def awq_int4(w: torch.Tensor, x: torch.Tensor, group_size: int | None = 128,
             best = (alpha, codes, scales, zeros, s)
     alpha, codes, scales, zeros, s = best
     return AWQResult(codes, scales, zeros, s, alpha, errors)
+
+
+def fold_awq_scale(prev: torch.Tensor, act_scale: torch.Tensor) -> torch.Tensor:
+    """The op before the layer, with 1 / s folded in so that its output is already x / s: a norm's
+    gain (K,) is divided by s, a previous linear layer's weight (K, K_in) row by row. Nothing is
+    left to do at inference time."""
+    if prev.shape[0] != act_scale.shape[0] or prev.dim() not in (1, 2):
+        raise ValueError(f"fold_awq_scale: prev must be a (K,) gain or a (K, K_in) weight with K = "
+                         f"{act_scale.shape[0]}, got shape {tuple(prev.shape)}")
+    s = act_scale.to(prev.dtype)
+    return prev / (s if prev.dim() == 1 else s[:, None])
 # --8<-- [end:awq]
 
 
@@ -357,6 +368,7 @@ __all__ = [
     "dequantize_int4",
     "dequantize_int8",
     "dequantize_kv_fp8",
+    "fold_awq_scale",
     "gptq_int4",
     "int4_params",
     "int8_linear",
