@@ -14,6 +14,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 N=${KM_GPUS:-$(nvidia-smi -L | grep -c '^GPU')}
 RUN="torchrun --standalone --nproc-per-node $N"
+export KM_HANG_S=${KM_HANG_S:-40}  # a rank still running after this prints its stacks and exits
 nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
 echo "commit ${KM_COMMIT:-$(git rev-parse HEAD 2> /dev/null)} dirty ${KM_DIRTY:-?} gpus $N" \
   > "$OUT/provenance.txt"
@@ -24,9 +25,9 @@ step() {  # step NAME SECONDS COMMAND...
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "$name: rc $? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
-step sweep 150 $RUN -m snippets.part7.sweep --out "$OUT/sweep.json"
-step fast_allreduce 150 $RUN -m snippets.part7.fast_allreduce --out "$OUT/fast_allreduce.json"
-step pipeline 60 $RUN -m snippets.part7.pipeline --micro-batches 8
-step tensor_parallel 60 $RUN -m snippets.part7.tensor_parallel
-step context_parallel 60 $RUN -m snippets.part7.context_parallel
-step expert_parallel 60 $RUN -m snippets.part7.expert_parallel
+step sweep 100 $RUN -m snippets.part7.sweep --out "$OUT/sweep.json"
+step fast_allreduce 100 $RUN -m snippets.part7.fast_allreduce --out "$OUT/fast_allreduce.json"
+step pipeline 45 $RUN -m snippets.part7.pipeline --micro-batches 8
+step tensor_parallel 45 $RUN -m snippets.part7.tensor_parallel
+step context_parallel 45 $RUN -m snippets.part7.context_parallel
+step expert_parallel 45 $RUN -m snippets.part7.expert_parallel

@@ -22,7 +22,7 @@ def workload() -> None:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from snippets.registry import load_all
+    from snippets.op_index import load_all
 
     gen = torch.Generator().manual_seed(0)
     for op in load_all().values():

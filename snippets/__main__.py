@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("exercise", help="the book's self-checking exercises (exercises/): list | show ID | "
                                     "check ID [--solution | --planted NAME]")
     args = parser.parse_args(argv)
+    if args.cmd in ("bench", "report"):
+        from snippets.op_index import load_all
+        load_all()  # the harness and the report list what is registered: every op, first
 
     if args.cmd == "bench":
         from snippets.bench.harness import run
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         results = args.results or RESULTS_DIR
         print_report(report(results), args.json, stale_captures(results))
     else:
-        from snippets.registry import load_all
+        from snippets.op_index import load_all
         for name, op in load_all().items():
             impls = ", ".join(f"{i.name}={i.lang}" for i in op.impls.values())
             print(f"part {op.part}  {name:18s} {op.metric:8s} {impls}")

@@ -1300,7 +1300,7 @@ class Plan:
 
 def plan(op_name: str, version: str | None = None, results: dict | None = None) -> Plan:
     """The version to export (named, or the book's best), its roots and their closure."""
-    from snippets.registry import load_all
+    from snippets.op_index import load_all
 
     ops = load_all()
     if op_name not in ops:
@@ -1615,7 +1615,7 @@ def _refusal_main(op_name: str, version: str, size: str, dtype: str) -> list | N
 
     import torch
 
-    from snippets.registry import load_all
+    from snippets.op_index import load_all
 
     op = load_all()[op_name]
     t = Target(op, version, op.impls[version], Def("", ""))

@@ -279,8 +279,6 @@ OP_MODULES = (
     "snippets.part5.cross_entropy",
     "snippets.part5.flash_attention",
     "snippets.part5.lora",
-    "snippets.part8.decode_attention",
-    "snippets.part8.int4_gemm",
 )
 
 

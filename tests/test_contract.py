@@ -9,7 +9,8 @@ import torch
 import yaml
 
 from snippets import contract
-from snippets.registry import REPO_ROOT, Impl, Op, load_all
+from snippets.op_index import load_all
+from snippets.registry import REPO_ROOT, Impl, Op
 
 OPS = load_all()
 MARKDOWN = sorted([*(REPO_ROOT / "docs").glob("**/*.md"), REPO_ROOT / "README.md", REPO_ROOT / "CONTRIBUTING.md"])

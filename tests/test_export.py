@@ -27,7 +27,8 @@ import torch
 
 from snippets import export as E
 from snippets.bench.report import load_results
-from snippets.registry import REPO_ROOT, load_all
+from snippets.op_index import load_all
+from snippets.registry import REPO_ROOT
 
 OPS = load_all()
 NAMED = ["rmsnorm", "softmax", "layernorm", "cross_entropy", "matmul", "swiglu", "rope", "flash_attention_fwd"]

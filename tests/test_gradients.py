@@ -29,7 +29,8 @@ from helpers import assert_matches_reference
 
 from conftest import HAS_GPU
 from snippets.bench.harness import as_tuple
-from snippets.registry import load_all, size_key
+from snippets.op_index import load_all
+from snippets.registry import size_key
 
 OPS = load_all()
 # tried first: fp32 gives the gradient check its tightest tolerance; fp16 next (the interpreter has

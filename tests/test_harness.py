@@ -16,7 +16,8 @@ import torch
 from snippets import site
 from snippets.bench import harness, report
 from snippets.bench.timing import Timing, reps_for, rotation, time_host
-from snippets.registry import REPO_ROOT, load_all, size_key
+from snippets.op_index import load_all
+from snippets.registry import REPO_ROOT, size_key
 
 OPS = load_all()
 

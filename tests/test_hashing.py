@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from snippets import hashing
-from snippets.registry import REPO_ROOT, load_all
+from snippets.op_index import load_all
+from snippets.registry import REPO_ROOT
 
 OPS = load_all()
 

@@ -12,7 +12,8 @@ import torch
 from helpers import assert_matches_reference
 
 from conftest import HAS_GPU, skip_unavailable
-from snippets.registry import load_all, size_key
+from snippets.op_index import load_all
+from snippets.registry import size_key
 
 CASES = []
 for op in load_all().values():

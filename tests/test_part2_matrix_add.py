@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import snippets._checks as checks
 from conftest import DEVICE, poison_allocator
+from snippets.op_index import get_op
 from snippets.part2 import matrix_add as ma
-from snippets.registry import get_op
 
 CUDA_FNS = {"v1": ma.matrix_add_cuda, "v2": ma.matrix_add_cuda_column_major, "v4": ma.matrix_add_cuda_vec4}
 SHAPES = [(1, 1), (1, 300), (300, 1), (31, 33), (33, 31), (129, 257), (1023, 517), (4097, 3)]

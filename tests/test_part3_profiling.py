@@ -17,8 +17,8 @@ import torch
 from helpers import load_script
 
 from snippets.bench import captures
+from snippets.op_index import get_op
 from snippets.part3 import profiling as pf
-from snippets.registry import get_op
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NVCC = shutil.which("nvcc")

@@ -17,9 +17,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import snippets._checks as checks
 from conftest import DEVICE, poison_allocator, skip_unavailable
+from snippets.op_index import get_op
 from snippets.part4.softmax import online_softmax_numpy
 from snippets.part5 import flash_attention as fa
-from snippets.registry import get_op
 
 # (B, H, S, D, causal): one block, ragged tails of the query and key blocks, several heads, both masks
 SHAPES = [(1, 1, 1, 16, False), (1, 1, 16, 16, True), (2, 3, 33, 32, True), (1, 2, 47, 16, False),

@@ -21,7 +21,8 @@ from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 from snippets.bench import harness
-from snippets.registry import REPO_ROOT, dtype_name, load_all, size_key
+from snippets.op_index import load_all
+from snippets.registry import REPO_ROOT, dtype_name, size_key
 from snippets.site import render_page
 from snippets.site.figures import (
     MARKERS,

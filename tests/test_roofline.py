@@ -12,7 +12,8 @@ import torch
 
 from snippets.bench import roofline as rl
 from snippets.bench.report import load_results
-from snippets.registry import dtype_name, get_op, load_all, size_key
+from snippets.op_index import get_op, load_all
+from snippets.registry import dtype_name, size_key
 from snippets.site import roofline as site_rl
 
 OPS = load_all()

@@ -16,7 +16,8 @@ import torch
 
 from snippets import site
 from snippets.bench import harness, loc
-from snippets.registry import REPO_ROOT, Impl, load_all, size_key
+from snippets.op_index import load_all
+from snippets.registry import REPO_ROOT, Impl, size_key
 
 OPS = load_all()
 

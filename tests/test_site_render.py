@@ -14,7 +14,7 @@ import pytest
 from test_harness import fake_results
 
 from snippets import site
-from snippets.registry import load_all
+from snippets.op_index import load_all
 from snippets.site.fmt import short_size
 from snippets.site.tables import PROVENANCE_ENDINGS, gpu_short, origin_of
 

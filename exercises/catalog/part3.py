@@ -26,7 +26,7 @@ def _check_metrics(run: Run) -> None:
     with run.case("roofline() against two GPUs' peaks", hint=hint):
         compare.functions("roofline", getattr(mine, "roofline", None), ref.roofline, _ROOF)
     with run.case("for_op() on the registry's vector_add and sgemm cost models", hint=hint):
-        from snippets.registry import load_all
+        from snippets.op_index import load_all
 
         ops = load_all()  # registers every op (a fresh process has none yet)
         for name, ms in (("vector_add", 0.9), ("sgemm", 2.5)):

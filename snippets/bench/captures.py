@@ -148,7 +148,7 @@ def capture_hash(name: str, params: dict | None = None, root: Path = REPO_ROOT) 
     modules = {m for m in modules if m != "snippets.bench.captures" and not m.startswith("snippets.bench.captures.")}
     names = []
     if prod.impls is not None:
-        from snippets.registry import load_all
+        from snippets.op_index import load_all
 
         ops = load_all()
         for op, version in prod.impls(params or {}):

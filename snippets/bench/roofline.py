@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from snippets.bench.report import headline_records, stale_impls
-from snippets.registry import Op, Size, get_op, load_all
+from snippets.op_index import get_op, load_all
+from snippets.registry import Op, Size
 
 # The compute roof that applies to an op's arithmetic: by the op's own ceiling when it is a GEMM rate (a
 # tensor-core op knows which one it competes with), else by the dtype it is timed in.

@@ -83,7 +83,8 @@ class RingAllReduce:
                     work.wait()                        # this piece has arrived: add it while
                 piece += buf                           # the next ones are still on the wire
         for step in range(self.p - 1):                 # all-gather: the sums travel round
-            for work in self._exchange(self._chunk(flat, r - step), self._chunk(flat, r - step - 1)):
+            mine, theirs = self._chunk(flat, r - step), self._chunk(flat, r - step - 1)
+            for work in self._exchange(mine, theirs):
                 work.wait()
         return x
 # --8<-- [end:ring]
@@ -103,7 +104,8 @@ class OneShotAllReduce:
         if dtype not in SUM_DTYPES:
             raise TypeError(f"OneShotAllReduce: dtype {dtype} is not one the sums take")
         if not isinstance(max_numel, int) or max_numel < 1:
-            raise ValueError(f"OneShotAllReduce: max_numel must be a positive int, got {max_numel!r}")
+            raise ValueError("OneShotAllReduce: max_numel must be a positive int, got "
+                             f"{max_numel!r}")
         import torch.distributed._symmetric_memory as symm_mem
 
         group = group or dist.group.WORLD
@@ -167,9 +169,10 @@ def _library_one_shot(x: torch.Tensor, group_name: str):
 
 
 def measure(big: list[int], small: list[int], iters: int, warmup: int,
-            dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
-    """Time NCCL's all-reduce, the ring (``big`` sizes, bytes) and the one-shot (``small``) in one
-    run, checking each result against NCCL's first."""
+            dtype: torch.dtype = torch.bfloat16,
+            pieces: tuple[int, ...] = (1, 4)) -> dict[str, Any]:
+    """Time NCCL's all-reduce, the ring (``big`` sizes, bytes; once per count of ``pieces``) and
+    the one-shot (``small``) in one run, checking each result against NCCL's first."""
     p, rank = dist.get_world_size(), dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device())
     records: list[dict[str, Any]] = []
@@ -189,13 +192,13 @@ def measure(big: list[int], small: list[int], iters: int, warmup: int,
         x = inputs(nbytes)
         want = x.clone()
         dist.all_reduce(want)
-        ring = RingAllReduce(x.shape, dtype, device)
-        got = ring(x.clone())
-        if not torch.equal(got, want):     # small integers: every order of addition is exact
-            raise AssertionError(f"RingAllReduce differs from NCCL at {nbytes} bytes")
         y = x.clone()
         record("nccl", "library", nbytes, _time(lambda: dist.all_reduce(y), iters, warmup))
-        record("ring", "book", nbytes, _time(lambda: ring(y), iters, warmup))
+        for k in pieces:
+            ring = RingAllReduce(x.shape, dtype, device, pieces=k)
+            if not torch.equal(ring(x.clone()), want):   # small integers: every order is exact
+                raise AssertionError(f"RingAllReduce differs from NCCL at {nbytes} bytes")
+            record(f"ring/pieces={k}", "book", nbytes, _time(lambda: ring(y), iters, warmup))
     for nbytes in small:
         x = inputs(nbytes)
         want = x.clone()
@@ -228,11 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--pieces", type=int, default=4)
+    ap.add_argument("--pieces", default="1,2,4,8", help="the ring's piece counts to time")
     args = ap.parse_args(argv)
     rank, world = init_from_env(timeout_s=600)
     result = measure(sizes_between(1 << 20, 1 << 30), sizes_between(1 << 10, 1 << 21),
-                     args.iters, args.warmup)
+                     args.iters, args.warmup,
+                     pieces=tuple(int(k) for k in args.pieces.split(",") if k))
     result["provenance"] = provenance(dist.get_backend(), world)
     dist.destroy_process_group()
     if rank == 0:

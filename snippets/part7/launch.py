@@ -16,6 +16,7 @@ environment.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import pickle
 import queue
@@ -203,8 +204,12 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600) -> tuple[i
     backend = default_backend(local_world) if backend is None else backend
     if backend not in BACKENDS:
         raise ValueError(f"init_from_env: backend must be one of {BACKENDS}, got {backend!r}")
+    device_id = None
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
+        device_id = torch.device("cuda", local_rank)   # NCCL need not guess the rank's GPU
+    if os.environ.get("KM_HANG_S"):   # debugging a hang: every thread's stack after that long
+        faulthandler.dump_traceback_later(float(os.environ["KM_HANG_S"]), exit=True)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device_id,
                             timeout=datetime.timedelta(seconds=timeout_s))
     return rank, world_size

@@ -616,7 +616,9 @@ def train_dtensor(rank: int, world_size: int, steps: int = 10,
     device = device_for(rank)
     mesh = init_device_mesh(torch.device(device).type, (world_size,))
     model = dtensor_parallel(tiny_transformer(seed, dtype).to(device), mesh, sp=sp)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    # foreach=False: the model mixes DTensor (parallel) and plain (replicated) parameters, which the
+    # multi-tensor update used by default on CUDA refuses ("mixed torch.Tensor and DTensor")
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, foreach=False)
     losses = []
     for step in range(steps):
         tokens, targets = (t.to(device) for t in tiny_batch(step, batch, seq_len))

@@ -47,6 +47,7 @@ from snippets._checks import (
     check_int,
     check_scalar,
     check_tensors,
+    refuse_grad,
     triton_device,
     triton_interpreting,
 )
@@ -376,6 +377,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=No
     """Decode attention over a paged cache (shapes in the module docstring). ``num_splits`` 1 is
     v1; more is v2 with that many chunks per sequence, None lets :func:`default_splits` choose.
     ``use_dot`` forces the tensor-core path (True) or the multiply-and-sum path (False)."""
+    refuse_grad("paged_decode_attention", q, k_cache, v_cache, instead="paged_attention_sdpa")
     scale = check_decode_inputs("paged_decode_attention", q, k_cache, v_cache, block_tables,
                                 seq_lens, scale)
     if num_splits is None:
@@ -394,6 +396,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=No
 def paged_attention_triton(q, k_cache, v_cache, block_tables, seq_lens):
     """v1, as the harness times it: the shape checks, not the content checks (see
     check_decode_inputs)."""
+    refuse_grad("paged_attention_triton", q, k_cache, v_cache, instead="paged_attention_sdpa")
     scale = check_decode_inputs("paged_attention_triton", q, k_cache, v_cache, block_tables,
                                 seq_lens, contents=False)
     return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
@@ -403,6 +406,7 @@ def paged_attention_split(q, k_cache, v_cache, block_tables, seq_lens):
     """v2, as the harness times it, with the default chunk count; where that is one chunk (a
     batch large enough to fill the GPU), v1's single launch, since partial results and a merge
     would only add work."""
+    refuse_grad("paged_attention_split", q, k_cache, v_cache, instead="paged_attention_sdpa")
     scale = check_decode_inputs("paged_attention_split", q, k_cache, v_cache, block_tables,
                                 seq_lens, contents=False)
     splits = default_splits(q.shape[0], k_cache.shape[2],

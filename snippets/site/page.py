@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from snippets.bench.report import RESULTS_DIR, load_results
-from snippets.registry import load_all
+from snippets.op_index import load_all
 from snippets.site.fmt import _args
 
 DIRECTIVE = re.compile(r"^([ \t]*)<!--\s*bench:(\w+)(.*?)-->[ \t]*$", re.MULTILINE)
@@ -125,10 +125,16 @@ def _diagram(c: Ctx) -> str:
     return render_diagram(c.pos, c.kw)
 
 
+def _dist(c: Ctx) -> str:
+    from snippets.site.distributed import render_dist
+
+    return render_dist(c.pos, c.results_dir)
+
+
 RENDERERS: dict[str, Callable[[Ctx], str]] = {
     "summary": _summary, "ceilings": _ceilings, "output": _output, "roofline": _roofline, "sweep": _sweep,
     "versus": _versus, "goal": _goal, "timeline": _timeline, "table": _table, "headline": _headline,
-    "plot": _plot, "ladder": _ladder, "export": _export, "diagram": _diagram,
+    "plot": _plot, "ladder": _ladder, "export": _export, "diagram": _diagram, "dist": _dist,
 }
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 
 from snippets.bench.roofline import ROOF_LABEL, ridge_point, roofline_points
-from snippets.registry import dtype_name, load_all
+from snippets.registry import dtype_name
+from snippets.op_index import load_all
 from snippets.site.figures import (GREY, Drawn, figure_html, figure_key, legend_below, new_figure,
                                    num, plain_log_ticks, series_styles, size_label, style_axes)
 from snippets.site.tables import gpu_short

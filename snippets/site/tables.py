@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 from snippets.bench.report import RESULTS_DIR, headline_records, report, stale_impls
-from snippets.registry import Op, load_all, size_key
+from snippets.registry import Op, size_key
+from snippets.op_index import load_all
 from snippets.site.fmt import _cname, _fmt_ms, _fmt_size, _gib, _slug, short_size
 
 

@@ -1,0 +1,120 @@
+"""Multi-GPU results of Part 7, kept like every other measurement: with their provenance (GPU model,
+world size, topology, torch and NCCL versions, commit, date) and the derived hash of the code that
+produced them, so that they go stale when that code changes.
+
+One file per GPU model and world size, ``benchmarks/results/distributed/<gpu>-x<world>.json``::
+
+    {"schema": 1, "gpu": "NVIDIA H200", "world_size": 2, "topology": "nvidia-smi topo -m ...",
+     "runs": {"sweep": {"module", "commit", "source_hash", "provenance", "records", "fits"},
+              "fast_allreduce": {...}}}
+
+A run's records are what its module wrote (``snippets.part7.sweep``: NCCL's collectives over sizes;
+``snippets.part7.fast_allreduce``: the book's ring and one-shot all-reduces against NCCL's).
+``scripts/part7_gpus.sh OUTDIR`` produces them on a GPU machine;
+
+    python -m snippets.bench.distributed record OUTDIR --commit C [--root CHECKOUT]
+
+files them here (``--root``: a checkout of commit C, whose code the hash is taken of).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from snippets.hashing import derived_hash
+from snippets.registry import REPO_ROOT
+
+SCHEMA = 1
+DIST_DIR = REPO_ROOT / "benchmarks" / "results" / "distributed"
+RUNS = {"sweep": "snippets.part7.sweep", "fast_allreduce": "snippets.part7.fast_allreduce"}
+# the world sizes Part 7's chapters report; a size with no file renders as not measured yet
+WORLD_SIZES = (2, 4)
+
+
+def slug(gpu: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+
+
+def source_hash(run: str, root: Path = REPO_ROOT) -> str:
+    """The derived hash of the code a run depends on: its module's import closure and the timer."""
+    if run not in RUNS:
+        raise ValueError(f"source_hash: run must be one of {sorted(RUNS)}, got {run!r}")
+    return derived_hash([RUNS[run]], root=root)
+
+
+def record(outdir: Path, commit: str, root: Path = REPO_ROOT, dest: Path = DIST_DIR) -> Path:
+    """File the runs found in ``outdir`` (``<run>.json`` and ``topology.txt``) into ``dest``."""
+    found = {run: Path(outdir) / f"{run}.json" for run in RUNS}
+    found = {run: p for run, p in found.items() if p.is_file()}
+    if not found:
+        raise FileNotFoundError(f"record: no {', '.join(f'{r}.json' for r in RUNS)} in {outdir}")
+    entries = {}
+    for run, path in found.items():
+        data = json.loads(path.read_text())
+        prov = data["provenance"]
+        if not prov.get("gpu"):
+            raise ValueError(f"record: {path} was not measured on GPUs (backend "
+                             f"{prov.get('backend')}): a CPU dry run is not a result")
+        entries[run] = {"module": RUNS[run], "commit": commit,
+                        "source_hash": source_hash(run, root),
+                        **{k: v for k, v in data.items()}}
+    gpus = {(e["provenance"]["gpu"], e["provenance"]["world_size"]) for e in entries.values()}
+    if len(gpus) != 1:
+        raise ValueError(f"record: the runs in {outdir} come from different machines: {gpus}")
+    ((gpu, world),) = gpus
+    topo = Path(outdir) / "topology.txt"
+    topology = topo.read_text() if topo.is_file() else entries[next(iter(entries))][
+        "provenance"].get("topology")
+    target = Path(dest) / f"{slug(gpu)}-x{world}.json"
+    data = (json.loads(target.read_text()) if target.is_file()
+            else {"schema": SCHEMA, "gpu": gpu, "world_size": world, "runs": {}})
+    data["topology"] = _plain(topology or "")
+    data["runs"].update(entries)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(data, indent=1) + "\n")
+    return target
+
+
+def _plain(text: str) -> str:
+    """Terminal text without its escape sequences (nvidia-smi underlines its header)."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def load(dest: Path = DIST_DIR) -> list[dict[str, Any]]:
+    """Every filed machine, by GPU then world size."""
+    files = sorted(Path(dest).glob("*.json")) if Path(dest).is_dir() else []
+    data = [json.loads(p.read_text()) for p in files]
+    return sorted(data, key=lambda d: (d["gpu"], d["world_size"]))
+
+
+def fresh(run: str, entry: dict[str, Any], root: Path = REPO_ROOT) -> bool:
+    return entry.get("source_hash") == source_hash(run, root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record", help="file the runs of OUTDIR into benchmarks/results/distributed")
+    r.add_argument("outdir", type=Path)
+    r.add_argument("--commit", required=True)
+    r.add_argument("--root", type=Path, default=REPO_ROOT,
+                   help="a checkout of the commit measured (default: this tree)")
+    sub.add_parser("list", help="what is filed, and whether it is fresh")
+    args = ap.parse_args(argv)
+    if args.cmd == "record":
+        print(record(args.outdir, args.commit, args.root))
+        return 0
+    for data in load():
+        for run, entry in data["runs"].items():
+            state = "fresh" if fresh(run, entry) else "stale"
+            print(f"{data['gpu']} x{data['world_size']} {run}: {state} "
+                  f"(commit {entry['commit'][:7]}, {entry['provenance']['date']})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,195 @@
+"""``<!-- bench:dist WHAT [ARG] -->``: Part 7's multi-GPU results (snippets/bench/distributed.py).
+
+- ``bench:dist topology``: ``nvidia-smi topo -m`` of every machine measured;
+- ``bench:dist sweep OP``: NCCL's OP over message sizes, per machine: time, algorithm and bus
+  bandwidth, and the error of the alpha-beta model fitted to the whole sweep;
+- ``bench:dist ring``: the book's ring all-reduce against NCCL's, bus bandwidth per size, and its
+  goal at 256 MiB (``RING_GOAL``, a fraction of NCCL's per world size);
+- ``bench:dist one_shot``: the book's one-shot all-reduce against NCCL's and PyTorch's one-shot
+  kernel, latency per size, and its goal at 256 KiB on 2 GPUs (``ONE_SHOT_GOAL``, a ratio to NCCL).
+
+Every table says which world sizes have no measurement yet, and marks a stale run as stale.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from snippets.bench.distributed import WORLD_SIZES, fresh, load, slug
+
+# the goals Part 7 sets (specifications, not measurements): the ring's bus bandwidth as a
+# fraction of NCCL's at 256 MiB per world size; the one-shot's latency as a ratio to NCCL's at
+# 256 KiB on 2 GPUs; the alpha-beta model's worst relative error over the whole sweep
+RING_GOAL = {2: 0.90, 4: 0.85}
+ONE_SHOT_GOAL = 0.7
+MODEL_GOAL = 0.15
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
+def _machines(results_dir: Path) -> list[dict[str, Any]]:
+    return load(Path(results_dir) / "distributed")
+
+
+def _heading(m: dict[str, Any], run: str, what: str) -> tuple[str, str]:
+    """The line above a machine's table (directive ``what``) and its provenance footnote."""
+    e = m["runs"][run]
+    p = e["provenance"]
+    label = f"dist-{what}-{slug(m['gpu'])}-x{m['world_size']}"
+    state = "" if fresh(run, e) else (" **Stale**: the code that produced it has changed since; "
+                                      "re-run scripts/part7_gpus.sh.")
+    note = (f"[^{label}]: {m['world_size']} x {p['gpu']}, torch {p['torch']}, NCCL {p['nccl']}, "
+            f"NVLink multicast off; commit {e['commit'][:7]}, {p['date']}; "
+            f"`python -m snippets.bench.distributed list` says whether it is fresh.{state}")
+    stale = " (stale)" if state else ""
+    return f"**{m['world_size']} x {p['gpu']}**{stale}[^{label}]", note
+
+
+def _missing(machines: list[dict[str, Any]], run: str) -> str:
+    have = {m["world_size"] for m in machines if run in m["runs"]}
+    lacking = [w for w in WORLD_SIZES if w not in have]
+    if not lacking:
+        return ""
+    names = " and ".join(f"{w} GPUs" for w in lacking)
+    return (f"Not measured yet on {names}: the runner with that many GPUs has not been "
+            "available; `bash scripts/part7_gpus.sh OUT` on such a machine measures it.")
+
+
+def render_topology(results_dir: Path) -> str:
+    machines = [m for m in _machines(results_dir) if m.get("topology")]
+    if not machines:
+        return "*No multi-GPU machine measured yet.*"
+    out = []
+    for m in machines:
+        out.append(f"`nvidia-smi topo -m` on the {m['world_size']} x {m['gpu']} machine:\n")
+        out.append("```text\n" + m["topology"].rstrip() + "\n```")
+    return "\n\n".join(out)
+
+
+def render_sweep(op: str, results_dir: Path) -> str:
+    machines = [m for m in _machines(results_dir) if "sweep" in m["runs"]]
+    out, notes = [], []
+    for m in machines:
+        e = m["runs"]["sweep"]
+        rows = [r for r in e["records"] if r["op"] == op]
+        if not rows:
+            continue
+        fit = next((f for f in e.get("fits", []) if f["op"] == op and "alpha_s" in f), None)
+        head, note = _heading(m, "sweep", f"sweep-{op}")
+        notes.append(note)
+        lines = [head, "", "| message | time (µs) | algbw (GB/s) | busbw (GB/s) | model error |",
+                 "|--:|--:|--:|--:|--:|"]
+        for r in rows:
+            err = ""
+            if fit:
+                pred = fit["alpha_s"] + r["bytes"] / fit["beta_bytes_per_s"]
+                err = f"{100 * (pred - r['seconds']) / r['seconds']:+.0f}%"
+            lines.append(f"| {_size(r['bytes'])} | {r['seconds'] * 1e6:.1f} | "
+                         f"{r['algbw'] / 1e9:.1f} | {r['busbw'] / 1e9:.1f} | {err} |")
+        if fit:
+            worst = 100 * fit["max_rel_error"]
+            verdict = "met" if fit["max_rel_error"] <= MODEL_GOAL else "not met"
+            lines += ["", f"Fitted over the whole sweep: \\(\\alpha\\) = "
+                      f"{fit['alpha_s'] * 1e6:.1f} µs, \\(\\beta\\) = "
+                      f"{fit['beta_bytes_per_s'] / 1e9:.0f} GB/s; worst error {worst:.0f}% "
+                      f"(goal: within {MODEL_GOAL:.0%} over the whole sweep: **{verdict}**)."]
+        out.append("\n".join(lines))
+    missing = _missing(machines, "sweep")
+    if missing:
+        out.append(missing)
+    return "\n\n".join(out + notes) if out else "*Not measured yet.*"
+
+
+def _by(records: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, Any]]]:
+    table: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in records:
+        if "seconds" in r:
+            table.setdefault(r["bytes"], {})[r["impl"]] = r
+    return table
+
+
+def render_ring(results_dir: Path) -> str:
+    machines = [m for m in _machines(results_dir) if "fast_allreduce" in m["runs"]]
+    out, notes = [], []
+    for m in machines:
+        e = m["runs"]["fast_allreduce"]
+        table = {n: v for n, v in _by(e["records"]).items() if "nccl" in v and any(
+            k.startswith("ring") for k in v)}
+        if not table:
+            continue
+        rings = sorted({k for v in table.values() for k in v if k.startswith("ring")})
+        head, note = _heading(m, "fast_allreduce", "ring")
+        notes.append(note)
+        cols = " | ".join(f"book {k} (GB/s)" for k in rings)
+        lines = [head, "", f"| message | NCCL busbw (GB/s) | {cols} | best book / NCCL |",
+                 "|--:|--:|" + "--:|" * len(rings) + "--:|"]
+        for n in sorted(table):
+            v = table[n]
+            best = max(v[k]["busbw"] for k in rings if k in v)
+            cells = " | ".join(f"{v[k]['busbw'] / 1e9:.0f}" if k in v else "" for k in rings)
+            lines.append(f"| {_size(n)} | {v['nccl']['busbw'] / 1e9:.0f} | {cells} | "
+                         f"{best / v['nccl']['busbw']:.2f} |")
+        at = table.get(256 << 20)
+        if at:
+            best = max(at[k]["busbw"] for k in rings if k in at) / at["nccl"]["busbw"]
+            goal = RING_GOAL.get(m["world_size"], min(RING_GOAL.values()))
+            verdict = "met" if best >= goal else "not met"
+            lines += ["", f"Goal at 256 MiB on {m['world_size']} GPUs: the book's ring at "
+                      f"\\(\\ge\\) {goal:.0%} of NCCL's bus bandwidth: {best:.1%}, **{verdict}**."]
+        out.append("\n".join(lines))
+    missing = _missing(machines, "fast_allreduce")
+    if missing:
+        out.append(missing)
+    return "\n\n".join(out + notes) if out else "*Not measured yet.*"
+
+
+def render_one_shot(results_dir: Path) -> str:
+    machines = [m for m in _machines(results_dir) if "fast_allreduce" in m["runs"]]
+    out, notes = [], []
+    for m in machines:
+        e = m["runs"]["fast_allreduce"]
+        table = {n: v for n, v in _by(e["records"]).items() if "one_shot" in v and "nccl" in v}
+        if not table:
+            continue
+        head, note = _heading(m, "fast_allreduce", "one-shot")
+        notes.append(note)
+        lines = [head, "", "| message | NCCL (µs) | book one-shot (µs) | PyTorch one-shot, "
+                 "library (µs) | book / NCCL |", "|--:|--:|--:|--:|--:|"]
+        for n in sorted(table):
+            v = table[n]
+            lib = f"{v['torch_one_shot']['seconds'] * 1e6:.1f}" if "torch_one_shot" in v else "–"
+            lines.append(f"| {_size(n)} | {v['nccl']['seconds'] * 1e6:.1f} | "
+                         f"{v['one_shot']['seconds'] * 1e6:.1f} | {lib} | "
+                         f"{v['one_shot']['seconds'] / v['nccl']['seconds']:.2f} |")
+        at = table.get(256 << 10)
+        if at and m["world_size"] == 2:
+            ratio = at["one_shot"]["seconds"] / at["nccl"]["seconds"]
+            verdict = "met" if ratio <= ONE_SHOT_GOAL else "not met"
+            lines += ["", "Goal at 256 KiB on 2 GPUs: the book's one-shot at \\(\\le\\) "
+                      f"{ONE_SHOT_GOAL}x NCCL's latency: {ratio:.2f}x, **{verdict}**."]
+        out.append("\n".join(lines))
+    missing = _missing(machines, "fast_allreduce")
+    if missing:
+        out.append(missing)
+    return "\n\n".join(out + notes) if out else "*Not measured yet.*"
+
+
+def render_dist(pos: list[str], results_dir: Path) -> str:
+    what = pos[0] if pos else ""
+    if what == "topology":
+        return render_topology(results_dir)
+    if what == "sweep":
+        if len(pos) < 2:
+            raise ValueError("bench:dist sweep needs an op (all_reduce, all_gather, ...)")
+        return render_sweep(pos[1], results_dir)
+    if what == "ring":
+        return render_ring(results_dir)
+    if what == "one_shot":
+        return render_one_shot(results_dir)
+    raise ValueError(f"bench:dist takes topology, sweep OP, ring or one_shot; got {what!r}")
