@@ -7,6 +7,9 @@
   shows (Part 3's measuring chapter). Nothing else of ``snippets.bench`` (the harness, reports), and
   never the site, the exporter, the hashing or another part: what two chapters share moves to
   ``snippets.common``.
+- One exception, ``CAPSTONE``: ``snippets.part8.capstone``, the book's last chapter, builds a model
+  from the kernels of Part 5 and Part 8 and may import those two parts. It is the one module meant
+  to stand on the whole book; no other module is granted this.
 - ``snippets.common`` imports only the foundation, other ``snippets.common`` modules and the timer
   (a shared ceiling measures with it), never a chapter.
 - No module of ``snippets`` imports an underscore name from another module (``from snippets.x import
@@ -33,6 +36,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SNIPPETS = REPO_ROOT / "snippets"
 FOUNDATION = ("snippets", "snippets.registry", "snippets._checks", "snippets.cuda")
 CHAPTER_TOOLING = ("snippets.bench.timing",)  # the timer: ceilings and the measuring chapters
+# the one module allowed to import other parts (see the module docstring): module -> parts
+CAPSTONE = {"snippets.part8.capstone": ("snippets.part5", "snippets.part8")}
 # (module, private name of another module) still used; see the module docstring
 KNOWN_PRIVATE: set[tuple[str, str]] = set()
 # packages whose modules share underscore helpers among themselves (not with other packages)
@@ -77,6 +82,8 @@ def imports(path: Path) -> list[tuple[int, str, str | None]]:
 
 def allowed(importer: str, imported: str) -> bool:
     if imported in FOUNDATION or imported.startswith("snippets.common"):
+        return True
+    if any(imported == p or imported.startswith(f"{p}.") for p in CAPSTONE.get(importer, ())):
         return True
     part = importer.split(".")[1]
     if part.startswith("part"):

@@ -1,0 +1,539 @@
+"""The capstone: a Llama-style decoder built from the book's kernels, with a prefill and a paged
+decode loop.
+
+This is the one module meant to stand on the whole book: it imports Part 5's kernels (RMSNorm,
+RoPE, SwiGLU, FlashAttention) and Part 8's paged cache and decode attention, an exception the
+import rule (tests/test_import_rule.py, ``CAPSTONE``) grants to this module only.
+
+The model (Llama 3's layout, random weights from a seed, nothing downloaded):
+
+    x = embed[tokens]
+    for each of n_layers blocks:
+        h = rmsnorm(x) ; q, k, v = h Wq, h Wk, h Wv ; q, k = rope(q, k)
+        x = x + attention(q, k, v) Wo               (grouped-query: n_heads / n_kv_heads per kv head)
+        h = rmsnorm(x) ; x = x + swiglu(h Wg, h Wu) Wd
+    logits = rmsnorm(x) W_lm
+
+Two backends run the same weights: ``"torch"`` (the PyTorch references of the ops) and ``"book"``
+(the kernels): Part 5's ``rmsnorm_triton``, ``rope_triton``, ``swiglu_triton`` and
+``attention_triton`` (causal, for the prompt), Part 8's ``paged_decode_attention`` (one new token
+per sequence, through the block tables). The matrix products are cuBLAS's in both (``@``): the
+kernels of the book that replace them (Part 4's matmul, Part 8's int4 GEMM) are exercises.
+
+``generate`` prefills a batch of prompts of one length, then decodes token by token with one
+:class:`~snippets.part8.kv_cache.PagedKVCache` per layer (the layers allocate blocks in lockstep,
+so their block tables are equal and one copy serves them all), greedily or by seeded sampling.
+``profile_decode`` times each component of a decode step (CUDA events on a GPU; on a CPU the same
+structure with a wall clock, for the tests only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+
+from snippets._checks import check_int, check_scalar, triton_interpreting
+from snippets.part5 import flash_attention as fa
+from snippets.part5 import rmsnorm as rn
+from snippets.part5 import rope as rp
+from snippets.part5 import swiglu as sw
+from snippets.part8 import decode_attention as da
+from snippets.part8.kv_cache import ContiguousKVCache, PagedKVCache
+
+BACKENDS = ("torch", "book")
+CACHES = ("paged", "contiguous")
+EPS = 1e-6          # Llama's RMSNorm epsilon, as Part 5's kernel uses
+BLOCK_SIZE = 16     # tokens per cache block: vLLM's default page, as in the decode-attention chapter
+
+
+# --8<-- [start:config]
+@dataclass(frozen=True)
+class Config:
+    """The sizes of a Llama-style decoder. ``head_dim = dim // n_heads``; every ``n_heads /
+    n_kv_heads`` query heads share one kv head (grouped-query attention)."""
+
+    vocab: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    max_seq: int
+    rope_base: float = rp.BASE
+
+    def __post_init__(self):
+        for f in fields(self):
+            if f.name != "rope_base":
+                check_int(f"Config: {f.name}", getattr(self, f.name), 1)
+        if not check_scalar("Config: rope_base", self.rope_base) > 1:
+            raise ValueError(f"Config: rope_base must be > 1, got {self.rope_base}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"Config: dim ({self.dim}) must be a multiple of n_heads "
+                             f"({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"Config: n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
+                             f"({self.n_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"Config: head_dim = dim / n_heads = {self.head_dim} must be even "
+                             "(RoPE rotates pairs)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def n_params(self) -> int:
+        """Weights: embedding and LM head (untied), per layer the four attention projections,
+        the three MLP matrices and two norm gains, and the final norm."""
+        kv = self.n_kv_heads * self.head_dim
+        layer = 2 * self.dim * self.dim + 2 * self.dim * kv + 3 * self.dim * self.ffn_dim
+        return 2 * self.vocab * self.dim + self.n_layers * (layer + 2 * self.dim) + self.dim
+
+
+TINY = Config(vocab=64, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=64, max_seq=64)
+SMALL = Config(vocab=32000, dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_dim=2048,
+               max_seq=2048)                                     # about 125M parameters
+LLAMA_1B = Config(vocab=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192,
+                  max_seq=8192)                                  # Llama 3.2 1B's shapes
+LLAMA_8B = Config(vocab=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336,
+                  max_seq=8192)                                  # Llama 3 8B's shapes
+CONFIGS = {"tiny": TINY, "small": SMALL, "llama_1b": LLAMA_1B, "llama_8b": LLAMA_8B}
+# --8<-- [end:config]
+
+
+# --8<-- [start:weights]
+class Llama(torch.nn.Module):
+    """Random weights from ``seed``: projections with std 1/sqrt(fan_in) (activations stay of
+    order one through the blocks), embeddings with std 1, norm gains near one. Drawn in float32
+    on the CPU, so the same seed gives the same model on every device and in every dtype."""
+
+    def __init__(self, cfg: Config, seed: int = 0, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> None:
+        super().__init__()
+        if not isinstance(cfg, Config):
+            raise TypeError(f"Llama: cfg must be a Config, got {type(cfg).__name__}")
+        check_int("Llama: seed", seed, 0)
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise TypeError(f"Llama: dtype must be float32, float16 or bfloat16, got {dtype}")
+        self.cfg = cfg
+        gen = torch.Generator().manual_seed(seed)
+
+        def param(*shape, std=None, gain=False):
+            t = torch.randn(*shape, generator=gen)
+            t = 1.0 + 0.1 * t if gain else t * (std if std else 1 / math.sqrt(shape[-1]))
+            return torch.nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)
+
+        d, kv = cfg.dim, cfg.n_kv_heads * cfg.head_dim
+        self.embed = param(cfg.vocab, d, std=1.0)
+        self.layers = torch.nn.ModuleList()
+        for _ in range(cfg.n_layers):
+            layer = torch.nn.Module()
+            layer.attn_norm, layer.mlp_norm = param(d, gain=True), param(d, gain=True)
+            layer.wq, layer.wk, layer.wv = param(d, d), param(kv, d), param(kv, d)
+            layer.wo = param(d, d)
+            layer.wg, layer.wu = param(cfg.ffn_dim, d), param(cfg.ffn_dim, d)
+            layer.wd = param(d, cfg.ffn_dim)
+            self.layers.append(layer)
+        self.norm = param(d, gain=True)
+        self.lm_head = param(cfg.vocab, d)
+        cos, sin = rp.rope_tables(cfg.max_seq, cfg.head_dim, dtype=dtype, device=device,
+                                  base=cfg.rope_base)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, S, vocab) of a whole sequence, no cache, torch backend: what ONNX exports
+        and what the cached paths are checked against."""
+        return _prefill(self, tokens, OPS["torch"], None)
+# --8<-- [end:weights]
+
+
+# --------------------------------------------------------------------------------------------------
+# The ops of each backend
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:attention_ref]
+def causal_gqa_attention(q, k, v):
+    """q (B, H, S, D), k and v (B, Hkv, S, D): softmax(q k^T / sqrt(D), causal) v, each kv head
+    repeated for its H / Hkv query heads. Plain matrix products and a mask: the torch backend's
+    prefill attention, and a graph ONNX can export."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    s = q.shape[2]
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+# --8<-- [end:attention_ref]
+
+
+# --8<-- [start:backends]
+def _book_prefill_attention(q, k, v):
+    """Part 5's FlashAttention (causal). It has no grouped-query path, so each kv head is repeated
+    for its query heads first: a copy of K and V the size of the prompt's (an exercise)."""
+    g = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(g, dim=1).contiguous()
+    v = v.repeat_interleave(g, dim=1).contiguous()
+    return fa.attention_triton(q.contiguous(), k, v, causal=True)
+
+
+OPS = {   # backend -> the four ops a block needs besides the matrix products
+    "torch": {"norm": rn.rmsnorm_ref, "rope": rp.rope_ref, "glu": sw.swiglu_ref,
+              "prefill_attention": causal_gqa_attention, "decode_attention": da.paged_attention_ref},
+    "book": {"norm": rn.rmsnorm_triton, "rope": rp.rope_triton, "glu": sw.swiglu_triton,
+             "prefill_attention": _book_prefill_attention,
+             "decode_attention": lambda q, kc, vc, t, n: da.paged_decode_attention(
+                 q, kc, vc, t, n, num_splits=None)},
+}
+# --8<-- [end:backends]
+
+
+def _check_backend(name: str, model: Llama, backend: str) -> dict:
+    if not isinstance(model, Llama):
+        raise TypeError(f"{name}: model must be a Llama, got {type(model).__name__}")
+    if backend not in BACKENDS:
+        raise ValueError(f"{name}: backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "book":
+        d = model.cfg.head_dim
+        if d not in fa.HEAD_DIMS:
+            raise ValueError(f"{name}: the book backend needs head_dim in {fa.HEAD_DIMS} "
+                             f"(FlashAttention's), got {d}")
+        want = "cpu" if triton_interpreting() else "cuda"
+        if model.embed.device.type != want:
+            raise ValueError(f"{name}: the book backend runs its kernels on {want} here, but the "
+                             f"model is on {model.embed.device}")
+    return OPS[backend]
+
+
+def _check_tokens(name: str, model: Llama, tokens: torch.Tensor, dims: int) -> None:
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long:
+        raise TypeError(f"{name}: tokens must be an int64 tensor, got "
+                        f"{getattr(tokens, 'dtype', type(tokens).__name__)}")
+    if tokens.dim() != dims or tokens.numel() == 0:
+        raise ValueError(f"{name}: tokens must be a non-empty {dims}-D tensor, got shape "
+                         f"{tuple(tokens.shape)}")
+    if tokens.device != model.embed.device:
+        raise ValueError(f"{name}: tokens are on {tokens.device}, the model on "
+                         f"{model.embed.device}")
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= model.cfg.vocab:
+        raise ValueError(f"{name}: token ids must be in [0, {model.cfg.vocab}), got [{lo}, {hi}]")
+
+
+# --------------------------------------------------------------------------------------------------
+# The cache of a whole model
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:cache]
+class ModelCache:
+    """One KV cache per layer, ``"paged"`` (Part 8's PagedKVCache, read by decode attention through
+    block tables) or ``"contiguous"`` (ContiguousKVCache, a slot of max_seq tokens per sequence;
+    the torch backend only, as the check that paging changes nothing). Sequences are 0 .. B-1."""
+
+    def __init__(self, model: Llama, batch: int, kind: str = "paged") -> None:
+        if kind not in CACHES:
+            raise ValueError(f"ModelCache: kind must be one of {CACHES}, got {kind!r}")
+        cfg, w = model.cfg, model.embed
+        self.kind, self.seqs = kind, list(range(check_int("ModelCache: batch", batch, 1)))
+        args = (cfg.n_kv_heads, cfg.head_dim)
+        if kind == "paged":
+            per_seq = -(-cfg.max_seq // BLOCK_SIZE)
+            self.layers = [PagedKVCache(batch * per_seq, BLOCK_SIZE, *args, per_seq,
+                                        dtype=w.dtype, device=w.device)
+                           for _ in range(cfg.n_layers)]
+        else:
+            self.layers = [ContiguousKVCache(batch, cfg.max_seq, *args, dtype=w.dtype,
+                                             device=w.device) for _ in range(cfg.n_layers)]
+        for c in self.layers:
+            for s in self.seqs:
+                c.add_sequence(s)
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """K and V of new tokens, each (B, T, Hkv, D), after each sequence's last."""
+        c = self.layers[layer]
+        for b in self.seqs:
+            for t in range(k.shape[1]):
+                c.append(b, k[b, t], v[b, t])
+
+    def tables(self):
+        """(block_tables, seq_lens) of the batch; every layer's tables are layer 0's."""
+        return self.layers[0].block_tables(self.seqs)
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length[0]
+# --8<-- [end:cache]
+
+
+# --------------------------------------------------------------------------------------------------
+# Prefill and decode
+# --------------------------------------------------------------------------------------------------
+
+def _null(name: str):
+    return contextlib.nullcontext()
+
+
+# --8<-- [start:prefill]
+def prefill(model: Llama, tokens: torch.Tensor, backend: str = "torch",
+            cache: ModelCache | None = None) -> tuple[torch.Tensor, ModelCache | None]:
+    """The prompt ``tokens`` (B, S) in one pass: logits (B, S, vocab), and each layer's K and V
+    (after RoPE) written to ``cache`` if one is given. Attention is causal over the prompt."""
+    ops = _check_backend("prefill", model, backend)
+    _check_tokens("prefill", model, tokens, 2)
+    if tokens.shape[1] > model.cfg.max_seq:
+        raise ValueError(f"prefill: prompt of {tokens.shape[1]} tokens exceeds max_seq "
+                         f"{model.cfg.max_seq}")
+    return _prefill(model, tokens, ops, cache), cache
+
+
+def _prefill(model: Llama, tokens: torch.Tensor, ops: dict, cache: ModelCache | None):
+    """prefill on checked inputs: the logits."""
+    cfg = model.cfg
+    b, s = tokens.shape
+    h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    cos, sin = model.cos[:s], model.sin[:s]
+    x = model.embed[tokens]                                              # (B, S, dim)
+    for i, layer in enumerate(model.layers):
+        a = ops["norm"](x, layer.attn_norm)
+        q = (a @ layer.wq.T).view(b, s, h, d)
+        k = (a @ layer.wk.T).view(b, s, hkv, d)
+        v = (a @ layer.wv.T).view(b, s, hkv, d)
+        q, k = ops["rope"](q, k, cos, sin)                               # (B, S, heads, D)
+        if cache is not None:
+            cache.append(i, k, v)
+        o = ops["prefill_attention"](q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        x = x + o.transpose(1, 2).reshape(b, s, h * d) @ layer.wo.T
+        m = ops["norm"](x, layer.mlp_norm)
+        x = x + ops["glu"](m @ layer.wg.T, m @ layer.wu.T) @ layer.wd.T
+    return ops["norm"](x, model.norm) @ model.lm_head.T
+# --8<-- [end:prefill]
+
+
+# --8<-- [start:decode]
+def decode_step(model: Llama, tokens: torch.Tensor, cache: ModelCache, backend: str = "torch",
+                timer: Callable = _null) -> torch.Tensor:
+    """One new token per sequence, ``tokens`` (B,), at position ``cache.length``: logits (B, vocab).
+    Its K and V join the cache; attention reads the whole cache through the block tables.
+    ``timer(name)`` wraps each component (see :func:`profile_decode`)."""
+    ops = _check_backend("decode_step", model, backend)
+    _check_tokens("decode_step", model, tokens, 1)
+    if not isinstance(cache, ModelCache) or len(cache.seqs) != tokens.shape[0]:
+        raise ValueError(f"decode_step: cache must be a ModelCache of batch {tokens.shape[0]}")
+    if backend == "book" and cache.kind != "paged":
+        raise ValueError("decode_step: the book backend reads a paged cache, got "
+                         f"{cache.kind!r}")
+    cfg = model.cfg
+    pos = cache.length
+    if pos >= cfg.max_seq:
+        raise ValueError(f"decode_step: position {pos} is past max_seq {cfg.max_seq}")
+    b, h, hkv, d = tokens.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    cos, sin = model.cos[pos:pos + 1], model.sin[pos:pos + 1]
+    with timer("embed"):
+        x = model.embed[tokens][:, None]                                 # (B, 1, dim)
+    tables = None
+    for i, layer in enumerate(model.layers):
+        with timer("norm"):
+            a = ops["norm"](x, layer.attn_norm)
+        with timer("qkv"):
+            q = (a @ layer.wq.T).view(b, 1, h, d)
+            k = (a @ layer.wk.T).view(b, 1, hkv, d)
+            v = (a @ layer.wv.T).view(b, 1, hkv, d)
+        with timer("rope"):
+            q, k = ops["rope"](q, k, cos, sin)
+        with timer("cache"):
+            cache.append(i, k, v)
+            if tables is None and cache.kind == "paged":
+                tables = cache.tables()                # one host-to-device copy a step
+        with timer("attention"):
+            o = _decode_attention(ops, cache, i, q[:, 0], tables)        # (B, H, D)
+        with timer("o_proj"):
+            x = x + o.reshape(b, 1, h * d) @ layer.wo.T
+        with timer("norm"):
+            m = ops["norm"](x, layer.mlp_norm)
+        with timer("mlp"):
+            gate, up = m @ layer.wg.T, m @ layer.wu.T
+        with timer("swiglu"):
+            c = ops["glu"](gate, up)
+        with timer("mlp"):
+            x = x + c @ layer.wd.T
+    with timer("norm"):
+        x = ops["norm"](x, model.norm)
+    with timer("lm_head"):
+        return (x @ model.lm_head.T)[:, 0]
+# --8<-- [end:decode]
+
+
+def _decode_attention(ops, cache: ModelCache, layer: int, q, tables):
+    """The paged kernel (or reference) on layer ``layer``'s blocks; on a contiguous cache, the
+    reference attention of each sequence's gathered K and V (every cached token is visible)."""
+    c = cache.layers[layer]
+    if cache.kind == "paged":
+        return ops["decode_attention"](q, c.k, c.v, *tables)
+    out = torch.empty_like(q)
+    for s in cache.seqs:
+        k, v = c.gather(s)                                               # (n, Hkv, D) views
+        g = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(g, dim=1).transpose(0, 1)                # (H, n, D)
+        v = v.repeat_interleave(g, dim=1).transpose(0, 1)
+        p = torch.softmax((k @ q[s][:, :, None])[:, :, 0] / math.sqrt(q.shape[-1]), dim=-1)
+        out[s] = (p[:, None, :] @ v)[:, 0]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Generation
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:generate]
+def pick(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
+    """The next token of each row: argmax at temperature 0, else a draw from softmax(logits / T)
+    with the seeded generator (on the CPU, so a seed gives the same draws on every device)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=gen)[:, 0].to(logits.device)
+
+
+def generate(model: Llama, prompt: torch.Tensor, max_new_tokens: int, backend: str = "torch",
+             temperature: float = 0.0, seed: int = 0, cache: str = "paged",
+             forced: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Prefill ``prompt`` (B, S), then decode ``max_new_tokens`` tokens one at a time. Returns the
+    new tokens (B, max_new_tokens) and the logits (B, vocab) each token was picked from.
+    ``forced`` (B, max_new_tokens) feeds given tokens instead of picked ones (teacher forcing:
+    two backends scored on the same sequence)."""
+    _check_backend("generate", model, backend)
+    _check_tokens("generate", model, prompt, 2)
+    n = check_int("generate: max_new_tokens", max_new_tokens, 1)
+    t = check_scalar("generate: temperature", temperature)
+    if not t >= 0:
+        raise ValueError(f"generate: temperature must be >= 0, got {temperature}")
+    check_int("generate: seed", seed, 0)
+    b, s = prompt.shape
+    if s + n - 1 > model.cfg.max_seq:
+        raise ValueError(f"generate: {s} prompt tokens + {n} new exceed max_seq "
+                         f"{model.cfg.max_seq}")
+    if forced is not None:
+        _check_tokens("generate: forced", model, forced, 2)
+        if tuple(forced.shape) != (b, n):
+            raise ValueError(f"generate: forced must have shape ({b}, {n}), got "
+                             f"{tuple(forced.shape)}")
+    gen = torch.Generator().manual_seed(seed)
+    kv = ModelCache(model, b, cache)
+    with torch.no_grad():
+        logits = prefill(model, prompt, backend, kv)[0][:, -1]
+        out, seen = [], [logits]
+        for i in range(n):
+            tok = pick(logits, t, gen) if forced is None else forced[:, i]
+            out.append(tok)
+            if i + 1 < n:   # the last token's K and V are never needed
+                logits = decode_step(model, tok, kv, backend)
+                seen.append(logits)
+    return torch.stack(out, dim=1), seen
+# --8<-- [end:generate]
+
+
+# --------------------------------------------------------------------------------------------------
+# Where the time goes
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:profile]
+class SectionTimer:
+    """``timer(name)`` as a context manager, summing each name's time over a step. On a GPU it
+    records a pair of CUDA events around each section (no synchronisation inside the step; the
+    times are read after one at the end); elsewhere a wall clock, which gives the structure of
+    the table but no GPU time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object, object]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+        else:
+            start = time.perf_counter()
+            yield
+            end = time.perf_counter()
+        self.marks.append((name, start, end))
+
+    def totals_ms(self) -> dict[str, float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        for name, start, end in self.marks:
+            ms = start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+            out[name] = out.get(name, 0.0) + ms
+        return out
+
+
+def profile_decode(model: Llama, batch: int, context: int, backend: str = "book",
+                   steps: int = 5, warmup: int = 2, seed: int = 0) -> dict[str, float]:
+    """Mean time of each component of a decode step, in ms, for ``batch`` sequences with
+    ``context`` tokens already cached (a random prompt, prefilled first): ``warmup`` untimed steps
+    (compilation, autotuning), then ``steps`` timed ones. The components: embed, norm (all
+    RMSNorms), qkv, rope, cache (the appends and the block tables), attention, o_proj, mlp (the
+    three MLP products), swiglu, lm_head."""
+    _check_backend("profile_decode", model, backend)
+    check_int("profile_decode: batch", batch, 1)
+    check_int("profile_decode: context", context, 1)
+    check_int("profile_decode: steps", steps, 1)
+    check_int("profile_decode: warmup", warmup, 0)
+    if context + warmup + steps > model.cfg.max_seq:
+        raise ValueError(f"profile_decode: context {context} + {warmup + steps} steps exceed "
+                         f"max_seq {model.cfg.max_seq}")
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(model.cfg.vocab, (batch, context), generator=gen)
+    kv = ModelCache(model, batch, "paged")
+    totals: dict[str, float] = {}
+    with torch.no_grad():
+        tok = prefill(model, prompt.to(model.embed.device), backend, kv)[0][:, -1].argmax(-1)
+        for i in range(warmup + steps):
+            timer = SectionTimer(model.embed.device)
+            tok = decode_step(model, tok, kv, backend, timer).argmax(-1)
+            if i >= warmup:
+                for name, ms in timer.totals_ms().items():
+                    totals[name] = totals.get(name, 0.0) + ms / steps
+    return totals
+
+
+def format_profile(totals: dict[str, float]) -> str:
+    """One line per component, largest first, with its share of the step."""
+    whole = sum(totals.values())
+    lines = [f"{'component':<10} {'ms':>9} {'share':>7}"]
+    for name, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
+        lines.append(f"{name:<10} {ms:9.3f} {ms / whole:7.1%}")
+    lines.append(f"{'step':<10} {whole:9.3f} {1:7.1%}")
+    return "\n".join(lines)
+# --8<-- [end:profile]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m snippets.part8.capstone --config llama_1b --batch 1 --context 1024``: print
+    where the time of a decode step goes (on a GPU, bf16)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--config", choices=sorted(CONFIGS), default="llama_1b")
+    p.add_argument("--backend", choices=BACKENDS, default="book")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=5)
+    args = p.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = Llama(CONFIGS[args.config], dtype=dtype, device=device)
+    print(f"{args.config}, {args.backend}, batch {args.batch}, context {args.context}, {dtype}, "
+          f"{device}")
+    print(format_profile(profile_decode(model, args.batch, args.context, args.backend,
+                                        steps=args.steps)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The capstone decoder: the book backend (Part 5's kernels, Part 8's paged decode attention, under
+Triton's interpreter on a CPU) generates the torch backend's tokens in float32 with logits within
+fp32 rounding; the cached decode (paged or contiguous) gives the logits of the whole sequence run
+again without a cache, at every position; seeded sampling is reproducible; bad configurations and
+arguments raise before any work. On a GPU, a ~125M configuration in bf16: the book backend's
+logits are as close to an fp32 reference as the torch backend's, and their greedy tokens agree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import DEVICE
+from snippets.part8 import capstone as cp
+
+NEW = 8
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = cp.Llama(cp.TINY, seed=0, device=DEVICE)
+    prompt = torch.randint(cp.TINY.vocab, (2, 5), generator=torch.Generator().manual_seed(1))
+    return model, prompt.to(DEVICE)
+
+
+@pytest.fixture(scope="module")
+def torch_run(tiny):
+    model, prompt = tiny
+    return cp.generate(model, prompt, NEW, "torch")
+
+
+def _close(got, want, atol, what):
+    for i, (g, w) in enumerate(zip(got, want)):
+        torch.testing.assert_close(g, w, rtol=0, atol=atol, msg=f"{what}, step {i}")
+
+
+def test_book_backend_generates_the_torch_tokens(tiny, torch_run):
+    """Greedy, float32: the same 8 tokens for both sequences, logits within fp32 rounding. The
+    smallest top-1 margin is asserted too, so that equal tokens are not an accident of ties."""
+    model, prompt = tiny
+    want_tokens, want_logits = torch_run
+    tokens, logits = cp.generate(model, prompt, NEW, "book")
+    assert torch.equal(tokens, want_tokens)
+    _close(logits, want_logits, 2e-5, "book vs torch")
+    margin = min(float((lg.topk(2).values[:, 0] - lg.topk(2).values[:, 1]).min())
+                 for lg in want_logits)
+    assert margin > 1e-3
+
+
+def test_cached_decode_equals_the_whole_sequence_without_a_cache(tiny, torch_run):
+    """Each decode step's logits equal those of the model run on the prompt and the tokens so far
+    with no cache (a RoPE position or a cache write off by one breaks this); the contiguous cache
+    gives the paged cache's tokens and logits."""
+    model, prompt = tiny
+    tokens, logits = torch_run
+    with torch.no_grad():
+        full = model(torch.cat([prompt, tokens], dim=1))
+    s = prompt.shape[1]
+    _close(logits, [full[:, s - 1 + i] for i in range(NEW)], 1e-5, "cached vs uncached")
+    c_tokens, c_logits = cp.generate(model, prompt, NEW, "torch", cache="contiguous")
+    assert torch.equal(c_tokens, tokens)
+    _close(c_logits, logits, 1e-6, "contiguous vs paged")
+
+
+def test_paged_decode_kernel_matches_the_contiguous_cache(tiny):
+    """The book backend (paged kernel) scored on a given continuation (teacher forcing) against the
+    torch backend on a contiguous cache: the same logits at every step."""
+    model, prompt = tiny
+    forced = torch.randint(cp.TINY.vocab, (2, NEW), generator=torch.Generator().manual_seed(5))
+    forced = forced.to(DEVICE)
+    got = cp.generate(model, prompt, NEW, "book", forced=forced)
+    want = cp.generate(model, prompt, NEW, "torch", cache="contiguous", forced=forced)
+    assert torch.equal(got[0], forced) and torch.equal(want[0], forced)
+    _close(got[1], want[1], 2e-5, "paged kernel vs contiguous")
+
+
+def test_layers_allocate_in_lockstep(tiny):
+    """One copy of the block tables serves every layer: the layers' tables are equal."""
+    model, prompt = tiny
+    kv = cp.ModelCache(model, 2)
+    with torch.no_grad():
+        cp.prefill(model, torch.cat([prompt] * 4, dim=1), "torch", kv)   # 20 tokens: 2 blocks
+    tables = [c.tables for c in kv.layers]
+    assert all(t == tables[0] for t in tables) and len(tables[0][0]) == 2
+    assert kv.length == 20
+
+
+def test_sampling_is_seeded(tiny):
+    """Temperature 1: the same seed gives the same tokens (and the book backend the torch
+    backend's), another seed other tokens."""
+    model, prompt = tiny
+    a = cp.generate(model, prompt, NEW, "torch", temperature=1.0, seed=3)[0]
+    assert torch.equal(a, cp.generate(model, prompt, NEW, "torch", temperature=1.0, seed=3)[0])
+    assert not torch.equal(a, cp.generate(model, prompt, NEW, "torch", temperature=1.0,
+                                          seed=4)[0])
+    assert torch.equal(a, cp.generate(model, prompt, NEW, "book", temperature=1.0, seed=3)[0])
+
+
+def test_profile_has_every_component(tiny):
+    """The profile's structure (on a CPU the times are wall clock and mean nothing for a GPU)."""
+    model, _ = tiny
+    totals = cp.profile_decode(model, batch=1, context=4, backend="torch", steps=2, warmup=1)
+    assert set(totals) == {"embed", "norm", "qkv", "rope", "cache", "attention", "o_proj", "mlp",
+                           "swiglu", "lm_head"}
+    assert all(v > 0 for v in totals.values())
+    table = cp.format_profile(totals)
+    assert table.splitlines()[-1].startswith("step") and "attention" in table
+
+
+def test_config_sizes():
+    """The parameter counts the chapter quotes."""
+    assert 120e6 < cp.SMALL.n_params() < 130e6
+    assert 7.9e9 < cp.LLAMA_8B.n_params() < 8.1e9          # Llama 3 8B: 8.03e9
+    assert 1.4e9 < cp.LLAMA_1B.n_params() < 1.6e9          # 1.24e9 with the head tied to embed
+
+
+BAD_CONFIGS = [
+    (dict(n_heads=4, n_kv_heads=3), "multiple of n_kv_heads"),
+    (dict(dim=30, n_heads=4), "multiple of n_heads"),
+    (dict(dim=36, n_heads=4, n_kv_heads=2), "must be even"),
+    (dict(n_layers=0), "n_layers must be >= 1"),
+    (dict(rope_base=1.0), "rope_base"),
+]
+
+
+@pytest.mark.parametrize("change, message", BAD_CONFIGS)
+def test_bad_config_raises(change, message):
+    base = dict(vocab=64, dim=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=64, max_seq=64)
+    with pytest.raises(ValueError, match=message):
+        cp.Config(**{**base, **change})
+
+
+def test_bad_arguments_raise(tiny, monkeypatch):
+    """Refused before any kernel runs: every Triton op of the book backend is replaced by one that
+    fails the test if called."""
+    model, prompt = tiny
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a kernel was launched for bad input")
+
+    monkeypatch.setitem(cp.OPS, "book", dict.fromkeys(cp.OPS["book"], boom))
+    with pytest.raises(TypeError, match="n_heads must be a Python int"):
+        cp.Config(vocab=64, dim=32, n_layers=2, n_heads=2.0, n_kv_heads=1, ffn_dim=64,
+                  max_seq=64)
+    odd = cp.Llama(cp.Config(vocab=16, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=16,
+                             max_seq=16), device=DEVICE)
+    with pytest.raises(ValueError, match="head_dim in"):
+        cp.generate(odd, prompt, 2, "book")
+    cases = [
+        (dict(backend="tritonn"), ValueError, "backend must be one of"),
+        (dict(prompt=prompt + 100), ValueError, r"token ids must be in \[0, 64\)"),
+        (dict(prompt=prompt.int()), TypeError, "int64"),
+        (dict(prompt=prompt[0]), ValueError, "2-D"),
+        (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
+        (dict(max_new_tokens=70), ValueError, "exceed max_seq"),
+        (dict(temperature=-1.0), ValueError, "temperature must be >= 0"),
+        (dict(cache="ring"), ValueError, "kind must be one of"),
+        (dict(forced=prompt), ValueError, "forced must have shape"),
+    ]
+    for change, error, message in cases:
+        args = dict(model=model, prompt=prompt, max_new_tokens=4, backend="book")
+        with pytest.raises(error, match=message):
+            cp.generate(**{**args, **change})
+    with pytest.raises(ValueError, match="book backend reads a paged cache"):
+        cp.decode_step(model, prompt[:, 0], cp.ModelCache(model, 2, "contiguous"), "book")
+
+
+# ---------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+def test_gpu_small_model_bf16():
+    """~125M parameters, bf16, a batch of 4 prompts of 100 tokens, 32 new tokens. The torch
+    backend's greedy continuation is scored by both backends in bf16 (teacher forcing, so one
+    flipped token does not make the rest differ) against the torch backend in fp32: the book's
+    error is at most twice torch's bf16 error plus a little, and their argmax agrees at nine
+    steps in ten or more."""
+    cfg, n = cp.SMALL, 32
+    prompt = torch.randint(cfg.vocab, (4, 100), generator=torch.Generator().manual_seed(0))
+    prompt = prompt.cuda()
+    ref = cp.Llama(cfg, seed=0, dtype=torch.float32, device="cuda")
+    tokens, want = cp.generate(ref, prompt, n, "torch")
+    del ref
+    model = cp.Llama(cfg, seed=0, dtype=torch.bfloat16, device="cuda")
+    _, book = cp.generate(model, prompt, n, "book", forced=tokens)
+    _, torch_bf16 = cp.generate(model, prompt, n, "torch", forced=tokens)
+    want, book, torch_bf16 = (torch.stack(x).float() for x in (want, book, torch_bf16))
+    assert not book.isnan().any()
+    err_book = (book - want).abs().max().item()
+    err_torch = (torch_bf16 - want).abs().max().item()
+    assert err_book <= 2 * err_torch + 0.05, (err_book, err_torch)
+    agree = (book.argmax(-1) == torch_bf16.argmax(-1)).float().mean().item()
+    assert agree >= 0.9, agree
+    # the book backend's own greedy run starts as the fp32 one does
+    first = cp.generate(model, prompt, 1, "book")[0]
+    assert (first == tokens[:, :1]).float().mean().item() >= 0.75
