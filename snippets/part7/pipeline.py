@@ -236,21 +236,29 @@ def timeline_mermaid(timeline: Timeline, title: str = "") -> str:
 
 
 # --8<-- [start:exchange]
-def _exchange(sends: list, recv, group) -> list:
-    """Post the pending sends [(tensor, group rank)] and the receive (tensor, group rank) or None
-    as one batch. With a receive, wait for all of them (the stage needs its input); without one,
-    return the sends' handles to wait for later. One batch, because NCCL runs the p2p operations of
-    a pair of ranks in the order they are posted: stage s sending an activation up while stage
-    s + 1 sends a gradient down, each then receiving, can wait on each other forever."""
-    ops = [dist.P2POp(dist.isend, t, group=group, group_peer=peer) for t, peer in sends]
+def _exchange(sends: list, recv, lanes) -> list:
+    """Post the pending sends [(tensor, group rank, lane)] one by one, then the receive (tensor,
+    group rank, lane) or None, and wait for the receive (the stage needs its input); return the
+    sends' handles, to wait for at the end of the step. ``lanes`` holds two process groups over the
+    same ranks: activations travel in lane 0, gradients in lane 1. NCCL carries out the messages of
+    one communicator between two ranks in the order they are posted, on one stream: with a single
+    lane, stage s sending an activation up while stage s + 1 sends a gradient down, each then
+    receiving, could wait on each other forever. In two lanes each direction has its own
+    communicator and stream, and within a lane both sides post their messages in the same order
+    (activations by forward order, gradients by backward order), one message per call."""
+    works = [dist.isend(t, group=lanes[lane], group_dst=peer) for t, peer, lane in sends]
     if recv is not None:
-        ops.append(dist.P2POp(dist.irecv, recv[0], group=group, group_peer=recv[1]))
-    works = dist.batch_isend_irecv(ops) if ops else []
-    if recv is None:
-        return works
-    for work in works:
-        work.wait()
-    return []
+        tensor, peer, lane = recv
+        dist.irecv(tensor, group=lanes[lane], group_src=peer).wait()
+    return works
+
+
+def pipeline_lanes(group=None) -> tuple:
+    """The two process groups (activations, gradients) that ``run_schedule`` sends over, on the
+    ranks of ``group``; a collective call: every rank of the world must make it."""
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    return dist.new_group(ranks), dist.new_group(ranks)
+# --8<-- [end:exchange]
 # --8<-- [end:exchange]
 
 
@@ -293,12 +301,14 @@ def _input_problem(stage, rank, p, actions, tokens, targets, m) -> str | None:
 
 # --8<-- [start:run_schedule]
 def run_schedule(stage: StageModule, actions: Sequence[Action], tokens: torch.Tensor,
-                 targets: torch.Tensor, m: int, group=None, delay_s=0.0) -> dict:
+                 targets: torch.Tensor, m: int, group=None, delay_s=0.0, lanes=None) -> dict:
     """Run this rank's ``actions`` of one step: rank s of ``group`` is stage s. Every rank passes
     the whole batch's ``tokens`` and ``targets`` (batch, seq); the first stage reads the tokens of
     micro-batch i, the last its targets. The gradients of the mean loss over the batch are
     accumulated in ``stage``'s ``.grad`` (each micro-batch's mean loss divided by m).
 
+    ``lanes``: the two process groups of ``pipeline_lanes(group)`` (made here when None, which
+    costs two group creations per call: a training loop makes them once).
     ``delay_s`` (seconds, or a pair for F and B) is added to every action, a stand-in for compute
     on a machine whose stages are too small to time. Returns ``{"losses"}`` (the last stage's
     per-micro-batch losses, else []), ``"spans"`` (kind, mb, start, end) in seconds from the start,
@@ -312,6 +322,7 @@ def run_schedule(stage: StageModule, actions: Sequence[Action], tokens: torch.Te
     shape = None if problem else (tokens.shape[0] // m, tokens.shape[1], stage.dim)
     _agree_on_shapes("run_schedule", group, dtype, problem or (*shape, m))   # checked everywhere
     tokens_mb, targets_mb = tokens.to(device).chunk(m), targets.to(device).chunk(m)
+    lanes = pipeline_lanes(group) if lanes is None else lanes
 
     inputs, outputs, losses, spans = {}, {}, {}, []
     pending: list = []            # sends produced by the last action, posted with the next receive
@@ -324,8 +335,8 @@ def run_schedule(stage: StageModule, actions: Sequence[Action], tokens: torch.Te
                 x, recv = tokens_mb[i], None
             else:
                 x = torch.empty(shape, device=device, dtype=dtype)
-                recv = (x, rank - 1)
-            in_flight += _exchange(pending, recv, group)
+                recv = (x, rank - 1, 0)
+            in_flight += _exchange(pending, recv, lanes)
             pending = []
             if not first:
                 x.requires_grad_()
@@ -335,24 +346,24 @@ def run_schedule(stage: StageModule, actions: Sequence[Action], tokens: torch.Te
                 losses[i] = lm_loss(nn.Identity(), out, targets_mb[i])
                 out = losses[i] / m                     # the mean over the whole batch
             else:
-                pending.append((out.detach(), rank + 1))
+                pending.append((out.detach(), rank + 1, 0))
             inputs[i], outputs[i] = x, out
             peak = max(peak, len(outputs))
             delay = f_delay
         else:
             grad = None if last else torch.empty(shape, device=device, dtype=dtype)
-            in_flight += _exchange(pending, None if last else (grad, rank + 1), group)
+            in_flight += _exchange(pending, None if last else (grad, rank + 1, 1), lanes)
             pending = []
             t0 = _clock(device)
             torch.autograd.backward(outputs.pop(i), grad)    # into the .grad of this stage
             x = inputs.pop(i)
             if not first:
-                pending.append((x.grad, rank - 1))
+                pending.append((x.grad, rank - 1, 1))
             delay = b_delay
         if delay:
             time.sleep(delay)
         spans.append((kind, i, t0 - start, _clock(device) - start))
-    for work in in_flight + _exchange(pending, None, group):
+    for work in in_flight + _exchange(pending, None, lanes):
         work.wait()
     return {"losses": [losses[i].item() for i in range(m)] if last else [], "spans": spans,
             "end": _clock(device) - start, "peak": peak}
@@ -419,12 +430,13 @@ def train_pp(rank: int, world_size: int, steps: int = 10, dtype: torch.dtype = t
     actions = make(p, m)[rank]
     stage = split_stages(model, p)[rank].to(device_for(rank))
     opt = _make_optimizer(optimizer, stage.parameters())
+    lanes = pipeline_lanes(group)                       # activations and gradients apart
     losses, bubbles, peak = [], [], 0
     for step in range(steps):
         tokens, targets = tiny_batch(step, global_batch, seq_len)
         opt.zero_grad()
         dist.barrier(group)                             # the ranks start the step together
-        out = run_schedule(stage, actions, tokens, targets, m, group, delay_s)
+        out = run_schedule(stage, actions, tokens, targets, m, group, delay_s, lanes)
         opt.step()
         loss = torch.tensor(sum(out["losses"]) / m, dtype=torch.float64,
                             device=device_for(rank))
