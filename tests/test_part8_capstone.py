@@ -170,10 +170,13 @@ def test_bad_arguments_raise(tiny, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_small_model_bf16():
     """~125M parameters, bf16, a batch of 4 prompts of 100 tokens, 32 new tokens. The torch
-    backend's greedy continuation is scored by both backends in bf16 (teacher forcing, so one
-    flipped token does not make the rest differ) against the torch backend in fp32: the book's
-    error is at most twice torch's bf16 error plus a little, and their argmax agrees at nine
-    steps in ten or more."""
+    backend's greedy continuation in fp32 is scored by both backends in bf16 (teacher forcing, so
+    one flipped token does not make the rest differ): the book's largest logit error against fp32
+    is at most twice the torch backend's bf16 error plus a little; wherever the fp32 top-1 margin
+    exceeds twice that error the book picks the fp32 token; and the two bf16 backends pick the
+    same token at three steps in four or more. Random logits of 32000 tokens have near-ties (the
+    expected gap between the top two of n standard normals is about 1 / sqrt(2 ln n), a fifth of
+    a logit here), so a bf16 rounding flips some ties; that is the reason for the last bound."""
     cfg, n = cp.SMALL, 32
     prompt = torch.randint(cfg.vocab, (4, 100), generator=torch.Generator().manual_seed(0))
     prompt = prompt.cuda()
@@ -188,8 +191,8 @@ def test_gpu_small_model_bf16():
     err_book = (book - want).abs().max().item()
     err_torch = (torch_bf16 - want).abs().max().item()
     assert err_book <= 2 * err_torch + 0.05, (err_book, err_torch)
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 2 * err_book
+    assert torch.equal(book.argmax(-1)[clear], want.argmax(-1)[clear])
     agree = (book.argmax(-1) == torch_bf16.argmax(-1)).float().mean().item()
-    assert agree >= 0.9, agree
-    # the book backend's own greedy run starts as the fp32 one does
-    first = cp.generate(model, prompt, 1, "book")[0]
-    assert (first == tokens[:, :1]).float().mean().item() >= 0.75
+    assert agree >= 0.75, agree

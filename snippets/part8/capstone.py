@@ -10,7 +10,7 @@ The model (Llama 3's layout, random weights from a seed, nothing downloaded):
     x = embed[tokens]
     for each of n_layers blocks:
         h = rmsnorm(x) ; q, k, v = h Wq, h Wk, h Wv ; q, k = rope(q, k)
-        x = x + attention(q, k, v) Wo               (grouped-query: n_heads / n_kv_heads per kv head)
+        x = x + attention(q, k, v) Wo       (grouped-query: n_heads / n_kv_heads per kv head)
         h = rmsnorm(x) ; x = x + swiglu(h Wg, h Wu) Wd
     logits = rmsnorm(x) W_lm
 
@@ -48,7 +48,7 @@ from snippets.part8.kv_cache import ContiguousKVCache, PagedKVCache
 BACKENDS = ("torch", "book")
 CACHES = ("paged", "contiguous")
 EPS = 1e-6          # Llama's RMSNorm epsilon, as Part 5's kernel uses
-BLOCK_SIZE = 16     # tokens per cache block: vLLM's default page, as in the decode-attention chapter
+BLOCK_SIZE = 16     # tokens per cache block: vLLM's default page, as in decode_attention.py
 
 
 # --8<-- [start:config]
@@ -180,9 +180,10 @@ def _book_prefill_attention(q, k, v):
     return fa.attention_triton(q.contiguous(), k, v, causal=True)
 
 
-OPS = {   # backend -> the four ops a block needs besides the matrix products
+OPS = {   # backend -> the five ops a model needs besides the matrix products
     "torch": {"norm": rn.rmsnorm_ref, "rope": rp.rope_ref, "glu": sw.swiglu_ref,
-              "prefill_attention": causal_gqa_attention, "decode_attention": da.paged_attention_ref},
+              "prefill_attention": causal_gqa_attention,
+              "decode_attention": da.paged_attention_ref},
     "book": {"norm": rn.rmsnorm_triton, "rope": rp.rope_triton, "glu": sw.swiglu_triton,
              "prefill_attention": _book_prefill_attention,
              "decode_attention": lambda q, kc, vc, t, n: da.paged_decode_attention(
