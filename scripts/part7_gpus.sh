@@ -31,3 +31,4 @@ step pipeline 45 $RUN -m snippets.part7.pipeline --micro-batches 8
 step tensor_parallel 45 $RUN -m snippets.part7.tensor_parallel
 step context_parallel 45 $RUN -m snippets.part7.context_parallel
 step expert_parallel 45 $RUN -m snippets.part7.expert_parallel
+step fsdp 45 $RUN -m snippets.part7.fsdp
