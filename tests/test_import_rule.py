@@ -169,6 +169,16 @@ def test_the_rule_can_fail(tmp_path, monkeypatch):
     assert len(private_uses(path)) == 2
 
 
+def test_the_capstone_exception_is_narrow():
+    """CAPSTONE lets the capstone, and only it, import Parts 5 and 8; no other part, no other
+    module."""
+    assert allowed("snippets.part8.capstone", "snippets.part5.rmsnorm")
+    assert allowed("snippets.part8.capstone", "snippets.part8.decode_attention")
+    assert not allowed("snippets.part8.capstone", "snippets.part7.launch")
+    assert not allowed("snippets.part8.decode_model", "snippets.part5.rmsnorm")
+    assert not allowed("snippets.part7.capstone", "snippets.part5.rmsnorm")
+
+
 STATE_SCRIPT = r"""
 import importlib, json, os, pkgutil, sys
 import numpy as np
