@@ -1,0 +1,401 @@
+"""A Hopper GEMM: C = A @ B^T in bf16 with fp32 sums, built up from TMA, mbarriers and ``wgmma``.
+
+A is M x K and B is N x K, both row-major: both operands are K-major, the layout ``wgmma`` reads
+without a transpose (``torch.nn.Linear`` keeps its weight this way). C is M x N, bf16. The kernels
+are in ``csrc/part6/hopper_gemm.cu``; this module validates the operands, builds the two TMA tensor
+maps on the host (``cuTensorMapEncodeTiled``) and launches.
+
+Versions of ``hopper_gemm`` (never renumbered):
+
+- v0  cuBLAS through ``torch.matmul(a, b.T)``: the baseline.
+- v1  TMA loads of one A and one B tile per 64-wide K-slice (128-byte swizzle), one mbarrier with
+  the expected transaction bytes, one warpgroup issuing ``wgmma.mma_async`` m64n128k16 from
+  shared-memory descriptors; a 128 x 128 tile of C per block, stored from registers.
+- v2  like v1 with ``STAGES_V2`` stages and full/empty mbarriers: TMA fills later stages while the
+  tensor cores work on the current one.
+- v3  warp specialisation: a producer warpgroup (TMA, ``setmaxnreg.dec``) and two consumer
+  warpgroups (``setmaxnreg.inc``), a 128 x 256 tile, m64n256k16 per consumer.
+- v4  like v3, persistent: one block per SM walks the tiles in grouped order for L2 reuse.
+
+How the kernels are built: ``wgmma`` and ``setmaxnreg`` exist only for the arch-specific target
+``sm_90a``, which CuPy's NVRTC path (``snippets.cuda``, which compiles for the device's plain
+``sm_90``) cannot ask for. So this module compiles the file once with ``nvcc -cubin -arch=sm_90a``
+(:func:`build_cubin`, cached under ``build/``), loads the cubin with CuPy and launches it on
+torch's stream through ``snippets.cuda.launch``, like every other CUDA kernel of the book. The
+tensor maps are encoded through the driver (``libcuda``, with ctypes) and copied to the GPU; the
+kernels read them from global memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from snippets import cuda
+from snippets._checks import refuse_grad
+from snippets.common.gemm import gemm_flops, tolerance_for
+from snippets.part6.hopper import GemmOperands, TensorMapSpec, check_gemm_operands
+from snippets.registry import REPO_ROOT, Impl, Op, device_generator, register
+
+CU_FILE = "part6/hopper_gemm.cu"
+BUILD_DIR = REPO_ROOT / "build" / "hopper_gemm"
+NVCC_FLAGS = ("-std=c++17", "-O3", "-cubin", "-arch=sm_90a")
+
+# --8<-- [start:configs]
+BLOCK_K = 64  # bf16 elements: one 128-byte row of the 128B swizzle per tile row and stage
+SWIZZLE = "128B"
+SWIZZLE_REPEAT = 1024  # the kernels round shared memory up to this boundary
+GRID_Y_MAX = 65535
+
+
+@dataclass(frozen=True)
+class HopperConfig:
+    """How one version is launched: a block of ``threads`` computes ``block_m`` x ``block_n`` of C
+    with ``stages`` K-slices in shared memory; ``persistent``: one block per SM loops over the
+    tiles. These numbers are the constants of hopper_gemm.cu (tests/test_part6_gemm.py compares)."""
+
+    kernel: str
+    block_m: int
+    block_n: int
+    stages: int
+    threads: int
+    persistent: bool = False
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.block_m + self.block_n) * BLOCK_K * 2
+
+    @property
+    def barrier_bytes(self) -> int:
+        return 2 * 8 * self.stages  # a full and an empty mbarrier (8 bytes each) per stage
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Shared memory besides the stages: the alignment slack and the barriers."""
+        return SWIZZLE_REPEAT + self.barrier_bytes
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory the launch asks for."""
+        return self.stages * self.stage_bytes + self.reserved_bytes
+
+
+CONFIGS = {
+    "v1": HopperConfig("hopper_gemm_v1", 128, 128, stages=1, threads=128),
+    "v2": HopperConfig("hopper_gemm_v2", 128, 128, stages=4, threads=128),
+    "v3": HopperConfig("hopper_gemm_v3", 128, 256, stages=4, threads=384),
+    "v4": HopperConfig("hopper_gemm_v4", 128, 256, stages=4, threads=384, persistent=True),
+}
+GROUP_M = 8  # v4's grouped tile order
+# --8<-- [end:configs]
+
+
+# --8<-- [start:reference]
+def hopper_gemm_ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """What every version computes: C = A @ B^T with B stored N x K. The products of bf16 numbers
+    are exact in fp32, the K of them per output are summed in fp32, C is rounded to bf16 once.
+    2 * M * N * K FLOPs on at least (M*K + N*K + M*N) * 2 bytes."""
+    return torch.matmul(a.float(), b.float().T).to(a.dtype)
+# --8<-- [end:reference]
+
+
+def _reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The registered reference: the exact product (the tests call it in float64)."""
+    return a @ b.T
+
+
+# --8<-- [start:checks]
+def check_hopper_gemm(name: str, a: object, b: object,
+                      cfg: HopperConfig | None = None) -> tuple[int, int, int, GemmOperands | None]:
+    """Refuse, before any launch and without needing a GPU, what the kernels cannot take: A (M x K)
+    and B (N x K) bf16, 2-D, contiguous, non-empty, on one device; N a multiple of 8 (the epilogue
+    stores pairs of columns and checks only whole groups of 8); and everything TMA and ``wgmma``
+    need (check_gemm_operands of snippets/part6/hopper.py: K a multiple of 8 for 16-byte rows,
+    16-byte aligned data, tiles and stages that fit). Returns (M, N, K) and the checked operands
+    (None without ``cfg``, for cuBLAS)."""
+    for arg, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: {arg} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name}: {arg} must be bfloat16, got {t.dtype}")
+        if t.dim() != 2:
+            raise ValueError(f"{name}: {arg} must be 2-D, got shape {tuple(t.shape)}")
+        if t.numel() == 0:
+            raise ValueError(f"{name}: {arg} is empty (shape {tuple(t.shape)})")
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: {arg} must be contiguous (row-major, K innermost); "
+                             "call .contiguous() first")
+    (m, k), (n, kb) = a.shape, b.shape
+    if k != kb:
+        raise ValueError(f"{name}: a is {m} x {k} and b is {n} x {kb}: both must have K columns "
+                         "(b is stored N x K; pass w, not w.T)")
+    if a.device != b.device:
+        raise ValueError(f"{name}: a is on {a.device}, b on {b.device}")
+    if max(m, n, k) >= 2**31:
+        raise ValueError(f"{name}: M, N, K = {m}, {n}, {k}: the kernels index with 32-bit ints")
+    if cfg is None:
+        return m, n, k, None
+    if n % 8:
+        raise ValueError(f"{name}: N = {n} is not a multiple of 8 (the epilogue stores C in pairs "
+                         "of columns, 8 to a group)")
+    try:
+        ops = check_gemm_operands(m, n, k, 2, cfg.block_m, cfg.block_n, BLOCK_K, SWIZZLE,
+                                  stages=cfg.stages, reserved_bytes=cfg.reserved_bytes,
+                                  a_address=a.data_ptr(), b_address=b.data_ptr())
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    if not cfg.persistent and -(-m // cfg.block_m) > GRID_Y_MAX:
+        raise ValueError(f"{name}: {-(-m // cfg.block_m)} row tiles exceed gridDim.y's "
+                         f"{GRID_Y_MAX} (M = {m})")
+    return m, n, k, ops
+# --8<-- [end:checks]
+
+
+# --8<-- [start:tile_order]
+def tile_order(tiles_m: int, tiles_n: int, group_m: int = GROUP_M) -> list[tuple[int, int]]:
+    """v4's order of the output tiles (tile_coords in hopper_gemm.cu): groups of ``group_m`` tile
+    rows, each walked column by column, so that the tiles in flight at once share rows of A and
+    columns of B in L2. Tile t goes to block t % grid."""
+    out = []
+    for t in range(tiles_m * tiles_n):
+        per_group = group_m * tiles_n
+        first_m = (t // per_group) * group_m
+        rows = min(tiles_m - first_m, group_m)
+        out.append((first_m + (t % per_group) % rows, (t % per_group) // rows))
+    return out
+# --8<-- [end:tile_order]
+
+
+# --------------------------------------------------------------------------------------------------
+# Building and loading the kernels (sm_90a), encoding the tensor maps
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:build]
+def nvcc_command(out: Path) -> list[str]:
+    """The command that compiles hopper_gemm.cu to a cubin for sm_90a (the tests run it too)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise RuntimeError("hopper_gemm needs nvcc (the CUDA toolkit) on PATH to compile its "
+                           "sm_90a kernels: NVRTC through CuPy targets plain sm_90, which has no "
+                           "wgmma")
+    src = cuda.source_path(CU_FILE)
+    return [nvcc, *NVCC_FLAGS, f"-I{REPO_ROOT / 'csrc' / 'common'}", str(src), "-o", str(out)]
+
+
+@functools.lru_cache(maxsize=None)
+def build_cubin() -> Path:
+    """Compile hopper_gemm.cu for sm_90a, once per source text and nvcc (the file name holds a hash
+    of both), and return the cubin's path."""
+    src = cuda.source_path(CU_FILE)
+    probe = nvcc_command(Path(os.devnull))
+    version = subprocess.run([probe[0], "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256((src.read_text() + version + " ".join(NVCC_FLAGS)).encode())
+    out = BUILD_DIR / f"hopper_gemm.{key.hexdigest()[:16]}.cubin"
+    if not out.is_file():
+        BUILD_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        proc = subprocess.run(nvcc_command(tmp), capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"nvcc failed on {src}:\n{proc.stderr}{proc.stdout}")
+        tmp.replace(out)  # atomic: a concurrent process sees the whole file or none
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(name: str, device_index: int):
+    """The ``__global__`` function ``name`` of the sm_90a cubin, loaded on this device by CuPy."""
+    cupy = cuda.cupy_module()
+    with cupy.cuda.Device(device_index):
+        return cupy.RawModule(path=str(build_cubin())).get_function(name)
+# --8<-- [end:build]
+
+
+# --8<-- [start:tensor_map]
+CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9  # CUtensorMapDataType (cuda.h)
+CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3
+CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0  # out-of-bounds elements arrive as zeros
+
+
+@functools.lru_cache(maxsize=None)
+def _encode_tiled():
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise RuntimeError("hopper_gemm encodes TMA tensor maps through the CUDA driver, and "
+                           f"libcuda.so.1 cannot be loaded: {exc}") from None
+    fn = lib.cuTensorMapEncodeTiled
+    u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p,
+                   u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def encode_tensor_map(spec: TensorMapSpec) -> bytes:
+    """The 128-byte CUtensorMap of a bf16 operand, from the spec that check_gemm_operands validated
+    (dimensions innermost first: (K, rows); a box of (BLOCK_K, block rows); the 128B swizzle)."""
+    spec.validate()
+    rank = spec.rank
+    raw = ctypes.create_string_buffer(128 + 64)  # CUtensorMap is declared 64-byte aligned
+    addr = (ctypes.addressof(raw) + 63) & ~63
+    dims = (ctypes.c_uint64 * rank)(*spec.global_shape)
+    strides = (ctypes.c_uint64 * max(1, rank - 1))(*spec.global_strides)
+    box = (ctypes.c_uint32 * rank)(*spec.box_shape)
+    elem = (ctypes.c_uint32 * rank)(*spec.element_strides)
+    err = _encode_tiled()(addr, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, spec.global_address, dims,
+                          strides, box, elem, spec.interleave.tensor_map_interleave,
+                          spec.swizzle.tensor_map_swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err:
+        raise RuntimeError(f"cuTensorMapEncodeTiled returned CUresult {err} for {spec}")
+    return ctypes.string_at(addr, 128)
+# --8<-- [end:tensor_map]
+
+
+# (device, A's map spec, B's map spec) -> the two maps on that device. A map depends only on what
+# its spec holds (address, shape, strides, box, swizzle), so a hit is right even where a tensor was
+# freed and another allocated at the same address; nothing writes the copies once they are made.
+_MAPS: dict[tuple, torch.Tensor] = {}
+
+
+def device_tensor_maps(ops: GemmOperands, device: torch.device) -> torch.Tensor:
+    """A's and B's tensor maps, 128 bytes each, in one tensor on ``device``; cached, so a timing
+    loop encodes and copies them once, not on every call."""
+    key = (str(device), ops.a, ops.b)
+    maps = _MAPS.get(key)
+    if maps is None:
+        host = bytearray(encode_tensor_map(ops.a) + encode_tensor_map(ops.b))
+        # torch allocations are at least 256-byte aligned: the 64 bytes a CUtensorMap needs
+        maps = torch.frombuffer(host, dtype=torch.uint8).to(device)
+        if len(_MAPS) > 256:
+            _MAPS.clear()
+        _MAPS[key] = maps
+    return maps
+
+
+def needs_sm90() -> str | None:
+    """For ``Impl(requires=...)``: why the book's Hopper kernels cannot run here, or None."""
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    cap = torch.cuda.get_device_capability()
+    if cap != (9, 0):
+        return (f"wgmma, TMA and setmaxnreg are compiled for sm_90a (H100, H200); this GPU is "
+                f"sm_{cap[0]}{cap[1]}")
+    if shutil.which("nvcc") is None:
+        return "needs nvcc on PATH to compile the sm_90a kernels"
+    try:
+        cuda.cupy_module()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+# --8<-- [start:launch]
+def _launch(name: str, a: torch.Tensor, b: torch.Tensor, cfg: HopperConfig) -> torch.Tensor:
+    """The one launcher of v1..v4: check, encode both tensor maps, copy them to the GPU, launch."""
+    m, n, k, ops = check_hopper_gemm(name, a, b, cfg)
+    if a.device.type != "cuda":
+        raise ValueError(f"{name}: a and b must be CUDA tensors, got {a.device}")
+    refuse_grad(name, a, b, instead="a @ b.T")
+    reason = needs_sm90()
+    if reason:
+        raise RuntimeError(f"{name}: {reason}")
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    tmaps = device_tensor_maps(ops, a.device)
+    fn = kernel(cfg.kernel, a.device.index if a.device.index is not None else 0)
+    if fn.max_dynamic_shared_size_bytes < cfg.smem_bytes:
+        fn.max_dynamic_shared_size_bytes = cfg.smem_bytes  # above 48 KB needs the opt-in
+    tiles = (-(-m // cfg.block_m), -(-n // cfg.block_n))
+    if cfg.persistent:
+        sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+        grid: tuple[int, ...] = (min(sms, tiles[0] * tiles[1]),)
+    else:
+        grid = (tiles[1], tiles[0])
+    with torch.cuda.device(a.device):
+        cuda.launch(fn, grid, cfg.threads, (tmaps, c, np.int32(m), np.int32(n), np.int32(k)),
+                    shared_mem=cfg.smem_bytes)
+    return c
+# --8<-- [end:launch]
+
+
+def hopper_cublas(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v0: cuBLAS through torch.matmul on B^T (a view: cuBLAS reads B as it is stored)."""
+    check_hopper_gemm("hopper_cublas", a, b)
+    return torch.matmul(a, b.T)
+
+
+def hopper_gemm_v1(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v1: one stage; TMA, one mbarrier, one warpgroup of m64n128k16 wgmmas (128 x 128 tile)."""
+    return _launch("hopper_gemm_v1", a, b, CONFIGS["v1"])
+
+
+def hopper_gemm_v2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v2: like v1 with 4 stages and full/empty mbarriers (TMA runs ahead of the tensor cores)."""
+    return _launch("hopper_gemm_v2", a, b, CONFIGS["v2"])
+
+
+def hopper_gemm_v3(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v3: a producer warpgroup and two consumer warpgroups (setmaxnreg), 128 x 256 tiles."""
+    return _launch("hopper_gemm_v3", a, b, CONFIGS["v3"])
+
+
+def hopper_gemm_v4(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v4: like v3, persistent over the tiles in grouped order (grid = number of SMs)."""
+    return _launch("hopper_gemm_v4", a, b, CONFIGS["v4"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Registration
+# --------------------------------------------------------------------------------------------------
+
+def make_inputs(size, dtype, device, gen):
+    """A (m x k) and B (n x k, K-major) of standard normal values rounded to ``dtype``."""
+    dev_gen = device_generator(gen, device)
+    a = torch.randn((size["m"], size["k"]), generator=dev_gen, device=device, dtype=torch.float32)
+    b = torch.randn((size["n"], size["k"]), generator=dev_gen, device=device, dtype=torch.float32)
+    return a.to(dtype), b.to(dtype)
+
+
+def _bytes(size, dtype) -> int:
+    m, n, k = size["m"], size["n"], size["k"]
+    return (m * k + n * k + m * n) * dtype.itemsize
+
+
+BF16 = (torch.bfloat16,)
+HEADLINE = {"m": 8192, "n": 8192, "k": 8192}
+SWEEP = [{"m": s, "n": s, "k": s} for s in (2048, 4096, 6144, 8192)]
+MAX_K = max(s["k"] for s in [HEADLINE, *SWEEP])
+# Ragged M, N not a multiple of a tile, K not a multiple of 64 (TMA fills the edges with zeros),
+# one K-slice, many K-slices (several turns of every stage ring), more tiles than a small grid
+TEST_SIZES = [{"m": m, "n": n, "k": k}
+              for m, n, k in ((128, 128, 64), (64, 8, 8), (200, 264, 136), (384, 512, 1024),
+                              (1000, 776, 520))]
+SOURCES = (cuda.source_path(CU_FILE), _launch, check_hopper_gemm, check_gemm_operands,
+           encode_tensor_map, build_cubin)
+
+hopper_gemm = register(Op(
+    name="hopper_gemm", part=6, chapter="part6/hopper-gemm.md",
+    title="Hopper GEMM (bf16, TMA + wgmma)", reference=_reference, make_inputs=make_inputs,
+    bytes_moved=_bytes, flops=gemm_flops, metric="TFLOP/s", ceiling="gemm_bf16",
+    headline=HEADLINE, sweep=SWEEP, dtypes=BF16, bench_dtypes=BF16, test_sizes=TEST_SIZES,
+    sweep_axis="m", tolerances={torch.bfloat16: tolerance_for(MAX_K, torch.bfloat16)},
+    tolerance_at=lambda s, d: tolerance_for(s["k"], d)))
+hopper_gemm.add(Impl("v0", hopper_cublas, "PyTorch", "cuBLAS via torch.matmul(a, b.T)",
+                     (check_hopper_gemm,), origin="library"))
+hopper_gemm.add(Impl("v1", hopper_gemm_v1, "CUDA", "TMA + mbarrier + wgmma m64n128, one stage",
+                     SOURCES, requires=needs_sm90))
+hopper_gemm.add(Impl("v2", hopper_gemm_v2, "CUDA", "like v1, 4 stages, full/empty mbarriers",
+                     SOURCES, requires=needs_sm90))
+hopper_gemm.add(Impl("v3", hopper_gemm_v3, "CUDA", "producer + 2 consumer warpgroups, 128x256",
+                     SOURCES, requires=needs_sm90))
+hopper_gemm.add(Impl("v4", hopper_gemm_v4, "CUDA", "like v3, persistent, grouped tile order",
+                     SOURCES, requires=needs_sm90))

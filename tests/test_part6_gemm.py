@@ -1,0 +1,301 @@
+"""The Part 6 Hopper GEMM (csrc/part6/hopper_gemm.cu, snippets/part6/gemm.py).
+
+On a CPU: the file compiles for sm_90a with nvcc exactly as the launcher builds it, without spills;
+its SASS holds the instructions each version is about (HGMMA from wgmma, UTMALDG from TMA, the
+setmaxnreg pair for the warp-specialised versions); its constants are the launcher's; the
+descriptor it builds is snippets/part6/hopper.py's; v4's tile order visits every tile once; every
+bad input is refused before a launch. On a GPU (marked ``gpu``): every version against the float64
+product at ragged and aligned shapes."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from test_cuda_compile import parse_ptxas, spilling_functions
+
+from conftest import HAS_GPU, poison_allocator
+from snippets.common.gemm import tolerance_for
+from snippets.part6 import gemm
+from snippets.part6.hopper import (
+    SMEM_LIMIT_SM90,
+    check_gemm_operands,
+    kmajor_offsets,
+    wgmma_descriptor,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CU = REPO_ROOT / "csrc" / gemm.CU_FILE
+NVCC = shutil.which("nvcc")
+requires_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+VERSIONS = ("v1", "v2", "v3", "v4")
+
+
+def _cuobjdump() -> str | None:
+    """cuobjdump from the toolkit, else the copy that ships with Triton's NVIDIA backend."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import triton
+    except ImportError:
+        return None
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(path) if path.is_file() else None
+
+
+@pytest.fixture(scope="module")
+def cubin(tmp_path_factory) -> tuple[Path, str]:
+    """The cubin built by the launcher's own nvcc command (plus ptxas's report), and that report."""
+    if NVCC is None:
+        pytest.skip("nvcc is not on PATH")
+    out = tmp_path_factory.mktemp("hopper") / "hopper_gemm.cubin"
+    cmd = [*gemm.nvcc_command(out), "-Xptxas", "-v"]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}{proc.stdout}"
+    return out, proc.stderr + proc.stdout
+
+
+# --------------------------------------------------------------------------------------------------
+# The compiled kernels
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.op("hopper_gemm")
+@requires_nvcc
+def test_compiles_for_sm90a_without_spills(cubin):
+    _, report = cubin
+    functions = parse_ptxas(report)
+    kernels = {name for name, f in functions.items() if f["entry"]}
+    assert kernels == {cfg.kernel for cfg in gemm.CONFIGS.values()}
+    assert not spilling_functions(functions), report
+    assert "C7515" not in report, f"ptxas serialises the wgmmas of a kernel:\n{report}"
+    for cfg in gemm.CONFIGS.values():  # __launch_bounds__(threads, 1) caps 65536 / threads
+        assert functions[cfg.kernel]["registers"] <= min(255, 65536 // cfg.threads)
+
+
+def _sass_by_function(cubin_path: Path) -> dict[str, str]:
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or Triton's NVIDIA backend)")
+    proc = subprocess.run([tool, "-sass", str(cubin_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    parts = re.split(r"Function : (\w+)", proc.stdout)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+@pytest.mark.op("hopper_gemm")
+@requires_nvcc
+def test_sass_uses_wgmma_tma_and_setmaxnreg(cubin):
+    """The strongest check a CPU can make that the kernels are what the chapter says: wgmma
+    compiles to HGMMA (with the tile shape in its name), TMA loads to UTMALDG, mbarrier waits to
+    SYNCS, setmaxnreg to USETMAXREG; a plain-CUDA fallback would show none of them."""
+    sass = _sass_by_function(cubin[0])
+    assert set(sass) == {cfg.kernel for cfg in gemm.CONFIGS.values()}
+    for version, cfg in gemm.CONFIGS.items():
+        code = sass[cfg.kernel]
+        shape = f"HGMMA.64x{cfg.block_n if cfg.threads > 128 else 128}x16.F32.BF16"
+        assert shape in code, f"{version}: no {shape}"
+        assert "UTMALDG.2D" in code, f"{version}: no TMA load"
+        assert "SYNCS.PHASECHK" in code, f"{version}: no mbarrier wait"
+        has_setmaxnreg = "USETMAXREG" in code
+        assert has_setmaxnreg == (cfg.threads == 384), f"{version}: setmaxnreg {has_setmaxnreg}"
+        assert "HMMA" not in code.replace("HGMMA", ""), f"{version}: falls back to mma.sync"
+
+
+@pytest.mark.op("hopper_gemm")
+@requires_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_other_targets_compile_to_traps(arch, tmp_path):
+    """Without sm_90a's features every kernel body is a trap, so the file still builds for the
+    book's other targets (tests/test_cuda_compile.py builds every csrc file for sm_80 too)."""
+    cmd = [NVCC, "-std=c++17", "-c", f"-arch={arch}", str(CU), "-o", str(tmp_path / "h.o")]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _cu_constants() -> dict[str, int]:
+    text = CU.read_text()
+    return {name: int(value) for name, value in re.findall(r"\b([A-Z][A-Z0-9_]*) = (\d+)\b", text)}
+
+
+@pytest.mark.op("hopper_gemm")
+def test_constants_match_the_launcher():
+    c = _cu_constants()
+    assert c["BLOCK_K"] == gemm.BLOCK_K and c["SWIZZLE_REPEAT"] == gemm.SWIZZLE_REPEAT
+    assert c["GROUP_M"] == gemm.GROUP_M
+    for v in ("v1", "v2"):
+        cfg = gemm.CONFIGS[v]
+        assert (c["BM_V1"], c["BN_V1"], c["WG_THREADS"]) == (cfg.block_m, cfg.block_n,
+                                                            cfg.threads)
+    assert c["STAGES_V2"] == gemm.CONFIGS["v2"].stages and gemm.CONFIGS["v1"].stages == 1
+    for v in ("v3", "v4"):
+        cfg = gemm.CONFIGS[v]
+        assert (c["BM_WS"], c["BN_WS"], c["STAGES_WS"]) == (cfg.block_m, cfg.block_n, cfg.stages)
+        assert cfg.threads == (1 + c["CONSUMERS"]) * c["WG_THREADS"]
+    text = CU.read_text()
+    for cfg in gemm.CONFIGS.values():  # each kernel is declared with its block size
+        assert re.search(rf"__launch_bounds__\({cfg.threads}, 1\)\s*{cfg.kernel}\(", text)
+
+
+def _c_make_desc(addr: int) -> int:
+    """make_desc of hopper_gemm.cu, transcribed: what the kernels put in each descriptor."""
+    def enc(x):
+        return (x & 0x3FFFF) >> 4
+    return enc(addr) | enc(16) << 16 | enc(1024) << 32 | 1 << 62
+
+
+@pytest.mark.op("hopper_gemm")
+@pytest.mark.parametrize("rows", [64, 128, 256])
+def test_kernel_descriptors_are_hopper_py_descriptors(rows):
+    """The kernels' LBO and SBO are those kmajor_offsets gives a 128B-swizzled K-major tile of any
+    height, and each descriptor they build (tile base, + 32 bytes per 16 elements of K, + 64 rows
+    for the second half of A) is the one snippets/part6/hopper.py encodes."""
+    lbo, sbo = kmajor_offsets(rows, gemm.BLOCK_K * 2, "128B")
+    assert (lbo, sbo) == (16, 1024)
+    for base in (0, 1024, 5 * 16384, 200 * 1024):
+        for kk in range(gemm.BLOCK_K // 16):
+            for half in (0, 64 * 128):
+                addr = base + half + 32 * kk
+                assert _c_make_desc(addr) == wgmma_descriptor(addr, lbo, sbo, "128B")
+
+
+@pytest.mark.op("hopper_gemm")
+@pytest.mark.parametrize("tiles_m, tiles_n", [(1, 1), (3, 5), (8, 8), (17, 4), (64, 32)])
+def test_tile_order_visits_every_tile_once(tiles_m, tiles_n):
+    order = gemm.tile_order(tiles_m, tiles_n)
+    assert sorted(order) == [(i, j) for i in range(tiles_m) for j in range(tiles_n)]
+    # inside a full group, GROUP_M consecutive tiles share one column of B
+    if tiles_m >= gemm.GROUP_M:
+        first = order[:gemm.GROUP_M]
+        assert {j for _, j in first} == {0} and [i for i, _ in first] == list(range(gemm.GROUP_M))
+
+
+@pytest.mark.op("hopper_gemm")
+def test_every_config_fits_shared_memory():
+    for version, cfg in gemm.CONFIGS.items():
+        assert cfg.smem_bytes <= SMEM_LIMIT_SM90, version
+        ops = check_gemm_operands(8192, 8192, 8192, 2, cfg.block_m, cfg.block_n, gemm.BLOCK_K,
+                                  gemm.SWIZZLE, stages=cfg.stages,
+                                  reserved_bytes=cfg.reserved_bytes)
+        # what each stage's mbarrier expects is what the kernel passes to expect_tx
+        assert ops.expect_tx_bytes == cfg.stage_bytes
+
+
+# --------------------------------------------------------------------------------------------------
+# Refusals, before any launch (no GPU needed)
+# --------------------------------------------------------------------------------------------------
+
+def _bf16(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+BAD = [
+    (lambda: (_bf16(64, 64).float(), _bf16(64, 64)), TypeError, "bfloat16"),
+    (lambda: ([[1.0]], _bf16(64, 64)), TypeError, "torch.Tensor"),
+    (lambda: (_bf16(64), _bf16(64, 64)), ValueError, "2-D"),
+    (lambda: (_bf16(64, 64), _bf16(64, 72)), ValueError, "K columns"),
+    (lambda: (_bf16(64, 64), _bf16(64, 64).T), ValueError, "contiguous"),
+    (lambda: (_bf16(0, 64), _bf16(64, 64)), ValueError, "empty"),
+    (lambda: (_bf16(64, 64), _bf16(60, 64)), ValueError, "multiple of 8"),
+    (lambda: (_bf16(64, 60), _bf16(64, 60)), ValueError, "16 bytes"),
+    (lambda: (_bf16(64 * 64 + 1)[1:].view(64, 64), _bf16(64, 64)), ValueError,
+     "not 16-byte aligned"),
+]
+
+
+@pytest.mark.op("hopper_gemm")
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("make, error, match", BAD)
+def test_bad_input_is_refused_before_launch(version, make, error, match):
+    fn = getattr(gemm, f"hopper_gemm_{version}")
+    a, b = make()
+    with pytest.raises(error, match=match) as info:
+        fn(a, b)
+    assert f"hopper_gemm_{version}" in str(info.value)
+
+
+@pytest.mark.op("hopper_gemm")
+def test_good_cpu_input_asks_for_a_gpu():
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        gemm.hopper_gemm_v1(_bf16(128, 64), _bf16(128, 64))
+
+
+@pytest.mark.op("hopper_gemm")
+def test_registration():
+    op = gemm.hopper_gemm
+    assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4"]
+    assert op.impls["v0"].origin == "library"
+    assert op.metric == "TFLOP/s" and op.ceiling == "gemm_bf16"
+    assert op.headline == {"m": 8192, "n": 8192, "k": 8192}
+    assert op.flops(op.headline, torch.bfloat16) == 2 * 8192**3
+    for v in VERSIONS:
+        impl = op.impls[v]
+        assert gemm.CU_FILE in " ".join(str(s) for s in impl.sources)
+        if not HAS_GPU or torch.cuda.get_device_capability() != (9, 0):
+            assert impl.unavailable()  # a reason, not None, away from an H100/H200
+    a, b = op.make_inputs({"m": 3, "n": 8, "k": 16}, torch.bfloat16, "cpu", torch.Generator())
+    assert a.shape == (3, 16) and b.shape == (8, 16)
+    torch.testing.assert_close(op.reference(a.double(), b.double()), a.double() @ b.double().T)
+
+
+# --------------------------------------------------------------------------------------------------
+# On a Hopper GPU
+# --------------------------------------------------------------------------------------------------
+
+GPU_SHAPES = [(128, 128, 64), (64, 8, 8), (200, 264, 136), (256, 256, 4096), (384, 512, 1000),
+              (1000, 776, 520), (1024, 2048, 512), (2304, 4352, 192)]
+
+
+def _skip_unless_sm90():
+    reason = gemm.needs_sm90()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.mark.gpu
+@pytest.mark.op("hopper_gemm")
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("m, n, k", GPU_SHAPES)
+def test_matches_float64_product(version, m, n, k):
+    _skip_unless_sm90()
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
+    c = getattr(gemm, f"hopper_gemm_{version}")(a, b)
+    torch.cuda.synchronize()
+    assert c.shape == (m, n) and c.dtype == torch.bfloat16
+    rtol, atol = tolerance_for(k, torch.bfloat16)
+    torch.testing.assert_close(c.double(), a.double() @ b.double().T, rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+@pytest.mark.op("hopper_gemm")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_element_is_written_and_repeatable(version):
+    """C starts as NaN (a stale tile would show); two calls give identical bits (no race)."""
+    _skip_unless_sm90()
+    m, n, k = 520, 776, 1096
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
+    poison_allocator(m * n * 2, "cuda")
+    fn = getattr(gemm, f"hopper_gemm_{version}")
+    c1, c2 = fn(a, b), fn(a, b)
+    torch.cuda.synchronize()
+    assert not c1.isnan().any()
+    assert torch.equal(c1, c2)
+    torch.testing.assert_close(c1.double(), a.double() @ b.double().T,
+                               **dict(zip(("rtol", "atol"), tolerance_for(k, torch.bfloat16))))
+
+
+@pytest.mark.gpu
+@pytest.mark.op("hopper_gemm")
+def test_misaligned_view_is_refused_on_gpu():
+    _skip_unless_sm90()
+    flat = torch.randn(128 * 64 + 1, device="cuda").to(torch.bfloat16)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        gemm.hopper_gemm_v3(flat[1:].view(128, 64), torch.randn(128, 64, device="cuda").bfloat16())
