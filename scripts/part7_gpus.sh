@@ -32,3 +32,10 @@ step tensor_parallel 45 $RUN -m snippets.part7.tensor_parallel
 step context_parallel 45 $RUN -m snippets.part7.context_parallel
 step expert_parallel 45 $RUN -m snippets.part7.expert_parallel
 step fsdp 45 $RUN -m snippets.part7.fsdp
+# a transformer of about 1e9 parameters: one GPU, then data parallelism (the book's and torch's) and
+# FSDP2 on all of them, the same batch per GPU (weak scaling); files scaling_<mode>.json
+step scaling_single 150 torchrun --standalone --nproc-per-node 1 -m snippets.part7.scaling \
+  --mode single --out "$OUT/scaling_single.json"
+for mode in ddp_book ddp_torch fsdp2; do
+  step "scaling_$mode" 150 $RUN -m snippets.part7.scaling --mode "$mode" --out "$OUT/scaling_$mode.json"
+done

@@ -62,7 +62,8 @@ def test_record_files_provenance_and_hash(filed):
     assert path.name == "nvidia-h200-x2.json"
     data = json.loads(path.read_text())
     assert data["world_size"] == 2 and data["topology"] == "GPU0\tX\tNV18\n"   # escapes gone
-    for run in dr.RUNS:
+    assert set(data["runs"]) == {"sweep", "fast_allreduce"}
+    for run in data["runs"]:
         assert data["runs"][run]["source_hash"] == dr.source_hash(run)
         assert dr.fresh(run, data["runs"][run])
         assert not dr.fresh(run, {**data["runs"][run], "source_hash": "0" * 16})
@@ -110,3 +111,23 @@ def test_footnotes_are_unique_per_directive_on_a_page(filed):
 def test_committed_results_render():
     for what in (["topology"], ["sweep", "all_reduce"], ["ring"], ["one_shot"]):
         assert render_dist(what, REPO_ROOT / "benchmarks" / "results").strip()
+
+
+def test_scaling_runs_filed_and_rendered(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    base = {"config": "1b", "batch_per_rank": 4, "seq": 2048, "torch": "2.11",
+            "gpu": "NVIDIA H200", "date": "2026-11-26T00:00:00Z", "flops_per_token": 7e9,
+            "peak_from": "measured cuBLAS bf16"}
+    runs = {"single": (1, 10000.0, None), "ddp_book": (4, 37000.0, None),
+            "ddp_torch": (4, 38000.0, None), "fsdp2": (4, 30000.0, 0.45)}
+    for mode, (world, tps, mfu) in runs.items():
+        rec = {**base, "mode": mode, "world_size": world, "tokens_per_s": tps,
+               "seconds_per_step": world * 4 * 2048 / tps, "mfu": mfu}
+        (out / f"scaling_{mode}.json").write_text(json.dumps(rec))
+    path = dr.record(out, "abc", REPO_ROOT, tmp_path / "r" / "distributed")
+    assert path.name == "nvidia-h200-x4.json"
+    text = render_dist(["scaling"], tmp_path / "r")
+    assert "92.5%, **met**" in text          # 37000 / (4 x 10000)
+    assert "45.0%, **met**" in text and "FSDP2 (library)" in text
+    assert "Not measured yet on 2 GPUs" in text

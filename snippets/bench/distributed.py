@@ -30,7 +30,8 @@ from snippets.registry import REPO_ROOT
 
 SCHEMA = 1
 DIST_DIR = REPO_ROOT / "benchmarks" / "results" / "distributed"
-RUNS = {"sweep": "snippets.part7.sweep", "fast_allreduce": "snippets.part7.fast_allreduce"}
+RUNS = {"sweep": "snippets.part7.sweep", "fast_allreduce": "snippets.part7.fast_allreduce",
+        "scaling": "snippets.part7.scaling"}
 # the world sizes Part 7's chapters report; a size with no file renders as not measured yet
 WORLD_SIZES = (2, 4)
 
@@ -50,14 +51,23 @@ def record(outdir: Path, commit: str, root: Path = REPO_ROOT, dest: Path = DIST_
     """File the runs found in ``outdir`` (``<run>.json`` and ``topology.txt``) into ``dest``."""
     found = {run: Path(outdir) / f"{run}.json" for run in RUNS}
     found = {run: p for run, p in found.items() if p.is_file()}
-    if not found:
-        raise FileNotFoundError(f"record: no {', '.join(f'{r}.json' for r in RUNS)} in {outdir}")
+    scaling = sorted(Path(outdir).glob("scaling_*.json"))
+    if not found and not scaling:
+        raise FileNotFoundError(f"record: no {', '.join(f'{r}.json' for r in RUNS)} and no "
+                                f"scaling_*.json in {outdir}")
     entries = {}
-    for run, path in found.items():
-        data = json.loads(path.read_text())
+    datas = {run: json.loads(path.read_text()) for run, path in found.items()}
+    if scaling:
+        records = [json.loads(p.read_text()) for p in scaling]
+        many = max(records, key=lambda r: r["world_size"])
+        nccl = next((d["provenance"].get("nccl") for d in datas.values()), None)
+        datas["scaling"] = {"records": records, "provenance": {
+            "backend": "nccl", "world_size": many["world_size"], "gpu": many.get("gpu"),
+            "torch": many["torch"], "nccl": nccl, "date": many["date"]}}
+    for run, data in datas.items():
         prov = data["provenance"]
         if not prov.get("gpu"):
-            raise ValueError(f"record: {path} was not measured on GPUs (backend "
+            raise ValueError(f"record: {run} in {outdir} was not measured on GPUs (backend "
                              f"{prov.get('backend')}): a CPU dry run is not a result")
         entries[run] = {"module": RUNS[run], "commit": commit,
                         "source_hash": source_hash(run, root),

@@ -5,6 +5,9 @@
   bandwidth, and the error of the alpha-beta model fitted to the whole sweep;
 - ``bench:dist ring``: the book's ring all-reduce against NCCL's, bus bandwidth per size, and its
   goal at 256 MiB (``RING_GOAL``, a fraction of NCCL's per world size);
+- ``bench:dist scaling``: a transformer of about a billion parameters trained on one GPU and on all
+  of the machine's, with the book's DDP, torch's DDP and FSDP2: step time, tokens per second,
+  weak-scaling efficiency and model-FLOPs utilisation, with their goals;
 - ``bench:dist one_shot``: the book's one-shot all-reduce against NCCL's and PyTorch's one-shot
   kernel, latency per size, and its goal at 256 KiB on 2 GPUs (``ONE_SHOT_GOAL``, a ratio to NCCL).
 
@@ -24,6 +27,8 @@ from snippets.bench.distributed import WORLD_SIZES, fresh, load, slug
 RING_GOAL = {2: 0.90, 4: 0.85}
 ONE_SHOT_GOAL = 0.7
 MODEL_GOAL = 0.15
+WEAK_SCALING_GOAL = 0.9   # data parallelism, 1 to 4 GPUs, the same batch per GPU
+MFU_GOAL = 0.4            # FSDP2 with prefetching on 4 GPUs
 
 
 def _size(n: int) -> str:
@@ -180,6 +185,48 @@ def render_one_shot(results_dir: Path) -> str:
     return "\n\n".join(out + notes) if out else "*Not measured yet.*"
 
 
+def render_scaling(results_dir: Path) -> str:
+    machines = [m for m in _machines(results_dir) if "scaling" in m["runs"]]
+    out, notes = [], []
+    for m in machines:
+        e = m["runs"]["scaling"]
+        recs = e["records"]
+        single = next((r for r in recs if r["mode"] == "single"), None)
+        head, note = _heading(m, "scaling", "scaling")
+        notes.append(note)
+        lines = [head, "", "| version | GPUs | step (ms) | tokens/s | weak scaling | MFU |",
+                 "|:--|--:|--:|--:|--:|--:|"]
+        for r in sorted(recs, key=lambda r: (r["world_size"], r["mode"])):
+            weak = ""
+            if single and r["mode"] != "single" and r["mode"] != "fsdp2":
+                weak = f"{r['tokens_per_s'] / (r['world_size'] * single['tokens_per_s']):.1%}"
+            mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "–"
+            name = {"single": "one GPU", "ddp_book": "BucketedDDP (book)",
+                    "ddp_torch": "DistributedDataParallel (library)",
+                    "fsdp2": "FSDP2 (library)"}.get(r["mode"], r["mode"])
+            lines.append(f"| {name} | {r['world_size']} | {r['seconds_per_step'] * 1e3:.0f} | "
+                         f"{r['tokens_per_s']:,.0f} | {weak} | {mfu} |")
+        peak = next((r.get("peak_from") for r in recs if r.get("peak_from")), None)
+        if peak:
+            lines += ["", f"MFU is measured against the {peak} rate of one GPU."]
+        book = next((r for r in recs if r["mode"] == "ddp_book"), None)
+        if single and book and book["world_size"] == 4:
+            eff = book["tokens_per_s"] / (4 * single["tokens_per_s"])
+            verdict = "met" if eff >= WEAK_SCALING_GOAL else "not met"
+            lines += ["", f"Goal: the book's DDP scales from 1 to 4 GPUs at \\(\\ge\\) "
+                      f"{WEAK_SCALING_GOAL:.0%}: {eff:.1%}, **{verdict}**."]
+        fsdp = next((r for r in recs if r["mode"] == "fsdp2" and r.get("mfu")), None)
+        if fsdp and fsdp["world_size"] == 4:
+            verdict = "met" if fsdp["mfu"] >= MFU_GOAL else "not met"
+            lines += ["", f"Goal: FSDP2 on 4 GPUs at \\(\\ge\\) {MFU_GOAL:.0%} MFU: "
+                      f"{fsdp['mfu']:.1%}, **{verdict}**."]
+        out.append("\n".join(lines))
+    missing = _missing(machines, "scaling")
+    if missing:
+        out.append(missing)
+    return "\n\n".join(out + notes) if out else "*Not measured yet.*"
+
+
 def render_dist(pos: list[str], results_dir: Path) -> str:
     what = pos[0] if pos else ""
     if what == "topology":
@@ -192,4 +239,7 @@ def render_dist(pos: list[str], results_dir: Path) -> str:
         return render_ring(results_dir)
     if what == "one_shot":
         return render_one_shot(results_dir)
-    raise ValueError(f"bench:dist takes topology, sweep OP, ring or one_shot; got {what!r}")
+    if what == "scaling":
+        return render_scaling(results_dir)
+    raise ValueError("bench:dist takes topology, sweep OP, ring, one_shot or scaling; "
+                     f"got {what!r}")
