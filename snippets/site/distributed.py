@@ -62,8 +62,8 @@ def _missing(machines: list[dict[str, Any]], run: str) -> str:
     if not lacking:
         return ""
     names = " and ".join(f"{w} GPUs" for w in lacking)
-    return (f"Not measured yet on {names}: the runner with that many GPUs has not been "
-            "available; `bash scripts/part7_gpus.sh OUT` on such a machine measures it.")
+    return (f"Not measured yet on {names}: `bash scripts/part7_gpus.sh OUT` on a machine with "
+            "that many GPUs measures it.")
 
 
 def render_topology(results_dir: Path) -> str:
