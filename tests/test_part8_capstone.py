@@ -12,6 +12,7 @@ import torch
 
 from conftest import DEVICE
 from snippets.part8 import capstone as cp
+from snippets.part8.kv_cache import PagedKVCache
 
 NEW = 8
 
@@ -83,6 +84,34 @@ def test_layers_allocate_in_lockstep(tiny):
     tables = [c.tables for c in kv.layers]
     assert all(t == tables[0] for t in tables) and len(tables[0][0]) == 2
     assert kv.length == 20
+
+
+def test_bulk_append_is_paged_kv_caches_append(tiny):
+    """ModelCache writes a batch's new tokens with one indexed copy; PagedKVCache.append, token by
+    token, gives the same blocks, tables, lengths and storage: a 20-token prompt, then 13 single
+    tokens (crossing two block boundaries). Past its room, a clear error and nothing written."""
+    model, _ = tiny
+    cfg = model.cfg
+    kv = cp.ModelCache(model, 2, max_len=40)
+    c = kv.layers[0]
+    ref = PagedKVCache(c.allocator.num_blocks, c.block_size, cfg.n_kv_heads, cfg.head_dim,
+                       c.max_blocks_per_seq, device=DEVICE)
+    for s in range(2):
+        ref.add_sequence(s)
+    gen = torch.Generator().manual_seed(0)
+    for t in [20] + [1] * 13:
+        k, v = (torch.randn(2, t, cfg.n_kv_heads, cfg.head_dim, generator=gen).to(DEVICE)
+                for _ in range(2))
+        kv.append(0, k, v)
+        for b in range(2):
+            for i in range(t):
+                ref.append(b, k[b, i], v[b, i])
+    assert c.tables == ref.tables and c.length == ref.length == {0: 33, 1: 33}
+    assert torch.equal(c.k, ref.k) and torch.equal(c.v, ref.v)
+    k = torch.zeros(2, 16, cfg.n_kv_heads, cfg.head_dim, device=DEVICE)
+    with pytest.raises(ValueError, match="would pass its 3 blocks of 16"):
+        kv.append(0, k, k)
+    assert c.length == {0: 33, 1: 33}
 
 
 def test_sampling_is_seeded(tiny):

@@ -43,7 +43,7 @@ from snippets.part5 import rmsnorm as rn
 from snippets.part5 import rope as rp
 from snippets.part5 import swiglu as sw
 from snippets.part8 import decode_attention as da
-from snippets.part8.kv_cache import ContiguousKVCache, PagedKVCache
+from snippets.part8.kv_cache import ContiguousKVCache, OutOfBlocks, PagedKVCache
 
 BACKENDS = ("torch", "book")
 CACHES = ("paged", "contiguous")
@@ -171,6 +171,10 @@ def causal_gqa_attention(q, k, v):
 
 
 # --8<-- [start:backends]
+# The book's decode attention is the split-KV version with its default chunk count (one chunk, the
+# single-launch kernel, when the batch fills the GPU). It checks shapes on every call; the checks of
+# the tables' contents (which read them back from the GPU: a synchronisation) run once a step in
+# decode_step, for all layers, which share the tables.
 def _book_prefill_attention(q, k, v):
     """Part 5's FlashAttention (causal). It has no grouped-query path, so each kv head is repeated
     for its query heads first: a copy of K and V the size of the prompt's (an exercise)."""
@@ -186,8 +190,7 @@ OPS = {   # backend -> the five ops a model needs besides the matrix products
               "decode_attention": da.paged_attention_ref},
     "book": {"norm": rn.rmsnorm_triton, "rope": rp.rope_triton, "glu": sw.swiglu_triton,
              "prefill_attention": _book_prefill_attention,
-             "decode_attention": lambda q, kc, vc, t, n: da.paged_decode_attention(
-                 q, kc, vc, t, n, num_splits=None)},
+             "decode_attention": da.paged_attention_split},
 }
 # --8<-- [end:backends]
 
@@ -231,33 +234,79 @@ def _check_tokens(name: str, model: Llama, tokens: torch.Tensor, dims: int) -> N
 # --8<-- [start:cache]
 class ModelCache:
     """One KV cache per layer, ``"paged"`` (Part 8's PagedKVCache, read by decode attention through
-    block tables) or ``"contiguous"`` (ContiguousKVCache, a slot of max_seq tokens per sequence;
-    the torch backend only, as the check that paging changes nothing). Sequences are 0 .. B-1."""
+    block tables) or ``"contiguous"`` (ContiguousKVCache, a slot of ``max_len`` tokens per
+    sequence; the torch backend only, as the check that paging changes nothing). Sequences are
+    0 .. B-1; room for ``max_len`` tokens each (the model's max_seq unless given)."""
 
-    def __init__(self, model: Llama, batch: int, kind: str = "paged") -> None:
+    def __init__(self, model: Llama, batch: int, kind: str = "paged",
+                 max_len: int | None = None) -> None:
         if kind not in CACHES:
             raise ValueError(f"ModelCache: kind must be one of {CACHES}, got {kind!r}")
         cfg, w = model.cfg, model.embed
         self.kind, self.seqs = kind, list(range(check_int("ModelCache: batch", batch, 1)))
+        max_len = cfg.max_seq if max_len is None else check_int("ModelCache: max_len", max_len, 1)
         args = (cfg.n_kv_heads, cfg.head_dim)
         if kind == "paged":
-            per_seq = -(-cfg.max_seq // BLOCK_SIZE)
+            per_seq = -(-max_len // BLOCK_SIZE)
             self.layers = [PagedKVCache(batch * per_seq, BLOCK_SIZE, *args, per_seq,
                                         dtype=w.dtype, device=w.device)
                            for _ in range(cfg.n_layers)]
         else:
-            self.layers = [ContiguousKVCache(batch, cfg.max_seq, *args, dtype=w.dtype,
+            self.layers = [ContiguousKVCache(batch, max_len, *args, dtype=w.dtype,
                                              device=w.device) for _ in range(cfg.n_layers)]
         for c in self.layers:
             for s in self.seqs:
                 c.add_sequence(s)
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """K and V of new tokens, each (B, T, Hkv, D), after each sequence's last."""
-        c = self.layers[layer]
-        for b in self.seqs:
-            for t in range(k.shape[1]):
-                c.append(b, k[b, t], v[b, t])
+        """K and V of new tokens, each (B, T, Hkv, D), after each sequence's last: the blocks and
+        slots are found on the host (Python), then the whole batch is written with one indexed
+        copy for K and one for V, not one call of ``PagedKVCache.append`` per token (which a
+        4096-token prompt of 64 sequences would make 262144 times a layer). The bookkeeping is
+        PagedKVCache's own: its allocator, block tables and lengths."""
+        c, t = self.layers[layer], k.shape[1]
+        if self.kind == "contiguous":
+            for b in self.seqs:
+                n = c.length[b]
+                if n + t > c.max_len:
+                    raise ValueError(f"ModelCache.append: sequence {b} would pass max_len "
+                                     f"{c.max_len}")
+                c.k[c.slot[b], n:n + t], c.v[c.slot[b], n:n + t] = k[b], v[b]
+                c.length[b] = n + t
+            return
+        for b in self.seqs:                          # every check before any change
+            self._check_room(c, b, t)
+        if sum(self._blocks_needed(c, b, t) for b in self.seqs) > c.allocator.num_free:
+            raise OutOfBlocks(f"ModelCache.append: not enough free blocks for {t} more tokens "
+                              f"of {len(self.seqs)} sequences ({c.allocator.num_free} free)")
+        rows = torch.cat([self._reserve(c, b, t) for b in self.seqs]).to(c.k.device)
+        c.k.view(-1, *c.k.shape[2:])[rows] = k.reshape(-1, *k.shape[2:])
+        c.v.view(-1, *c.v.shape[2:])[rows] = v.reshape(-1, *v.shape[2:])
+
+    @staticmethod
+    def _blocks_needed(c: PagedKVCache, seq: int, t: int) -> int:
+        return -(-(c.length[seq] + t) // c.block_size) - len(c.tables[seq])
+
+    @classmethod
+    def _check_room(cls, c: PagedKVCache, seq: int, t: int) -> None:
+        """Room in ``seq``'s table for ``t`` more tokens, and a last block of its own (the capstone
+        never forks, so no block it writes is shared; checked)."""
+        table = c.tables[seq]
+        if len(table) + cls._blocks_needed(c, seq, t) > c.max_blocks_per_seq:
+            raise ValueError(f"ModelCache.append: sequence {seq} would pass its "
+                             f"{c.max_blocks_per_seq} blocks of {c.block_size} tokens")
+        if c.length[seq] % c.block_size and c.allocator.refcount(table[-1]) > 1:
+            raise ValueError(f"ModelCache.append: sequence {seq}'s last block is shared")
+
+    @classmethod
+    def _reserve(cls, c: PagedKVCache, seq: int, t: int) -> torch.Tensor:
+        """New blocks from the allocator for ``t`` more tokens of ``seq`` (checked before), the new
+        length; returns the tokens' rows in the flattened (blocks x block_size) storage."""
+        n, table, bs = c.length[seq], c.tables[seq], c.block_size
+        table += [c.allocator.allocate() for _ in range(cls._blocks_needed(c, seq, t))]
+        c.length[seq] = n + t
+        pos = torch.arange(n, n + t)
+        return torch.tensor(table)[pos // bs] * bs + pos % bs
 
     def tables(self):
         """(block_tables, seq_lens) of the batch; every layer's tables are layer 0's."""
@@ -279,18 +328,24 @@ def _null(name: str):
 
 # --8<-- [start:prefill]
 def prefill(model: Llama, tokens: torch.Tensor, backend: str = "torch",
-            cache: ModelCache | None = None) -> tuple[torch.Tensor, ModelCache | None]:
-    """The prompt ``tokens`` (B, S) in one pass: logits (B, S, vocab), and each layer's K and V
-    (after RoPE) written to ``cache`` if one is given. Attention is causal over the prompt."""
+            cache: ModelCache | None = None,
+            last_only: bool = False) -> tuple[torch.Tensor, ModelCache | None]:
+    """The prompt ``tokens`` (B, S) in one pass: logits (B, S, vocab), or (B, 1, vocab) of the
+    last position if ``last_only`` (all generation needs: B x S x vocab logits of a long prompt
+    can outweigh the model), and each layer's K and V (after RoPE) written to ``cache`` if one is
+    given. Attention is causal over the prompt."""
     ops = _check_backend("prefill", model, backend)
     _check_tokens("prefill", model, tokens, 2)
     if tokens.shape[1] > model.cfg.max_seq:
         raise ValueError(f"prefill: prompt of {tokens.shape[1]} tokens exceeds max_seq "
                          f"{model.cfg.max_seq}")
-    return _prefill(model, tokens, ops, cache), cache
+    if not isinstance(last_only, bool):
+        raise TypeError(f"prefill: last_only must be a bool, got {last_only!r}")
+    return _prefill(model, tokens, ops, cache, last_only), cache
 
 
-def _prefill(model: Llama, tokens: torch.Tensor, ops: dict, cache: ModelCache | None):
+def _prefill(model: Llama, tokens: torch.Tensor, ops: dict, cache: ModelCache | None,
+             last_only: bool = False):
     """prefill on checked inputs: the logits."""
     cfg = model.cfg
     b, s = tokens.shape
@@ -309,6 +364,8 @@ def _prefill(model: Llama, tokens: torch.Tensor, ops: dict, cache: ModelCache | 
         x = x + o.transpose(1, 2).reshape(b, s, h * d) @ layer.wo.T
         m = ops["norm"](x, layer.mlp_norm)
         x = x + ops["glu"](m @ layer.wg.T, m @ layer.wu.T) @ layer.wd.T
+    if last_only:
+        x = x[:, -1:].contiguous()
     return ops["norm"](x, model.norm) @ model.lm_head.T
 # --8<-- [end:prefill]
 
@@ -349,6 +406,9 @@ def decode_step(model: Llama, tokens: torch.Tensor, cache: ModelCache, backend: 
             if tables is None and cache.kind == "paged":
                 tables = cache.tables()                # one host-to-device copy a step
         with timer("attention"):
+            if i == 0 and backend == "book":        # once a step: the tables are every layer's
+                c = cache.layers[0]
+                da.check_decode_inputs("decode_step", q[:, 0], c.k, c.v, *tables)
             o = _decode_attention(ops, cache, i, q[:, 0], tables)        # (B, H, D)
         with timer("o_proj"):
             x = x + o.reshape(b, 1, h * d) @ layer.wo.T
@@ -422,9 +482,9 @@ def generate(model: Llama, prompt: torch.Tensor, max_new_tokens: int, backend: s
             raise ValueError(f"generate: forced must have shape ({b}, {n}), got "
                              f"{tuple(forced.shape)}")
     gen = torch.Generator().manual_seed(seed)
-    kv = ModelCache(model, b, cache)
+    kv = ModelCache(model, b, cache, max_len=s + n)
     with torch.no_grad():
-        logits = prefill(model, prompt, backend, kv)[0][:, -1]
+        logits = prefill(model, prompt, backend, kv, last_only=True)[0][:, -1]
         out, seen = [], [logits]
         for i in range(n):
             tok = pick(logits, t, gen) if forced is None else forced[:, i]
@@ -491,10 +551,11 @@ def profile_decode(model: Llama, batch: int, context: int, backend: str = "book"
                          f"max_seq {model.cfg.max_seq}")
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(model.cfg.vocab, (batch, context), generator=gen)
-    kv = ModelCache(model, batch, "paged")
+    kv = ModelCache(model, batch, "paged", max_len=context + warmup + steps + 1)
     totals: dict[str, float] = {}
     with torch.no_grad():
-        tok = prefill(model, prompt.to(model.embed.device), backend, kv)[0][:, -1].argmax(-1)
+        logits = prefill(model, prompt.to(model.embed.device), backend, kv, last_only=True)[0]
+        tok = logits[:, -1].argmax(-1)
         for i in range(warmup + steps):
             timer = SectionTimer(model.embed.device)
             tok = decode_step(model, tok, kv, backend, timer).argmax(-1)
