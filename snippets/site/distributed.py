@@ -77,18 +77,32 @@ def render_topology(results_dir: Path) -> str:
     return "\n\n".join(out)
 
 
-def render_sweep(op: str, results_dir: Path) -> str:
-    machines = [m for m in _machines(results_dir) if "sweep" in m["runs"]]
+def _render(results_dir: Path, run: str, what: str, body) -> str:
+    """One table per machine that has ``run``: ``body(machine, entry)`` gives its lines (none when
+    the machine has nothing for this directive), under the machine's heading; then the world sizes
+    not measured yet and the provenance footnotes."""
+    machines = [m for m in _machines(results_dir) if run in m["runs"]]
     out, notes = [], []
     for m in machines:
-        e = m["runs"]["sweep"]
+        lines = body(m, m["runs"][run])
+        if not lines:
+            continue
+        head, note = _heading(m, run, what)
+        notes.append(note)
+        out.append("\n".join([head, "", *lines]))
+    missing = _missing(machines, run)
+    if missing:
+        out.append(missing)
+    return "\n\n".join(out + notes) if out else "*Not measured yet.*"
+
+
+def render_sweep(op: str, results_dir: Path) -> str:
+    def body(m: dict[str, Any], e: dict[str, Any]) -> list[str]:
         rows = [r for r in e["records"] if r["op"] == op]
         if not rows:
-            continue
+            return []
         fit = next((f for f in e.get("fits", []) if f["op"] == op and "alpha_s" in f), None)
-        head, note = _heading(m, "sweep", f"sweep-{op}")
-        notes.append(note)
-        lines = [head, "", "| message | time (µs) | algbw (GB/s) | busbw (GB/s) | model error |",
+        lines = ["| message | time (µs) | algbw (GB/s) | busbw (GB/s) | model error |",
                  "|--:|--:|--:|--:|--:|"]
         for r in rows:
             err = ""
@@ -104,11 +118,9 @@ def render_sweep(op: str, results_dir: Path) -> str:
                       f"{fit['alpha_s'] * 1e6:.1f} µs, \\(\\beta\\) = "
                       f"{fit['beta_bytes_per_s'] / 1e9:.0f} GB/s; worst error {worst:.0f}% "
                       f"(goal: within {MODEL_GOAL:.0%} over the whole sweep: **{verdict}**)."]
-        out.append("\n".join(lines))
-    missing = _missing(machines, "sweep")
-    if missing:
-        out.append(missing)
-    return "\n\n".join(out + notes) if out else "*Not measured yet.*"
+        return lines
+
+    return _render(results_dir, "sweep", f"sweep-{op}", body)
 
 
 def _by(records: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, Any]]]:
@@ -120,19 +132,14 @@ def _by(records: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, Any]]]:
 
 
 def render_ring(results_dir: Path) -> str:
-    machines = [m for m in _machines(results_dir) if "fast_allreduce" in m["runs"]]
-    out, notes = [], []
-    for m in machines:
-        e = m["runs"]["fast_allreduce"]
-        table = {n: v for n, v in _by(e["records"]).items() if "nccl" in v and any(
-            k.startswith("ring") for k in v)}
+    def body(m: dict[str, Any], e: dict[str, Any]) -> list[str]:
+        table = {n: v for n, v in _by(e["records"]).items()
+                 if "nccl" in v and any(k.startswith("ring") for k in v)}
         if not table:
-            continue
+            return []
         rings = sorted({k for v in table.values() for k in v if k.startswith("ring")})
-        head, note = _heading(m, "fast_allreduce", "ring")
-        notes.append(note)
         cols = " | ".join(f"book {k} (GB/s)" for k in rings)
-        lines = [head, "", f"| message | NCCL busbw (GB/s) | {cols} | best book / NCCL |",
+        lines = [f"| message | NCCL busbw (GB/s) | {cols} | best book / NCCL |",
                  "|--:|--:|" + "--:|" * len(rings) + "--:|"]
         for n in sorted(table):
             v = table[n]
@@ -147,25 +154,18 @@ def render_ring(results_dir: Path) -> str:
             verdict = "met" if best >= goal else "not met"
             lines += ["", f"Goal at 256 MiB on {m['world_size']} GPUs: the book's ring at "
                       f"\\(\\ge\\) {goal:.0%} of NCCL's bus bandwidth: {best:.1%}, **{verdict}**."]
-        out.append("\n".join(lines))
-    missing = _missing(machines, "fast_allreduce")
-    if missing:
-        out.append(missing)
-    return "\n\n".join(out + notes) if out else "*Not measured yet.*"
+        return lines
+
+    return _render(results_dir, "fast_allreduce", "ring", body)
 
 
 def render_one_shot(results_dir: Path) -> str:
-    machines = [m for m in _machines(results_dir) if "fast_allreduce" in m["runs"]]
-    out, notes = [], []
-    for m in machines:
-        e = m["runs"]["fast_allreduce"]
+    def body(m: dict[str, Any], e: dict[str, Any]) -> list[str]:
         table = {n: v for n, v in _by(e["records"]).items() if "one_shot" in v and "nccl" in v}
         if not table:
-            continue
-        head, note = _heading(m, "fast_allreduce", "one-shot")
-        notes.append(note)
-        lines = [head, "", "| message | NCCL (µs) | book one-shot (µs) | PyTorch one-shot, "
-                 "library (µs) | book / NCCL |", "|--:|--:|--:|--:|--:|"]
+            return []
+        lines = ["| message | NCCL (µs) | book one-shot (µs) | PyTorch one-shot, library (µs) "
+                 "| book / NCCL |", "|--:|--:|--:|--:|--:|"]
         for n in sorted(table):
             v = table[n]
             lib = f"{v['torch_one_shot']['seconds'] * 1e6:.1f}" if "torch_one_shot" in v else "–"
@@ -178,34 +178,29 @@ def render_one_shot(results_dir: Path) -> str:
             verdict = "met" if ratio <= ONE_SHOT_GOAL else "not met"
             lines += ["", "Goal at 256 KiB on 2 GPUs: the book's one-shot at \\(\\le\\) "
                       f"{ONE_SHOT_GOAL}x NCCL's latency: {ratio:.2f}x, **{verdict}**."]
-        out.append("\n".join(lines))
-    missing = _missing(machines, "fast_allreduce")
-    if missing:
-        out.append(missing)
-    return "\n\n".join(out + notes) if out else "*Not measured yet.*"
+        return lines
+
+    return _render(results_dir, "fast_allreduce", "one-shot", body)
+
+
+NAMES = {"single": "one GPU", "ddp_book": "BucketedDDP (book)",
+         "ddp_torch": "DistributedDataParallel (library)", "fsdp2": "FSDP2 (library)"}
 
 
 def render_scaling(results_dir: Path) -> str:
-    machines = [m for m in _machines(results_dir) if "scaling" in m["runs"]]
-    out, notes = [], []
-    for m in machines:
-        e = m["runs"]["scaling"]
+    def body(m: dict[str, Any], e: dict[str, Any]) -> list[str]:
         recs = e["records"]
         single = next((r for r in recs if r["mode"] == "single"), None)
-        head, note = _heading(m, "scaling", "scaling")
-        notes.append(note)
-        lines = [head, "", "| version | GPUs | step (ms) | tokens/s | weak scaling | MFU |",
+        lines = ["| version | GPUs | step (ms) | tokens/s | weak scaling | MFU |",
                  "|:--|--:|--:|--:|--:|--:|"]
         for r in sorted(recs, key=lambda r: (r["world_size"], r["mode"])):
             weak = ""
-            if single and r["mode"] != "single" and r["mode"] != "fsdp2":
+            if single and r["mode"] in ("ddp_book", "ddp_torch"):
                 weak = f"{r['tokens_per_s'] / (r['world_size'] * single['tokens_per_s']):.1%}"
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "–"
-            name = {"single": "one GPU", "ddp_book": "BucketedDDP (book)",
-                    "ddp_torch": "DistributedDataParallel (library)",
-                    "fsdp2": "FSDP2 (library)"}.get(r["mode"], r["mode"])
-            lines.append(f"| {name} | {r['world_size']} | {r['seconds_per_step'] * 1e3:.0f} | "
-                         f"{r['tokens_per_s']:,.0f} | {weak} | {mfu} |")
+            lines.append(f"| {NAMES.get(r['mode'], r['mode'])} | {r['world_size']} | "
+                         f"{r['seconds_per_step'] * 1e3:.0f} | {r['tokens_per_s']:,.0f} | "
+                         f"{weak} | {mfu} |")
         peak = next((r.get("peak_from") for r in recs if r.get("peak_from")), None)
         if peak:
             lines += ["", f"MFU is measured against the {peak} rate of one GPU."]
@@ -220,11 +215,9 @@ def render_scaling(results_dir: Path) -> str:
             verdict = "met" if fsdp["mfu"] >= MFU_GOAL else "not met"
             lines += ["", f"Goal: FSDP2 on 4 GPUs at \\(\\ge\\) {MFU_GOAL:.0%} MFU: "
                       f"{fsdp['mfu']:.1%}, **{verdict}**."]
-        out.append("\n".join(lines))
-    missing = _missing(machines, "scaling")
-    if missing:
-        out.append(missing)
-    return "\n\n".join(out + notes) if out else "*Not measured yet.*"
+        return lines
+
+    return _render(results_dir, "scaling", "scaling", body)
 
 
 def render_dist(pos: list[str], results_dir: Path) -> str:
