@@ -16,9 +16,10 @@ The model (Llama 3's layout, random weights from a seed, nothing downloaded):
 
 Two backends run the same weights: ``"torch"`` (the PyTorch references of the ops) and ``"book"``
 (the kernels): Part 5's ``rmsnorm_triton``, ``rope_triton``, ``swiglu_triton`` and
-``attention_triton`` (causal, for the prompt), Part 8's ``paged_decode_attention`` (one new token
-per sequence, through the block tables). The matrix products are cuBLAS's in both (``@``): the
-kernels of the book that replace them (Part 4's matmul, Part 8's int4 GEMM) are exercises.
+``attention_triton`` (causal, for the prompt), Part 8's paged decode attention
+(``paged_attention_split``: one new token per sequence, through the block tables). The matrix
+products are cuBLAS's in both (``@``): the book's kernels that could replace them (Part 4's
+matmul, Part 8's int4 GEMM for quantised weights) are a next step, not taken here.
 
 ``generate`` prefills a batch of prompts of one length, then decodes token by token with one
 :class:`~snippets.part8.kv_cache.PagedKVCache` per layer (the layers allocate blocks in lockstep,
