@@ -32,7 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CU = REPO_ROOT / "csrc" / gemm.CU_FILE
 NVCC = shutil.which("nvcc")
 requires_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
-VERSIONS = ("v1", "v2", "v3", "v4")
+VERSIONS = ("v1", "v2", "v3", "v4", "v5")
 
 
 def _cuobjdump() -> str | None:
@@ -103,6 +103,10 @@ def test_sass_uses_wgmma_tma_and_setmaxnreg(cubin):
         assert "SYNCS.PHASECHK" in code, f"{version}: no mbarrier wait"
         has_setmaxnreg = "USETMAXREG" in code
         assert has_setmaxnreg == (cfg.threads == 384), f"{version}: setmaxnreg {has_setmaxnreg}"
+        multicast = "UTMALDG.2D.MULTICAST" in code  # v5's shared half of B
+        assert multicast == (cfg.cluster > 1), f"{version}: multicast {multicast}"
+        cluster_barrier = "UCGABAR" in code
+        assert cluster_barrier == (cfg.cluster > 1), f"{version}: cluster barrier {cluster_barrier}"
         assert "HMMA" not in code.replace("HGMMA", ""), f"{version}: falls back to mma.sync"
 
 
@@ -136,7 +140,9 @@ def test_constants_match_the_launcher():
         cfg = gemm.CONFIGS[v]
         assert (c["BM_WS"], c["BN_WS"], c["STAGES_WS"]) == (cfg.block_m, cfg.block_n, cfg.stages)
         assert cfg.threads == (1 + c["CONSUMERS"]) * c["WG_THREADS"]
+    assert c["CLUSTER"] == gemm.CONFIGS["v5"].cluster
     text = CU.read_text()
+    assert f"__cluster_dims__({c['CLUSTER']}, 1, 1)" in text
     for cfg in gemm.CONFIGS.values():  # each kernel is declared with its block size
         assert re.search(rf"__launch_bounds__\({cfg.threads}, 1\)\s*{cfg.kernel}\(", text)
 
@@ -176,13 +182,19 @@ def test_tile_order_visits_every_tile_once(tiles_m, tiles_n):
 
 @pytest.mark.op("hopper_gemm")
 def test_every_config_fits_shared_memory():
+    a = torch.empty((8192, 8192), dtype=torch.bfloat16, device="meta")  # shapes, no memory
     for version, cfg in gemm.CONFIGS.items():
         assert cfg.smem_bytes <= SMEM_LIMIT_SM90, version
-        ops = check_gemm_operands(8192, 8192, 8192, 2, cfg.block_m, cfg.block_n, gemm.BLOCK_K,
-                                  gemm.SWIZZLE, stages=cfg.stages,
-                                  reserved_bytes=cfg.reserved_bytes)
-        # what each stage's mbarrier expects is what the kernel passes to expect_tx
-        assert ops.expect_tx_bytes == cfg.stage_bytes
+        _, _, _, ops = gemm.check_hopper_gemm(version, a, a, cfg)
+        assert ops.a.box_shape == (gemm.BLOCK_K, cfg.block_m)
+        assert ops.b.box_shape == (gemm.BLOCK_K, cfg.block_n // cfg.cluster)
+        # what each stage's mbarrier expects (the kernels' expect_tx: the stage's bytes) is what
+        # the copies deliver: A's box and every block's share of B
+        assert ops.a.expect_tx_bytes() + cfg.cluster * ops.b.expect_tx_bytes() == cfg.stage_bytes
+        plain = check_gemm_operands(8192, 8192, 8192, 2, cfg.block_m, cfg.block_n, gemm.BLOCK_K,
+                                    gemm.SWIZZLE, stages=cfg.stages,
+                                    reserved_bytes=cfg.reserved_bytes)
+        assert plain.expect_tx_bytes == cfg.stage_bytes
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,7 +239,7 @@ def test_good_cpu_input_asks_for_a_gpu():
 @pytest.mark.op("hopper_gemm")
 def test_registration():
     op = gemm.hopper_gemm
-    assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4"]
+    assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4", "v5"]
     assert op.impls["v0"].origin == "library"
     assert op.metric == "TFLOP/s" and op.ceiling == "gemm_bf16"
     assert op.headline == {"m": 8192, "n": 8192, "k": 8192}

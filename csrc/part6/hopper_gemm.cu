@@ -10,6 +10,8 @@
 //   v3  warp specialisation: a producer warpgroup issues TMA, two consumer warpgroups multiply a
 //       128 x 256 tile (64 x 256 each); setmaxnreg moves registers from producer to consumers
 //   v4  like v3, persistent: one block per SM walks the tiles in grouped order (L2 reuse)
+//   v5  like v4 in clusters of two blocks along M: each loads half of the B tile they share and
+//       TMA multicasts it into both blocks' shared memory
 //
 // The tensor maps are built on the host (snippets/part6/gemm.py, cuTensorMapEncodeTiled) and passed
 // in global memory: 128 bytes for A, then 128 bytes for B. The kernels read no other argument of
@@ -28,6 +30,13 @@
 #define HG_SM90A 0
 #endif
 
+// v5's clusters: a compile-time cluster shape, which targets before sm_90 refuse
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define HG_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
+#else
+#define HG_CLUSTER_DIMS
+#endif
+
 // --8<-- [start:constants]
 namespace hg {
 constexpr int BLOCK_K = 64;              // bf16 elements of K per stage: one 128-byte swizzled row
@@ -42,6 +51,7 @@ constexpr int BM_V1 = 128, BN_V1 = 128, STAGES_V2 = 4;
 constexpr int BM_WS = 128, BN_WS = 256, STAGES_WS = 4, CONSUMERS = 2;
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 x 40 + 256 x 232 <= 65536
 constexpr int GROUP_M = 8;  // v4: tile rows per group of the grouped (L2-friendly) order
+constexpr int CLUSTER = 2;  // v5: blocks per cluster, along M; they share B's tiles
 
 // What the constants promise, checked where they are written
 static_assert(PRODUCER_REGS % 8 == 0 && CONSUMER_REGS % 8 == 0, "setmaxnreg takes multiples of 8");
@@ -51,6 +61,7 @@ static_assert(BM_WS == 64 * CONSUMERS && BN_WS <= 256, "one m64n256 wgmma row bl
 static_assert(STAGES_WS * (BM_WS + BN_WS) * ROW_BYTES + SWIZZLE_REPEAT <= 227 * 1024,
               "v3/v4 stages must fit 227 KB of shared memory");
 static_assert(GROUP_M > 0 && STAGES_V2 > 1, "a group and a pipeline need at least one");
+static_assert(BN_WS % CLUSTER == 0, "v5: each block of a cluster loads an equal share of B");
 static_assert(TMAP_BYTES == 128 && BM_V1 == 128 && BN_V1 == 128,
               "v1/v2 issue two m64n128 wgmmas per 16 of K; a CUtensorMap is 128 bytes");
 }  // namespace hg
@@ -105,9 +116,15 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
+// A phase that never completes is a bug (a wrong parity, a byte count that never arrives): after
+// WAIT_LIMIT_CLOCKS (seconds) the wait traps, so a broken kernel fails its launch instead of
+// hanging the process.
+constexpr long long WAIT_LIMIT_CLOCKS = 1ll << 34;
+
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     uint32_t done;
-    do {
+    long long start = 0;
+    while (true) {
         asm volatile(
             "{\n.reg .pred p;\n"
             "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
@@ -115,7 +132,10 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
             : "=r"(done)
             : "r"(bar), "r"(parity)
             : "memory");
-    } while (!done);
+        if (done) return;
+        if (start == 0) start = clock64();
+        else if (clock64() - start > WAIT_LIMIT_CLOCKS) __trap();
+    }
 }
 // --8<-- [end:mbarrier]
 
@@ -139,6 +159,40 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint
         : "memory");
 }
 // --8<-- [end:tma]
+
+// --8<-- [start:cluster]
+// v5: the cluster of two blocks. The multicast copy writes the same box to the same shared-memory
+// offset in every block of cta_mask and completes the transaction bytes on the barrier at the same
+// offset in each. A barrier of another block is reached through its shared::cluster address (mapa).
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ void cluster_sync() {  // every thread of both blocks
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* tmap, uint32_t bar,
+                                                      int k, int row, uint16_t cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;"
+        ::"r"(dst), "l"(tmap), "r"(bar), "r"(k), "r"(row), "h"(cta_mask)
+        : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
+    asm volatile(
+        "{\n.reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}"
+        ::"r"(bar), "r"(cta)
+        : "memory");
+}
+// --8<-- [end:cluster]
 
 // --8<-- [start:wgmma]
 // wgmma is asynchronous: fence before the first one that touches registers written by ordinary
@@ -571,3 +625,94 @@ hopper_gemm_v4(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C,
 #endif
 }
 // --8<-- [end:v4]
+
+// -------------------------------------------------------------------------------------------------
+// v5: v4 in clusters of two blocks along M; each block loads half of B and multicasts it to both
+// -------------------------------------------------------------------------------------------------
+
+// --8<-- [start:v5]
+extern "C" __global__ void HG_CLUSTER_DIMS __launch_bounds__(384, 1)
+hopper_gemm_v5(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C, int M, int N,
+               int K) {
+#if HG_SM90A
+    using namespace hg;
+    constexpr uint32_t B_HALF_BYTES = BN_WS / CLUSTER * ROW_BYTES;  // 16 KB: 128 rows of B
+    extern __shared__ uint8_t smem[];
+    const uint32_t base = align_up(smem_u32(smem), SWIZZLE_REPEAT);
+    const uint32_t full = base + STAGES_WS * WS_STAGE_BYTES, empty = full + STAGES_WS * 8;
+    const uint32_t rank = cluster_rank();
+    if (threadIdx.x == 0) {
+        tmap_acquire(tmaps);
+        tmap_acquire(tmaps + TMAP_BYTES);
+        for (int s = 0; s < STAGES_WS; ++s) {
+            mbar_init(full + 8 * s, 1);  // own expect_tx; the bytes come from both blocks' copies
+            // a stage may be refilled once the consumers of BOTH blocks are done with it: the
+            // peer's half of B lands in this block's stage, this block's half in the peer's
+            mbar_init(empty + 8 * s, CLUSTER * CONSUMERS * WG_THREADS / 32);
+        }
+        mbar_fence_init();
+    }
+    cluster_sync();  // both blocks' barriers exist before either block's copies signal them
+
+    const int wg = threadIdx.x / WG_THREADS;
+    const int pairs_m = (M + CLUSTER * BM_WS - 1) / (CLUSTER * BM_WS);
+    const int tiles_n = (N + BN_WS - 1) / BN_WS;
+    const int clusters = gridDim.x / CLUSTER, cluster = blockIdx.x / CLUSTER;
+    const int k_tiles = (K + BLOCK_K - 1) / BLOCK_K;
+    int it = 0, pm, pn;
+    if (wg == 0) {
+        regs_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            for (int t = cluster; t < pairs_m * tiles_n; t += clusters) {
+                tile_coords(t, pairs_m, tiles_n, pm, pn);
+                const int m0 = (pm * CLUSTER + rank) * BM_WS, n0 = pn * BN_WS;
+                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                    const uint32_t s = it % STAGES_WS, a = base + s * WS_STAGE_BYTES;
+                    if (it >= STAGES_WS) mbar_wait(empty + 8 * s, (it / STAGES_WS - 1) & 1);
+                    mbar_arrive_expect_tx(full + 8 * s, WS_STAGE_BYTES);  // A + both halves of B
+                    tma_load_2d(a, tmaps, full + 8 * s, kt * BLOCK_K, m0);
+                    tma_load_2d_multicast(a + WS_A_BYTES + rank * B_HALF_BYTES, tmaps + TMAP_BYTES,
+                                          full + 8 * s, kt * BLOCK_K, n0 + rank * (BN_WS / 2),
+                                          (1 << CLUSTER) - 1);
+                }
+            }
+        }
+    } else {
+        regs_inc<CONSUMER_REGS>();
+        const int c = wg - 1, lane = threadIdx.x % 32;
+        float d[BN_WS / 2];
+        for (int t = cluster; t < pairs_m * tiles_n; t += clusters) {
+            tile_coords(t, pairs_m, tiles_n, pm, pn);
+#pragma unroll
+            for (int i = 0; i < BN_WS / 2; ++i) d[i] = 0.0f;
+            for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                const uint32_t s = it % STAGES_WS, a = base + s * WS_STAGE_BYTES;
+                mbar_wait(full + 8 * s, (it / STAGES_WS) & 1);
+                wgmma_fence();
+                fence_regs(d);
+#pragma unroll
+                for (int kk = 0; kk < BLOCK_K / 16; ++kk)
+                    wgmma_m64n256k16(d, make_desc(a + c * 64 * ROW_BYTES + kk * 32),
+                                     make_desc(a + WS_A_BYTES + kk * 32));
+                wgmma_commit();
+                wgmma_wait<1>();
+                fence_regs(d);
+                if (kt > 0 && lane == 0)
+                    for (uint32_t r = 0; r < CLUSTER; ++r)
+                        mbar_arrive_cluster(empty + 8 * ((it - 1) % STAGES_WS), r);
+            }
+            wgmma_wait<0>();
+            fence_regs(d);
+            if (lane == 0)
+                for (uint32_t r = 0; r < CLUSTER; ++r)
+                    mbar_arrive_cluster(empty + 8 * ((it - 1) % STAGES_WS), r);
+            store_acc<BN_WS>(d, C, M, N, (pm * CLUSTER + rank) * BM_WS + c * 64, pn * BN_WS);
+        }
+    }
+    // no block may exit while its peer can still arrive on its barriers
+    cluster_sync();
+#else
+    __trap();
+#endif
+}
+// --8<-- [end:v5]

@@ -16,6 +16,8 @@ Versions of ``hopper_gemm`` (never renumbered):
 - v3  warp specialisation: a producer warpgroup (TMA, ``setmaxnreg.dec``) and two consumer
   warpgroups (``setmaxnreg.inc``), a 128 x 256 tile, m64n256k16 per consumer.
 - v4  like v3, persistent: one block per SM walks the tiles in grouped order for L2 reuse.
+- v5  like v4 in clusters of two blocks along M: each block loads half of the B tile the two
+  share and TMA multicasts it into both blocks' shared memory.
 
 How the kernels are built: ``wgmma`` and ``setmaxnreg`` exist only for the arch-specific target
 ``sm_90a``, which CuPy's NVRTC path (``snippets.cuda``, which compiles for the device's plain
@@ -61,7 +63,9 @@ GRID_Y_MAX = 65535
 class HopperConfig:
     """How one version is launched: a block of ``threads`` computes ``block_m`` x ``block_n`` of C
     with ``stages`` K-slices in shared memory; ``persistent``: one block per SM loops over the
-    tiles. These numbers are the constants of hopper_gemm.cu (tests/test_part6_gemm.py compares)."""
+    tiles; ``cluster``: blocks per cluster (along M), which share B's tiles, each loading
+    ``b_box_rows`` of them. These numbers are the constants of hopper_gemm.cu
+    (tests/test_part6_gemm.py compares)."""
 
     kernel: str
     block_m: int
@@ -69,6 +73,12 @@ class HopperConfig:
     stages: int
     threads: int
     persistent: bool = False
+    cluster: int = 1
+
+    @property
+    def b_box_rows(self) -> int:
+        """Rows of B one block's TMA box covers: all of its tile, or its share in a cluster."""
+        return self.block_n // self.cluster
 
     @property
     def stage_bytes(self) -> int:
@@ -94,6 +104,8 @@ CONFIGS = {
     "v2": HopperConfig("hopper_gemm_v2", 128, 128, stages=4, threads=128),
     "v3": HopperConfig("hopper_gemm_v3", 128, 256, stages=4, threads=384),
     "v4": HopperConfig("hopper_gemm_v4", 128, 256, stages=4, threads=384, persistent=True),
+    "v5": HopperConfig("hopper_gemm_v5", 128, 256, stages=4, threads=384, persistent=True,
+                       cluster=2),
 }
 GROUP_M = 8  # v4's grouped tile order
 # --8<-- [end:configs]
@@ -147,9 +159,13 @@ def check_hopper_gemm(name: str, a: object, b: object,
     if n % 8:
         raise ValueError(f"{name}: N = {n} is not a multiple of 8 (the epilogue stores C in pairs "
                          "of columns, 8 to a group)")
+    # B's box is the block's share of the B tile; the rest of the tile (the peer's share in a
+    # cluster) still takes shared memory in every stage
+    peer_bytes = cfg.stages * (cfg.block_n - cfg.b_box_rows) * BLOCK_K * 2
     try:
-        ops = check_gemm_operands(m, n, k, 2, cfg.block_m, cfg.block_n, BLOCK_K, SWIZZLE,
-                                  stages=cfg.stages, reserved_bytes=cfg.reserved_bytes,
+        ops = check_gemm_operands(m, n, k, 2, cfg.block_m, cfg.b_box_rows, BLOCK_K, SWIZZLE,
+                                  stages=cfg.stages,
+                                  reserved_bytes=cfg.reserved_bytes + peer_bytes,
                                   a_address=a.data_ptr(), b_address=b.data_ptr())
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
@@ -301,7 +317,7 @@ def needs_sm90() -> str | None:
 
 # --8<-- [start:launch]
 def _launch(name: str, a: torch.Tensor, b: torch.Tensor, cfg: HopperConfig) -> torch.Tensor:
-    """The one launcher of v1..v4: check, encode both tensor maps, copy them to the GPU, launch."""
+    """The one launcher of v1..v5: check, encode both tensor maps, copy them to the GPU, launch."""
     m, n, k, ops = check_hopper_gemm(name, a, b, cfg)
     if a.device.type != "cuda":
         raise ValueError(f"{name}: a and b must be CUDA tensors, got {a.device}")
@@ -315,9 +331,10 @@ def _launch(name: str, a: torch.Tensor, b: torch.Tensor, cfg: HopperConfig) -> t
     if fn.max_dynamic_shared_size_bytes < cfg.smem_bytes:
         fn.max_dynamic_shared_size_bytes = cfg.smem_bytes  # above 48 KB needs the opt-in
     tiles = (-(-m // cfg.block_m), -(-n // cfg.block_n))
-    if cfg.persistent:
+    if cfg.persistent:  # a whole number of clusters, one block per SM at most
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-        grid: tuple[int, ...] = (min(sms, tiles[0] * tiles[1]),)
+        units = -(-m // (cfg.block_m * cfg.cluster)) * tiles[1]  # tiles, or pairs of tiles
+        grid: tuple[int, ...] = (cfg.cluster * min(sms // cfg.cluster, units),)
     else:
         grid = (tiles[1], tiles[0])
     with torch.cuda.device(a.device):
@@ -351,6 +368,12 @@ def hopper_gemm_v3(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def hopper_gemm_v4(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """v4: like v3, persistent over the tiles in grouped order (grid = number of SMs)."""
     return _launch("hopper_gemm_v4", a, b, CONFIGS["v4"])
+
+
+def hopper_gemm_v5(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v5: like v4 in clusters of 2 along M; each block loads half of the shared B tile and TMA
+    multicasts it to both blocks."""
+    return _launch("hopper_gemm_v5", a, b, CONFIGS["v5"])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -398,4 +421,6 @@ hopper_gemm.add(Impl("v2", hopper_gemm_v2, "CUDA", "like v1, 4 stages, full/empt
 hopper_gemm.add(Impl("v3", hopper_gemm_v3, "CUDA", "producer + 2 consumer warpgroups, 128x256",
                      SOURCES, requires=needs_sm90))
 hopper_gemm.add(Impl("v4", hopper_gemm_v4, "CUDA", "like v3, persistent, grouped tile order",
+                     SOURCES, requires=needs_sm90))
+hopper_gemm.add(Impl("v5", hopper_gemm_v5, "CUDA", "like v4, clusters of 2, B multicast by TMA",
                      SOURCES, requires=needs_sm90))
