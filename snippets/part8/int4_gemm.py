@@ -296,14 +296,14 @@ def dense_linear(x, packed, scales, dense):
 def int4_linear(x, packed, scales, dense=None):
     """v1 with the registry's arguments: int4_gemm(x, packed, scales), no split. ``dense``, v0's
     input, is not read."""
-    refuse_grad("int4_linear", dense, instead="int4_gemm_ref")   # forward-only, like int4_gemm
+    refuse_grad("int4_linear", dense, instead="int4_gemm_ref")   # forward-only
     return int4_gemm(x, packed, scales, split_k=1)
 
 
 def int4_linear_splitk(x, packed, scales, dense=None):
     """v2 with the registry's arguments: int4_gemm with auto_split_k's split. ``dense``, v0's
     input, is not read."""
-    refuse_grad("int4_linear_splitk", dense, instead="int4_gemm_ref")   # forward-only, like int4_gemm
+    refuse_grad("int4_linear_splitk", dense, instead="int4_gemm_ref")   # forward-only
     return int4_gemm(x, packed, scales, split_k=None)
 
 
