@@ -143,7 +143,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // The tensor map lives in global memory, written there by a host-to-device copy: order that write
 // before the tensor-map proxy reads it, and prefetch it into the TMA unit's cache.
 __device__ __forceinline__ void tmap_acquire(const void* tmap) {
-    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(tmap) : "memory");
+    asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;" ::"l"(tmap) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(tmap) : "memory");
 }
 

@@ -227,11 +227,18 @@ def build_cubin() -> Path:
 
 
 @functools.lru_cache(maxsize=None)
+def _module(device_index: int):
+    cupy = cuda.cupy_module()
+    with cupy.cuda.Device(device_index):
+        return cupy.RawModule(path=str(build_cubin()))
+
+
+@functools.lru_cache(maxsize=None)
 def kernel(name: str, device_index: int):
     """The ``__global__`` function ``name`` of the sm_90a cubin, loaded on this device by CuPy."""
     cupy = cuda.cupy_module()
     with cupy.cuda.Device(device_index):
-        return cupy.RawModule(path=str(build_cubin())).get_function(name)
+        return _module(device_index).get_function(name)
 # --8<-- [end:build]
 
 
