@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -135,12 +136,50 @@ def _nvcc_version() -> str:
     return out[-1] if out else "unknown"  # e.g. "Build cuda_13.0.r13.0/compiler.36424714_0"
 
 
+def _cuda_roots() -> list[Path]:
+    """Where a CUDA library's headers and libraries may live: the toolkit (CUDA_HOME, CUDA_PATH, the
+    usual install folders) and, for a toolkit installed without its libraries, the NVIDIA wheels
+    that torch pulls in (site-packages/nvidia/cu13, nvidia/cublas, ...)."""
+    import importlib.util
+
+    roots = [Path(os.environ[v]) for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    roots += [Path("/usr/local/cuda"), *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
+    roots += [r / "targets" / "x86_64-linux" for r in list(roots)]
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        roots += sorted(p for p in Path(base).iterdir() if p.is_dir())
+    return roots
+
+
+@functools.lru_cache(maxsize=None)
+def _cublas() -> tuple[Path, Path | None] | None:
+    """(folder of cublas_v2.h, libcublas.so* or None), or None where no cuBLAS header is found."""
+    for root in _cuda_roots():
+        if (root / "include" / "cublas_v2.h").is_file():
+            libs = sorted((root / d / f) for d in ("lib64", "lib") if (root / d).is_dir()
+                          for f in os.listdir(root / d) if f.startswith("libcublas.so"))
+            return root / "include", (libs[0] if libs else None)
+    return None
+
+
+def _library_options(src: Path) -> list[str]:
+    """nvcc options for the libraries a standalone program includes (only cuBLAS so far); skips the
+    test, with the reason, where the library's headers are not installed."""
+    if "<cublas_v2.h>" not in src.read_text():
+        return []
+    found = _cublas()
+    if found is None:
+        pytest.skip(f"{src.relative_to(REPO_ROOT)} includes cublas_v2.h, and no cuBLAS header was "
+                    "found (the toolkit's include/ or a pip nvidia wheel)")
+    return ["-I", str(found[0])]
+
+
 @requires_nvcc
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("src", _sources(), ids=lambda p: p.relative_to(CSRC).as_posix())
 def test_compiles_without_spills(src: Path, arch: str, tmp_path: Path):
     cmd = [NVCC, "-std=c++17", "-c", f"-arch={arch}", "-Xptxas", "-v", "-I", "csrc/common",
-           str(src.relative_to(REPO_ROOT)), "-o", str(tmp_path / f"{src.stem}.o")]
+           *_library_options(src), str(src.relative_to(REPO_ROOT)), "-o", str(tmp_path / f"{src.stem}.o")]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}{proc.stdout}"
 
@@ -393,3 +432,42 @@ def test_python_lists_compile(arch: str, tmp_path: Path):
     kernels = {name for name, f in functions.items() if f["entry"]}
     assert kernels == {cfg.kernel for cfg in sgemm.TUNED_CONFIGS}
     assert not spilling_functions(functions)
+
+
+def _build_cublas(tmp_path: Path, arch: str) -> tuple[Path, Path]:
+    """Build csrc/standalone/cublas_sgemm.cu; (executable, folder of libcublas). Skips without cuBLAS."""
+    src = CSRC / "standalone" / "cublas_sgemm.cu"
+    found = _cublas()
+    if found is None or found[1] is None:
+        pytest.skip("no cuBLAS header and library found (the toolkit's or a pip nvidia wheel's)")
+    include, lib = found
+    exe = tmp_path / "cublas_sgemm"
+    cmd = [NVCC, "-std=c++17", "-O2", f"-arch={arch}", "-I", "csrc/common", "-I", str(include),
+           str(src.relative_to(REPO_ROOT)), "-o", str(exe), "-L", str(lib.parent), f"-l:{lib.name}"]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}{proc.stdout}"
+    return exe, lib.parent
+
+
+@requires_nvcc
+def test_cublas_program_links(tmp_path: Path):
+    """csrc/standalone/cublas_sgemm.cu (the SGEMM chapter's cuBLAS baseline from C) links against
+    libcublas into an executable (scripts/capture_cublas.sh runs it on the GPU runner)."""
+    exe, _ = _build_cublas(tmp_path, "sm_90a")
+    assert exe.stat().st_size > 0
+
+
+@requires_nvcc
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 127, 1000])
+def test_cublas_program_checks_its_result(tmp_path: Path, n: int):
+    """On a GPU the program's own check passes at odd sizes (the row-major trick and the leading
+    dimensions are right), and it refuses a bad size before touching the GPU."""
+    exe, libdir = _build_cublas(tmp_path, "native")
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{libdir}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    proc = subprocess.run([str(exe), str(n), "1", "3"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "against a double-precision dot product" in proc.stdout and proc.stdout.rstrip().endswith("ok")
+    assert "TFLOP/s" in proc.stdout
+    bad = subprocess.run([str(exe), "0"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "N must be an integer" in bad.stderr

@@ -78,10 +78,23 @@ def _profiler_workload(params: dict) -> list[tuple[str, str]]:
     return [(op, v) for _, op, v in workload_labels("cuda")]
 
 
+def _param_impls(params: dict) -> list[tuple[str, str]]:
+    """The (op, version) pairs a capture ran, as its script recorded them: ``params["impls"]``,
+    ``"op:version op:version ..."`` (scripts/capture_ncu_counters.sh)."""
+    pairs = [item.split(":", 1) for item in str(params.get("impls") or "").split()]
+    return [(op, version) for op, version in pairs]
+
+
+def _stream_overlap(params: dict) -> list[tuple[str, str]]:
+    return [("stream_overlap", "v0"), ("stream_overlap", "v3")]
+
+
 PROGRAMS = "tests/test_cuda_programs.py"  # builds and runs Part 1's programs, saves their output (KM_OUTPUT_DIR)
 OUTPUTS = "scripts/capture_outputs.sh"
 PROFILES = ("scripts/capture_profiles.sh", "scripts/profile_kernels.py")
 STREAMS = ("scripts/capture_streams.sh", "scripts/capture_streams.py")
+NCU_COUNTERS = ("scripts/capture_ncu_counters.sh", "scripts/ncu_counters.py")
+NSYS_STREAMS = ("scripts/capture_nsys.sh", "scripts/nsys_streams.py")
 # scripts/capture_triton.py imports these by name (importlib), not with an import statement
 TRITON_METADATA_MODULES = ("snippets.part1.elementwise", "snippets.part3.reduce", "snippets.part3.wmma",
                            "snippets.part4.softmax", "snippets.part4.layernorm", "snippets.part4.matmul",
@@ -106,6 +119,13 @@ PRODUCERS: dict[str, Producer] = {
     "autotune_matmul": Producer(("scripts/capture_autotune.py",)),
     "matmul_shapes": Producer(("scripts/capture_matmul_shapes.py",)),
     "linear_ce_chunks": Producer(("scripts/capture_linear_ce_chunks.py",)),
+    # Nsight Compute counters behind measured puzzles, one table per group (its own script: adding
+    # them to capture_profiles.sh would have staled every capture that script wrote)
+    "ncu_counters_transpose": Producer(NCU_COUNTERS, impls=_param_impls),
+    "ncu_counters_reduce": Producer(NCU_COUNTERS, impls=_param_impls),
+    "ncu_counters_strided": Producer(NCU_COUNTERS, impls=_param_impls),
+    "cublas_sgemm": Producer(("scripts/capture_cublas.sh",), files=("csrc/standalone/cublas_sgemm.cu",)),
+    "nsys_stream_overlap": Producer(NSYS_STREAMS, impls=_stream_overlap),
 }
 GPU_TESTS = "gpu_tests"  # the GPU test suite's summary (scripts/gpu_tests.sh): it ran everything
 
