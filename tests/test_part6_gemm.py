@@ -169,6 +169,29 @@ def test_kernel_descriptors_are_hopper_py_descriptors(rows):
                 assert _c_make_desc(addr) == wgmma_descriptor(addr, lbo, sbo, "128B")
 
 
+def _store_acc_coords(n: int) -> list[tuple[int, int]]:
+    """store_acc of hopper_gemm.cu, transcribed: the (row, column) of the 64 x n tile that each
+    accumulator register of each of the warpgroup's 128 threads is stored to."""
+    out = []
+    for t in range(128):
+        warp, lane = divmod(t, 32)
+        r = warp * 16 + lane // 4
+        for j in range(n // 8):
+            c = 8 * j + 2 * (lane % 4)
+            out += [(r, c), (r, c + 1), (r + 8, c), (r + 8, c + 1)]  # d[4j], ..., d[4j + 3]
+    return out
+
+
+@pytest.mark.op("hopper_gemm")
+@pytest.mark.parametrize("n", [128, 256])
+def test_epilogue_writes_every_element_of_the_tile_once(n):
+    """The accumulator layout of m64nNk16 (PTX ISA, "Matrix fragments for wgmma .m64nNk16"): the
+    128 threads' n / 2 registers cover the 64 x n tile exactly once."""
+    coords = _store_acc_coords(n)
+    assert len(coords) == 128 * n // 2
+    assert sorted(coords) == [(r, c) for r in range(64) for c in range(n)]
+
+
 @pytest.mark.op("hopper_gemm")
 @pytest.mark.parametrize("tiles_m, tiles_n", [(1, 1), (3, 5), (8, 8), (17, 4), (64, 32)])
 def test_tile_order_visits_every_tile_once(tiles_m, tiles_n):
