@@ -32,7 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CU = REPO_ROOT / "csrc" / gemm.CU_FILE
 NVCC = shutil.which("nvcc")
 requires_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
-VERSIONS = ("v1", "v2", "v3", "v4", "v5")
+VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6")
 
 
 def _cuobjdump() -> str | None:
@@ -105,6 +105,8 @@ def test_sass_uses_wgmma_tma_and_setmaxnreg(cubin):
         assert has_setmaxnreg == (cfg.threads == 384), f"{version}: setmaxnreg {has_setmaxnreg}"
         multicast = "UTMALDG.2D.MULTICAST" in code  # v5's shared half of B
         assert multicast == (cfg.cluster > 1), f"{version}: multicast {multicast}"
+        tma_store = "UTMASTG.2D" in code  # v6's epilogue
+        assert tma_store == cfg.tma_store, f"{version}: TMA store {tma_store}"
         cluster_barrier = "UCGABAR" in code
         assert cluster_barrier == (cfg.cluster > 1), f"{version}: cluster barrier {cluster_barrier}"
         assert "HMMA" not in code.replace("HGMMA", ""), f"{version}: falls back to mma.sync"
@@ -141,6 +143,7 @@ def test_constants_match_the_launcher():
         assert (c["BM_WS"], c["BN_WS"], c["STAGES_WS"]) == (cfg.block_m, cfg.block_n, cfg.stages)
         assert cfg.threads == (1 + c["CONSUMERS"]) * c["WG_THREADS"]
     assert c["CLUSTER"] == gemm.CONFIGS["v5"].cluster
+    assert c["STAGES_V6"] == gemm.CONFIGS["v6"].stages and gemm.CONFIGS["v6"].tma_store
     text = CU.read_text()
     assert f"__cluster_dims__({c['CLUSTER']}, 1, 1)" in text
     for cfg in gemm.CONFIGS.values():  # each kernel is declared with its block size
@@ -214,6 +217,10 @@ def test_every_config_fits_shared_memory():
         # what each stage's mbarrier expects (the kernels' expect_tx: the stage's bytes) is what
         # the copies deliver: A's box and every block's share of B
         assert ops.a.expect_tx_bytes() + cfg.cluster * ops.b.expect_tx_bytes() == cfg.stage_bytes
+        if cfg.tma_store:  # C's map, at the headline size and ragged
+            for m, n in ((8192, 8192), (200, 264), (1, 8)):
+                spec = gemm.c_map_spec(m, n, 0, cfg)
+                assert spec.smem_bytes() * (cfg.block_m // gemm.C_BOX_ROWS) == cfg.c_tile_bytes
         plain = check_gemm_operands(8192, 8192, 8192, 2, cfg.block_m, cfg.block_n, gemm.BLOCK_K,
                                     gemm.SWIZZLE, stages=cfg.stages,
                                     reserved_bytes=cfg.reserved_bytes)
@@ -262,7 +269,7 @@ def test_good_cpu_input_asks_for_a_gpu():
 @pytest.mark.op("hopper_gemm")
 def test_registration():
     op = gemm.hopper_gemm
-    assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4", "v5"]
+    assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4", "v5", "v6"]
     assert op.impls["v0"].origin == "library"
     assert op.metric == "TFLOP/s" and op.ceiling == "gemm_bf16"
     assert op.headline == {"m": 8192, "n": 8192, "k": 8192}

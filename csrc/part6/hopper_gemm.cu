@@ -12,11 +12,12 @@
 //   v4  like v3, persistent: one block per SM walks the tiles in grouped order (L2 reuse)
 //   v5  like v4 in clusters of two blocks along M: each loads half of the B tile they share and
 //       TMA multicasts it into both blocks' shared memory
+//   v6  like v4 with STAGES_V6 stages and a TMA-store epilogue (registers -> shared -> global)
 //
 // The tensor maps are built on the host (snippets/part6/gemm.py, cuTensorMapEncodeTiled) and passed
-// in global memory: 128 bytes for A, then 128 bytes for B. The kernels read no other argument of
-// the maps: box sizes and swizzle must agree with the constants below, which gemm.py mirrors and
-// tests/test_part6_gemm.py compares.
+// in global memory: 128 bytes for A, then 128 bytes for B (and for v6, 128 for C). The kernels
+// take no other description of the operands: box sizes and swizzle must agree with the constants
+// below, which gemm.py mirrors and tests/test_part6_gemm.py compares.
 //
 // Only sm_90a has wgmma and setmaxnreg: for any other target every kernel body is a trap, so the
 // file still compiles for the other architectures the book builds for.
@@ -52,6 +53,7 @@ constexpr int BM_WS = 128, BN_WS = 256, STAGES_WS = 4, CONSUMERS = 2;
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 x 40 + 256 x 232 <= 65536
 constexpr int GROUP_M = 8;  // v4: tile rows per group of the grouped (L2-friendly) order
 constexpr int CLUSTER = 2;  // v5: blocks per cluster, along M; they share B's tiles
+constexpr int STAGES_V6 = 3;  // v6: one stage less, for the C tiles of the TMA-store epilogue
 
 // What the constants promise, checked where they are written
 static_assert(PRODUCER_REGS % 8 == 0 && CONSUMER_REGS % 8 == 0, "setmaxnreg takes multiples of 8");
@@ -62,6 +64,9 @@ static_assert(STAGES_WS * (BM_WS + BN_WS) * ROW_BYTES + SWIZZLE_REPEAT <= 227 * 
               "v3/v4 stages must fit 227 KB of shared memory");
 static_assert(GROUP_M > 0 && STAGES_V2 > 1, "a group and a pipeline need at least one");
 static_assert(BN_WS % CLUSTER == 0, "v5: each block of a cluster loads an equal share of B");
+static_assert(STAGES_V6 * (BM_WS + BN_WS) * ROW_BYTES + BM_WS * BN_WS * 2 + SWIZZLE_REPEAT
+                  <= 227 * 1024,
+              "v6: stages and the bf16 C tile must fit 227 KB of shared memory");
 static_assert(TMAP_BYTES == 128 && BM_V1 == 128 && BN_V1 == 128,
               "v1/v2 issue two m64n128 wgmmas per 16 of K; a CUtensorMap is 128 bytes");
 }  // namespace hg
@@ -498,14 +503,15 @@ constexpr uint32_t WS_A_BYTES = BM_WS * ROW_BYTES;                    // 16 KB
 constexpr uint32_t WS_STAGE_BYTES = (BM_WS + BN_WS) * ROW_BYTES;     // 48 KB
 
 // --8<-- [start:producer]
-// The producer: one thread of warpgroup 0 keeps the STAGES_WS stages full. `it` counts K-slices
+// The producer: one thread of warpgroup 0 keeps the S stages full. `it` counts K-slices
 // across every tile this block computes, so the stage and the phase carry on from tile to tile.
+template <int S = STAGES_WS>
 __device__ __forceinline__ void produce(uint32_t base, uint32_t full, uint32_t empty,
                                         const void* tmap_a, const void* tmap_b, int m0, int n0,
                                         int k_tiles, int& it) {
     for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const uint32_t s = it % STAGES_WS, a = base + s * WS_STAGE_BYTES;
-        if (it >= STAGES_WS) mbar_wait(empty + 8 * s, (it / STAGES_WS - 1) & 1);
+        const uint32_t s = it % S, a = base + s * WS_STAGE_BYTES;
+        if (it >= S) mbar_wait(empty + 8 * s, (it / S - 1) & 1);
         mbar_arrive_expect_tx(full + 8 * s, WS_STAGE_BYTES);
         tma_load_2d(a, tmap_a, full + 8 * s, kt * BLOCK_K, m0);
         tma_load_2d(a + WS_A_BYTES, tmap_b, full + 8 * s, kt * BLOCK_K, n0);
@@ -516,14 +522,15 @@ __device__ __forceinline__ void produce(uint32_t base, uint32_t full, uint32_t e
 // --8<-- [start:consumer]
 // A consumer warpgroup (c = 0 or 1): rows 64c..64c+63 of the 128 x 256 tile, one m64n256k16 per
 // 16 elements of K. It releases a stage (one arrival per warp) once the wgmma reading it is done.
+template <int S = STAGES_WS>
 __device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t empty, int c,
                                         int k_tiles, int& it, float (&d)[BN_WS / 2]) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int i = 0; i < BN_WS / 2; ++i) d[i] = 0.0f;
     for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const uint32_t s = it % STAGES_WS, a = base + s * WS_STAGE_BYTES;
-        mbar_wait(full + 8 * s, (it / STAGES_WS) & 1);
+        const uint32_t s = it % S, a = base + s * WS_STAGE_BYTES;
+        mbar_wait(full + 8 * s, (it / S) & 1);
         wgmma_fence();
         fence_regs(d);
 #pragma unroll
@@ -533,24 +540,26 @@ __device__ __forceinline__ void consume(uint32_t base, uint32_t full, uint32_t e
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs(d);
-        if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES_WS));
+        if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * ((it - 1) % S));
     }
     wgmma_wait<0>();
     fence_regs(d);
-    if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES_WS));
+    if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % S));
 }
 // --8<-- [end:consumer]
 
+// Shared memory of v3 to v6: S stages, then `extra` bytes (v6's C tiles), then the barriers.
+template <int S = STAGES_WS>
 __device__ __forceinline__ void ws_setup(uint32_t& base, uint32_t& full, uint32_t& empty,
-                                         const uint8_t* tmaps) {
+                                         const uint8_t* tmaps, uint32_t extra = 0) {
     extern __shared__ uint8_t smem[];
     base = align_up(smem_u32(smem), SWIZZLE_REPEAT);
-    full = base + STAGES_WS * WS_STAGE_BYTES;
-    empty = full + STAGES_WS * 8;
+    full = base + S * WS_STAGE_BYTES + extra;
+    empty = full + S * 8;
     if (threadIdx.x == 0) {
         tmap_acquire(tmaps);
         tmap_acquire(tmaps + TMAP_BYTES);
-        for (int s = 0; s < STAGES_WS; ++s) {
+        for (int s = 0; s < S; ++s) {
             mbar_init(full + 8 * s, 1);
             mbar_init(empty + 8 * s, CONSUMERS * WG_THREADS / 32);  // every consumer warp
         }
@@ -716,3 +725,94 @@ hopper_gemm_v5(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C,
 #endif
 }
 // --8<-- [end:v5]
+
+// -------------------------------------------------------------------------------------------------
+// v6: v4 with a TMA-store epilogue (registers -> shared memory -> one bulk tensor store)
+// -------------------------------------------------------------------------------------------------
+
+#if HG_SM90A
+namespace hg {
+// --8<-- [start:tma_store]
+// The threads of one consumer warpgroup meet at their own named barrier (0 is __syncthreads').
+template <int ID>
+__device__ __forceinline__ void wg_barrier() {
+    asm volatile("bar.sync %0, %1;" ::"n"(ID), "n"(WG_THREADS) : "memory");
+}
+
+// One consumer's 64 x 256 accumulators to C through shared memory: wait until the previous tile's
+// store has read the buffer, write the bf16 values row-major (512-byte rows, as the tensor map's
+// unswizzled box is laid out), fence them from the generic to the async proxy, and let one thread
+// issue the store. TMA clips the rows and columns outside C, so there is no bounds check here.
+template <int BAR_ID>
+__device__ __forceinline__ void store_acc_tma(const float (&d)[BN_WS / 2], uint32_t c_smem,
+                                              const void* tmap_c, int row0, int col0) {
+    const int t = threadIdx.x % WG_THREADS, warp = t / 32, lane = t % 32;
+    if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    wg_barrier<BAR_ID>();
+    const uint32_t row = c_smem + (warp * 16 + lane / 4) * (BN_WS * 2);
+#pragma unroll
+    for (int j = 0; j < BN_WS / 8; ++j) {
+        const uint32_t col_bytes = (8 * j + 2 * (lane % 4)) * 2;
+        __nv_bfloat162 lo = __floats2bfloat162_rn(d[4 * j], d[4 * j + 1]);
+        __nv_bfloat162 hi = __floats2bfloat162_rn(d[4 * j + 2], d[4 * j + 3]);
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(row + col_bytes),
+                     "r"(*reinterpret_cast<uint32_t*>(&lo)) : "memory");
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(row + 8 * BN_WS * 2 + col_bytes),
+                     "r"(*reinterpret_cast<uint32_t*>(&hi)) : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    wg_barrier<BAR_ID>();
+    if (t == 0) {
+        asm volatile(
+            "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
+            ::"l"(tmap_c), "r"(col0), "r"(row0), "r"(c_smem)
+            : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+}
+// --8<-- [end:tma_store]
+}  // namespace hg
+#endif  // HG_SM90A
+
+// --8<-- [start:v6]
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_gemm_v6(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C, int M, int N,
+               int K) {
+#if HG_SM90A
+    using namespace hg;
+    constexpr uint32_t C_TILE_BYTES = 64 * BN_WS * 2;  // one consumer's 64 x 256 bf16
+    uint32_t base, full, empty;
+    ws_setup<STAGES_V6>(base, full, empty, tmaps, CONSUMERS * C_TILE_BYTES);
+    const int wg = threadIdx.x / WG_THREADS;
+    const int tiles_m = (M + BM_WS - 1) / BM_WS, tiles_n = (N + BN_WS - 1) / BN_WS;
+    const int k_tiles = (K + BLOCK_K - 1) / BLOCK_K;
+    int it = 0, pm, pn;
+    if (wg == 0) {
+        regs_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            for (int t = blockIdx.x; t < tiles_m * tiles_n; t += gridDim.x) {
+                tile_coords(t, tiles_m, tiles_n, pm, pn);
+                produce<STAGES_V6>(base, full, empty, tmaps, tmaps + TMAP_BYTES, pm * BM_WS,
+                                   pn * BN_WS, k_tiles, it);
+            }
+        }
+    } else {
+        regs_inc<CONSUMER_REGS>();
+        const int c = wg - 1;
+        const uint32_t c_smem = base + STAGES_V6 * WS_STAGE_BYTES + c * C_TILE_BYTES;
+        float d[BN_WS / 2];
+        for (int t = blockIdx.x; t < tiles_m * tiles_n; t += gridDim.x) {
+            tile_coords(t, tiles_m, tiles_n, pm, pn);
+            consume<STAGES_V6>(base, full, empty, c, k_tiles, it, d);
+            const int row0 = pm * BM_WS + c * 64, col0 = pn * BN_WS;  // barrier 1 or 2
+            if (c == 0) store_acc_tma<1>(d, c_smem, tmaps + 2 * TMAP_BYTES, row0, col0);
+            else store_acc_tma<2>(d, c_smem, tmaps + 2 * TMAP_BYTES, row0, col0);
+        }
+        // the block's shared memory must outlive the last store's reads of it
+        if (threadIdx.x % WG_THREADS == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    }
+#else
+    __trap();
+#endif
+}
+// --8<-- [end:v6]

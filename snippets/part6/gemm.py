@@ -18,6 +18,8 @@ Versions of ``hopper_gemm`` (never renumbered):
 - v4  like v3, persistent: one block per SM walks the tiles in grouped order for L2 reuse.
 - v5  like v4 in clusters of two blocks along M: each block loads half of the B tile the two
   share and TMA multicasts it into both blocks' shared memory.
+- v6  like v4 with 3 stages and a TMA-store epilogue: the consumers write C to shared memory and
+  one thread stores each 64 x 256 tile with ``cp.async.bulk.tensor``.
 
 How the kernels are built: ``wgmma`` and ``setmaxnreg`` exist only for the arch-specific target
 ``sm_90a``, which CuPy's NVRTC path (``snippets.cuda``, which compiles for the device's plain
@@ -74,6 +76,7 @@ class HopperConfig:
     threads: int
     persistent: bool = False
     cluster: int = 1
+    tma_store: bool = False  # C leaves through shared memory and a TMA store
 
     @property
     def b_box_rows(self) -> int:
@@ -89,9 +92,14 @@ class HopperConfig:
         return 2 * 8 * self.stages  # a full and an empty mbarrier (8 bytes each) per stage
 
     @property
+    def c_tile_bytes(self) -> int:
+        """The bf16 tile of C staged in shared memory for a TMA store (0 without one)."""
+        return self.block_m * self.block_n * 2 if self.tma_store else 0
+
+    @property
     def reserved_bytes(self) -> int:
-        """Shared memory besides the stages: the alignment slack and the barriers."""
-        return SWIZZLE_REPEAT + self.barrier_bytes
+        """Shared memory besides the stages: alignment slack, barriers, C's tile."""
+        return SWIZZLE_REPEAT + self.barrier_bytes + self.c_tile_bytes
 
     @property
     def smem_bytes(self) -> int:
@@ -106,7 +114,10 @@ CONFIGS = {
     "v4": HopperConfig("hopper_gemm_v4", 128, 256, stages=4, threads=384, persistent=True),
     "v5": HopperConfig("hopper_gemm_v5", 128, 256, stages=4, threads=384, persistent=True,
                        cluster=2),
+    "v6": HopperConfig("hopper_gemm_v6", 128, 256, stages=3, threads=384, persistent=True,
+                       tma_store=True),
 }
+C_BOX_ROWS = 64  # v6 stores C per consumer warpgroup: boxes of 64 rows x block_n columns
 GROUP_M = 8  # v4's grouped tile order
 # --8<-- [end:configs]
 
@@ -284,19 +295,19 @@ def encode_tensor_map(spec: TensorMapSpec) -> bytes:
 # --8<-- [end:tensor_map]
 
 
-# (device, A's map spec, B's map spec) -> the two maps on that device. A map depends only on what
+# (device, the maps' specs) -> the maps on that device. A map depends only on what
 # its spec holds (address, shape, strides, box, swizzle), so a hit is right even where a tensor was
 # freed and another allocated at the same address; nothing writes the copies once they are made.
 _MAPS: dict[tuple, torch.Tensor] = {}
 
 
-def device_tensor_maps(ops: GemmOperands, device: torch.device) -> torch.Tensor:
-    """A's and B's tensor maps, 128 bytes each, in one tensor on ``device``; cached, so a timing
-    loop encodes and copies them once, not on every call."""
-    key = (str(device), ops.a, ops.b)
+def device_tensor_maps(specs: tuple[TensorMapSpec, ...], device: torch.device) -> torch.Tensor:
+    """The tensor maps of ``specs`` (A's, B's, and C's for a TMA store), 128 bytes each, in one
+    tensor on ``device``; cached, so a timing loop encodes and copies them once, not every call."""
+    key = (str(device), *specs)
     maps = _MAPS.get(key)
     if maps is None:
-        host = bytearray(encode_tensor_map(ops.a) + encode_tensor_map(ops.b))
+        host = bytearray(b"".join(encode_tensor_map(spec) for spec in specs))
         # torch allocations are at least 256-byte aligned: the 64 bytes a CUtensorMap needs
         maps = torch.frombuffer(host, dtype=torch.uint8).to(device)
         if len(_MAPS) > 256:
@@ -322,9 +333,17 @@ def needs_sm90() -> str | None:
     return None
 
 
+def c_map_spec(m: int, n: int, address: int, cfg: HopperConfig) -> TensorMapSpec:
+    """The tensor map of C (M x N bf16, row-major) for v6's TMA store: dimensions innermost first,
+    unswizzled boxes of C_BOX_ROWS rows x block_n columns, one per consumer warpgroup. TMA skips
+    the parts of a box outside C, so ragged M and N need no check in the kernel."""
+    return TensorMapSpec(2, (n, m), (n * 2,), (cfg.block_n, C_BOX_ROWS),
+                         global_address=address).validate()
+
+
 # --8<-- [start:launch]
 def _launch(name: str, a: torch.Tensor, b: torch.Tensor, cfg: HopperConfig) -> torch.Tensor:
-    """The one launcher of v1..v5: check, encode both tensor maps, copy them to the GPU, launch."""
+    """The one launcher of v1..v6: check, encode both tensor maps, copy them to the GPU, launch."""
     m, n, k, ops = check_hopper_gemm(name, a, b, cfg)
     if a.device.type != "cuda":
         raise ValueError(f"{name}: a and b must be CUDA tensors, got {a.device}")
@@ -333,7 +352,8 @@ def _launch(name: str, a: torch.Tensor, b: torch.Tensor, cfg: HopperConfig) -> t
     if reason:
         raise RuntimeError(f"{name}: {reason}")
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
-    tmaps = device_tensor_maps(ops, a.device)
+    specs = (ops.a, ops.b) + ((c_map_spec(m, n, c.data_ptr(), cfg),) if cfg.tma_store else ())
+    tmaps = device_tensor_maps(specs, a.device)
     fn = kernel(cfg.kernel, a.device.index if a.device.index is not None else 0)
     if fn.max_dynamic_shared_size_bytes < cfg.smem_bytes:
         fn.max_dynamic_shared_size_bytes = cfg.smem_bytes  # above 48 KB needs the opt-in
@@ -383,6 +403,11 @@ def hopper_gemm_v5(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _launch("hopper_gemm_v5", a, b, CONFIGS["v5"])
 
 
+def hopper_gemm_v6(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v6: like v4 with 3 stages and a TMA-store epilogue (registers -> shared -> global)."""
+    return _launch("hopper_gemm_v6", a, b, CONFIGS["v6"])
+
+
 # --------------------------------------------------------------------------------------------------
 # Registration
 # --------------------------------------------------------------------------------------------------
@@ -430,4 +455,6 @@ hopper_gemm.add(Impl("v3", hopper_gemm_v3, "CUDA", "producer + 2 consumer warpgr
 hopper_gemm.add(Impl("v4", hopper_gemm_v4, "CUDA", "like v3, persistent, grouped tile order",
                      SOURCES, requires=needs_sm90))
 hopper_gemm.add(Impl("v5", hopper_gemm_v5, "CUDA", "like v4, clusters of 2, B multicast by TMA",
+                     SOURCES, requires=needs_sm90))
+hopper_gemm.add(Impl("v6", hopper_gemm_v6, "CUDA", "like v4, 3 stages, TMA-store epilogue",
                      SOURCES, requires=needs_sm90))
