@@ -800,6 +800,7 @@ hopper_gemm_v6(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C,
         regs_inc<CONSUMER_REGS>();
         const int c = wg - 1;
         const uint32_t c_smem = base + STAGES_V6 * WS_STAGE_BYTES + c * C_TILE_BYTES;
+        if (threadIdx.x % WG_THREADS == 0) tmap_acquire(tmaps + 2 * TMAP_BYTES);  // the storer
         float d[BN_WS / 2];
         for (int t = blockIdx.x; t < tiles_m * tiles_n; t += gridDim.x) {
             tile_coords(t, tiles_m, tiles_n, pm, pn);
