@@ -401,9 +401,9 @@ def fp8_gemm_blockscaled_dequant(a, a_scales, b, b_scales):
     name = "fp8_gemm_blockscaled_dequant"
     m, n, k = check_fp8_operands(name, a, b, "cuda")
     check_block_scales(name, m, n, k, a_scales, b_scales, a.device)
-    a16 = (a.float().view(m, k // BLOCK, BLOCK) * a_scales[:, :, None]).view(m, k)
+    a16 = (a.float().reshape(m, k // BLOCK, BLOCK) * a_scales[:, :, None]).reshape(m, k)
     b_rows = b_scales.repeat_interleave(BLOCK, 0)[:n]
-    b16 = (b.float().view(n, k // BLOCK, BLOCK) * b_rows[:, :, None]).view(n, k)
+    b16 = (b.float().reshape(n, k // BLOCK, BLOCK) * b_rows[:, :, None]).reshape(n, k)
     return torch.matmul(a16.to(torch.bfloat16), b16.to(torch.bfloat16).T)
 # --8<-- [end:blockscaled]
 
