@@ -88,6 +88,7 @@ def test_requires_names_the_reason():
 
 COMPILE_SCRIPT = """
 import json
+import re
 from snippets.common.introspect import triton_compile
 from snippets.part6.fp8_gemm import _fp8_gemm_kernel
 out = []
@@ -104,6 +105,8 @@ for blockwise in (False, True):
         ptx = k.asm["ptx"]
         out.append({"blockwise": blockwise, "bn": bn, "stages": stages,
                     "wgmma": ptx.count("wgmma.mma_async"), "e4m3": ptx.count(".e4m3.e4m3"),
+                    "add": len(re.findall(r"\\badd(?:\\.rn)?\\.f32", ptx)),
+                    "fma": len(re.findall(r"\\bfma\\.rn\\.f32", ptx)),
                     "shared": k.metadata.shared, "cubin": len(k.asm["cubin"])})
 print(json.dumps(out))
 """
@@ -122,6 +125,11 @@ def test_kernel_compiles_to_fp8_wgmma_for_sm90():
         assert r["wgmma"] > 0 and r["e4m3"] == r["wgmma"] and r["cubin"] > 0, r
         predicted = r["stages"] * (128 + r["bn"]) * 128
         assert predicted <= r["shared"] <= predicted + 2048, r
+        # The promotion, per thread and K step, one per accumulator element (128 x BLOCK_N over
+        # 256 threads): an fp32 add of the tensor-core sum (per tensor, max_num_imprecise_acc) or
+        # an fma of it with the block scales' product (block-scaled).
+        per_thread = 128 * r["bn"] // 256
+        assert r["fma" if r["blockwise"] else "add"] >= per_thread, r
 
 
 # ---------------------------------------------------------------- refusals
