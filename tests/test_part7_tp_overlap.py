@@ -433,15 +433,16 @@ def test_async_tp_on_gpus():
         pytest.skip("needs 2 GPUs")
     results = run_world(_async_tp_gpu, 2, backend="nccl", timeout_s=240)
     for rank, r in enumerate(results):
-        assert_same(r["async"], r["tp"], 2e-2, f"rank {rank} async-TP vs TensorParallelMLP")
-        assert_same(r["overlap"], r["tp"], 2e-2, f"rank {rank} overlap vs TensorParallelMLP")
+        # float32 on GPUs: NCCL and the fused operators add in another order than gloo
+        assert_same(r["async"], r["tp"], 1e-5, f"rank {rank} async-TP vs TensorParallelMLP")
+        assert_same(r["overlap"], r["tp"], 1e-5, f"rank {rank} overlap vs TensorParallelMLP")
 
 
 def _async_tp_gpu(rank: int, world: int) -> dict:
     device = torch.device("cuda", rank)
+    torch.backends.cuda.matmul.allow_tf32 = False      # float32 products, not TF32's
     up, down = (m.to(device) for m in full_mlp(torch.float32))
-    x, w = (t.to(device, torch.bfloat16) for t in data(torch.float32))
-    up, down = up.to(torch.bfloat16), down.to(torch.bfloat16)
+    x, w = (t.to(device) for t in data(torch.float32))
     out = {}
     blocks = {"tp": TensorParallelMLP(up, down, sp=True),
               "overlap": tpo.OverlappedTensorParallelMLP(up, down, sp=True, chunks=2)}
@@ -455,13 +456,13 @@ def _async_tp_gpu(rank: int, world: int) -> dict:
         (y * w.tensor_split(world, 1)[rank]).sum().backward()
         grads = {}
         for pname, t in block.named_parameters():
-            g = t.grad.float()
+            g = t.grad
             if getattr(t, "tp_dim", None) is not None:
                 g = gather(g, t.tp_dim)
             else:
                 g = g.clone()
                 dist.all_reduce(g)
             grads[pname] = g.cpu()
-        out[name] = {"y": gather(y.detach().float(), 1).cpu(),
-                     "x grad": gather(xin.grad.float(), 1).cpu(), "grads": grads}
+        out[name] = {"y": gather(y.detach(), 1).cpu(),
+                     "x grad": gather(xin.grad, 1).cpu(), "grads": grads}
     return out
