@@ -92,7 +92,7 @@ class ChunkedTensorParallelMLP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2, chunks, group, sp, talk):
-        p = ctx_world(group)
+        p = _world_size(group)
         n, rows = x.shape[0], _bounds(x.shape[0], chunks)
         gathered = x.new_empty((p * n, x.shape[1])) if sp else x       # the full inputs
         pre = x.new_empty((gathered.shape[0], w1.shape[0]))            # up's outputs
@@ -134,7 +134,7 @@ class ChunkedTensorParallelMLP(torch.autograd.Function):
     def backward(ctx, grad):
         gathered, pre, w1, w2 = ctx.saved_tensors
         chunks, group, sp, talk, has_b1, has_b2 = ctx.meta
-        p = ctx_world(group)
+        p = _world_size(group)
         grad = grad.contiguous()
         n, rows = grad.shape[0], _bounds(grad.shape[0], chunks)
         scale = p if sp else 1
@@ -172,7 +172,7 @@ class ChunkedTensorParallelMLP(torch.autograd.Function):
 # --8<-- [end:backward]
 
 
-def ctx_world(group) -> int:
+def _world_size(group) -> int:
     """The group's size, or 1 without a process group (the compute-only run on one process)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(group)
