@@ -14,7 +14,6 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 N=${KM_GPUS:-$(nvidia-smi -L | grep -c '^GPU')}
 RUN="torchrun --standalone --nproc-per-node $N"
-export KM_HANG_S=${KM_HANG_S:-40}  # a rank still running after this prints its stacks and exits
 nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
 echo "commit ${KM_COMMIT:-$(git rev-parse HEAD 2> /dev/null)} dirty ${KM_DIRTY:-?} gpus $N" \
   > "$OUT/provenance.txt"
@@ -22,7 +21,9 @@ step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2
   local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  # a rank still running 5 s before the step's limit prints every thread's stack and exits: a hang
+  # leaves its stacks in the log instead of nothing
+  KM_HANG_S=$((limit - 5)) timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "$name: rc $? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
 step sweep 100 $RUN -m snippets.part7.sweep --out "$OUT/sweep.json"
@@ -32,6 +33,7 @@ step tensor_parallel 45 $RUN -m snippets.part7.tensor_parallel
 step context_parallel 45 $RUN -m snippets.part7.context_parallel
 step expert_parallel 45 $RUN -m snippets.part7.expert_parallel
 step fsdp 45 $RUN -m snippets.part7.fsdp
+step tp_overlap 150 $RUN -m snippets.part7.tp_overlap --out "$OUT/tp_overlap.json"
 # a transformer of about 1e9 parameters: one GPU, then data parallelism (the book's and torch's) and
 # FSDP2 on all of them, the same batch per GPU (weak scaling); files scaling_<mode>.json
 step scaling_single 150 torchrun --standalone --nproc-per-node 1 -m snippets.part7.scaling \

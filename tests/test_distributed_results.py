@@ -131,3 +131,20 @@ def test_scaling_runs_filed_and_rendered(tmp_path):
     assert "92.5%, **met**" in text          # 37000 / (4 x 10000)
     assert "45.0%, **met**" in text and "FSDP2 (library)" in text
     assert "Not measured yet on 2 GPUs" in text
+
+
+def test_tp_overlap_filed_and_rendered(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    recs = [{"sp": False, "variant": v, "chunks": c, "seconds": t}
+            for v, c, t in (("compute", 1, 4e-3), ("comm", 1, 2e-3), ("tp", 1, 6e-3),
+                            ("overlap", 4, 4.8e-3))]
+    recs.append({"sp": False, "variant": "async_tp", "chunks": 1, "skipped": "needs CUDA"})
+    hidden = [{"sp": False, "variant": "tp", "chunks": 1, "hidden_fraction": 0.0},
+              {"sp": False, "variant": "overlap", "chunks": 4, "hidden_fraction": 0.6}]
+    data = {"provenance": _prov(), "records": recs, "hidden": hidden,
+            "config": {"tokens": 8192, "hidden": 8192, "ffn": 28672, "dtype": "bfloat16"}}
+    (out / "tp_overlap.json").write_text(json.dumps(data))
+    dr.record(out, "abc", REPO_ROOT, tmp_path / "r" / "distributed")
+    text = render_dist(["tp_overlap"], tmp_path / "r")
+    assert "best 60%, **met**" in text and "| 60% |" in text and "needs CUDA" in text

@@ -31,7 +31,7 @@ from snippets.registry import REPO_ROOT
 SCHEMA = 1
 DIST_DIR = REPO_ROOT / "benchmarks" / "results" / "distributed"
 RUNS = {"sweep": "snippets.part7.sweep", "fast_allreduce": "snippets.part7.fast_allreduce",
-        "scaling": "snippets.part7.scaling"}
+        "scaling": "snippets.part7.scaling", "tp_overlap": "snippets.part7.tp_overlap"}
 # the world sizes Part 7's chapters report; a size with no file renders as not measured yet
 WORLD_SIZES = (2, 4)
 

@@ -8,6 +8,8 @@
 - ``bench:dist scaling``: a transformer of about a billion parameters trained on one GPU and on all
   of the machine's, with the book's DDP, torch's DDP and FSDP2: step time, tokens per second,
   weak-scaling efficiency and model-FLOPs utilisation, with their goals;
+- ``bench:dist tp_overlap``: a tensor-parallel MLP block with and without chunked overlap of its
+  collectives, against compute alone and communication alone: the hidden fraction, and its goal;
 - ``bench:dist one_shot``: the book's one-shot all-reduce against NCCL's and PyTorch's one-shot
   kernel, latency per size, and its goal at 256 KiB on 2 GPUs (``ONE_SHOT_GOAL``, a ratio to NCCL).
 
@@ -29,6 +31,7 @@ ONE_SHOT_GOAL = 0.7
 MODEL_GOAL = 0.15
 WEAK_SCALING_GOAL = 0.9   # data parallelism, 1 to 4 GPUs, the same batch per GPU
 MFU_GOAL = 0.4            # FSDP2 with prefetching on 4 GPUs
+TP_OVERLAP_GOAL = 0.5     # the share of tensor parallelism's communication the overlap hides
 
 
 def _size(n: int) -> str:
@@ -220,6 +223,40 @@ def render_scaling(results_dir: Path) -> str:
     return _render(results_dir, "scaling", "scaling", body)
 
 
+TP_NAMES = {"compute": "compute only (a)", "comm": "communication only (b)",
+            "tp": "TensorParallelMLP, no overlap", "overlap": "chunked overlap (book)",
+            "async_tp": "async-TP (library)"}
+
+
+def render_tp_overlap(results_dir: Path) -> str:
+    def body(m: dict[str, Any], e: dict[str, Any]) -> list[str]:
+        cfg = e["config"]
+        lines = [f"{cfg['tokens']} tokens, width {cfg['hidden']}, hidden layer {cfg['ffn']}, "
+                 f"{cfg['dtype']}; one forward and backward of the MLP block.", "",
+                 "| layout | version | chunks | time (ms) | hidden fraction |",
+                 "|:--|:--|--:|--:|--:|"]
+        hidden = {(h["sp"], h["variant"], h["chunks"]): h["hidden_fraction"] for h in e["hidden"]}
+        for r in e["records"]:
+            layout = "TP + SP" if r["sp"] else "TP"
+            if "skipped" in r:
+                lines.append(f"| {layout} | {TP_NAMES[r['variant']]} | | – | {r['skipped']} |")
+                continue
+            h = hidden.get((r["sp"], r["variant"], r["chunks"]))
+            cell = f"{h:.0%}" if h is not None else ""
+            lines.append(f"| {layout} | {TP_NAMES[r['variant']]} | {r['chunks']} | "
+                         f"{r['seconds'] * 1e3:.2f} | {cell} |")
+        best = max((h["hidden_fraction"] for h in e["hidden"] if h["variant"] == "overlap"),
+                   default=None)
+        if best is not None:
+            verdict = "met" if best >= TP_OVERLAP_GOAL else "not met"
+            lines += ["", f"Goal: the book's chunked overlap hides \\(\\ge\\) "
+                      f"{TP_OVERLAP_GOAL:.0%} of the communication: best {best:.0%}, "
+                      f"**{verdict}**."]
+        return lines
+
+    return _render(results_dir, "tp_overlap", "tp-overlap", body)
+
+
 def render_dist(pos: list[str], results_dir: Path) -> str:
     what = pos[0] if pos else ""
     if what == "topology":
@@ -234,5 +271,7 @@ def render_dist(pos: list[str], results_dir: Path) -> str:
         return render_one_shot(results_dir)
     if what == "scaling":
         return render_scaling(results_dir)
-    raise ValueError("bench:dist takes topology, sweep OP, ring, one_shot or scaling; "
+    if what == "tp_overlap":
+        return render_tp_overlap(results_dir)
+    raise ValueError("bench:dist takes topology, sweep OP, ring, one_shot, scaling or tp_overlap; "
                      f"got {what!r}")
