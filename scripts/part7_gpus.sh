@@ -27,7 +27,7 @@ step() {  # step NAME SECONDS COMMAND...
   echo "$name: rc $? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
 step sweep 100 $RUN -m snippets.part7.sweep --out "$OUT/sweep.json"
-step fast_allreduce 100 $RUN -m snippets.part7.fast_allreduce --out "$OUT/fast_allreduce.json"
+step fast_allreduce 100 $RUN -m snippets.part7.fast_allreduce --profile --out "$OUT/fast_allreduce.json"
 step pipeline 45 $RUN -m snippets.part7.pipeline --micro-batches 8
 step tensor_parallel 45 $RUN -m snippets.part7.tensor_parallel
 step context_parallel 45 $RUN -m snippets.part7.context_parallel

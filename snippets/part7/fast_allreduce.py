@@ -223,6 +223,27 @@ def measure(big: list[int], small: list[int], iters: int, warmup: int,
     return {"records": records}
 
 
+def profile_ring(nbytes: int, pieces: int, calls: int = 10,
+                 dtype: torch.dtype = torch.bfloat16) -> str:
+    """Where a ring all-reduce's time goes: torch.profiler over ``calls`` calls at ``nbytes``, the
+    host-side and GPU-side totals per operation, as a table (run on every rank; rank 0 prints)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    x = torch.ones(nbytes // torch.tensor([], dtype=dtype).element_size(), dtype=dtype,
+                   device=device)
+    ring = RingAllReduce(x.shape, dtype, device, pieces=pieces)
+    for _ in range(3):
+        ring(x)
+    torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            ring(x)
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cpu_time_total", row_limit=15)
+
+
 def main(argv: list[str] | None = None) -> int:
     from snippets.part7.launch import init_from_env
     from snippets.part7.sweep import provenance, sizes_between
@@ -232,8 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--pieces", default="1,2,4,8", help="the ring's piece counts to time")
+    ap.add_argument("--profile", action="store_true",
+                    help="first print where a 1 MiB ring all-reduce spends its time")
     args = ap.parse_args(argv)
     rank, world = init_from_env(timeout_s=600)
+    if args.profile:
+        table = profile_ring(1 << 20, pieces=4)
+        if rank == 0:
+            print(table, flush=True)
     result = measure(sizes_between(1 << 20, 1 << 30), sizes_between(1 << 10, 1 << 21),
                      args.iters, args.warmup,
                      pieces=tuple(int(k) for k in args.pieces.split(",") if k))
