@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         from snippets.bench.report import RESULTS_DIR, print_report, report
         results = args.results or RESULTS_DIR
         print_report(report(results), args.json, stale_captures(results))
+        if not args.json:  # the multi-GPU runs of Part 7 (world size, bus bandwidth): their own files
+            from snippets.bench.distributed import main as distributed_main
+            print("\nMulti-GPU runs (python -m snippets.bench.distributed list):")
+            distributed_main(["list"])
     else:
         from snippets.op_index import load_all
         for name, op in load_all().items():

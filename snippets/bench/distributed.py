@@ -121,9 +121,23 @@ def main(argv: list[str] | None = None) -> int:
     for data in load():
         for run, entry in data["runs"].items():
             state = "fresh" if fresh(run, entry) else "stale"
-            print(f"{data['gpu']} x{data['world_size']} {run}: {state} "
-                  f"(commit {entry['commit'][:7]}, {entry['provenance']['date']})")
+            when = f"commit {entry['commit'][:7]}, {entry['provenance']['date']}"
+            print(f"{data['gpu']} x{data['world_size']} {run}: {state} ({when})"
+                  f"{_headline(entry)}")
     return 0
+
+
+def _headline(entry: dict[str, Any]) -> str:
+    """The largest message's bus bandwidth per collective, for the list."""
+    best: dict[str, dict[str, Any]] = {}
+    for r in entry.get("records", []):
+        key = r.get("op") or r.get("impl")
+        if key and "busbw" in r and r["bytes"] >= best.get(key, {}).get("bytes", -1):
+            best[key] = r
+    if not best:
+        return ""
+    return "; busbw at the largest size: " + ", ".join(
+        f"{k} {r['busbw'] / 1e9:.0f} GB/s" for k, r in sorted(best.items()))
 
 
 if __name__ == "__main__":
