@@ -247,9 +247,18 @@ def test_exported_tests_pass_with_the_repository_out_of_reach(run):
     assert "the repository is importable" not in proc.stdout + proc.stderr
     for name in EXPORTABLE:
         assert outcomes.get(f"test_{name}"), f"no test of {name} ran"
-    for name in NAMED:  # Triton versions: they run here (on the GPU, or the CPU under the interpreter)
-        assert outcomes[f"test_{name}"].count("passed") >= 2 and "failure" not in outcomes[f"test_{name}"], \
-            (name, outcomes[f"test_{name}"])
+    import torch
+
+    for name in NAMED:
+        got = outcomes[f"test_{name}"]
+        assert "failure" not in got and "error" not in got, (name, got)
+        op = OPS[name]
+        lang = op.impls[E.best_version(op)[0]].lang
+        # the exported version is the fastest measured one: a Triton version runs here (on the GPU, or
+        # the CPU under the interpreter); a CUDA one (softmax's v5 since the H200's re-measurement)
+        # needs a GPU, and without one its tests skip, saying so
+        if lang == "Triton" or torch.cuda.is_available():
+            assert got.count("passed") >= 2, (name, lang, got)
 
 
 def test_cli_writes_the_files_and_refuses_unknown_ops(tmp_path):
