@@ -84,12 +84,28 @@ def source_of(page: str) -> Path | None:
     return None
 
 
+# directives whose first argument is an op: an op with no committed results renders a "Not measured yet"
+# notice in their place, not a table or a plot
+OP_KINDS = {"table", "plot", "ladder", "goal"}
+
+
+@functools.lru_cache(maxsize=1)
+def measured_ops() -> frozenset[str]:
+    """The ops with results in some committed results file."""
+    from snippets.bench.report import load_results
+
+    return frozenset(op for data in load_results().values() for op in data.get("ops", {}))
+
+
 def asked_for(page: str) -> tuple[int, int]:
-    """How many table-like and plot-like bench directives the page's source holds."""
+    """How many table-like and plot-like bench directives the page's source holds (leaving out those of
+    ops that are not measured yet)."""
     src = source_of(page)
     if src is None:
         return 0, 0
-    kinds = [m.group(2) for m in DIRECTIVE.finditer(src.read_text())]
+    kinds = [m.group(2) for m in DIRECTIVE.finditer(src.read_text())
+             if m.group(2) not in OP_KINDS or m.group(3).split()[:1] == [] or
+             m.group(3).split()[0] in measured_ops()]
     return sum(k in TABLE_KINDS for k in kinds), sum(k in PLOT_KINDS for k in kinds)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from snippets.bench.distributed import WORLD_SIZES, fresh, load, slug
+from snippets.site.tables import DIST_TIMES_NOTE
 
 # the goals Part 7 sets (specifications, not measurements): the ring's bus bandwidth as a
 # fraction of NCCL's at 256 MiB per world size; the one-shot's latency as a ratio to NCCL's at
@@ -50,13 +51,13 @@ def _heading(m: dict[str, Any], run: str, what: str) -> tuple[str, str]:
     e = m["runs"][run]
     p = e["provenance"]
     label = f"dist-{what}-{slug(m['gpu'])}-x{m['world_size']}"
-    state = "" if fresh(run, e) else (" **Stale**: the code that produced it has changed since; "
-                                      "re-run scripts/part7_gpus.sh.")
-    note = (f"[^{label}]: {m['world_size']} x {p['gpu']}, torch {p['torch']}, NCCL {p['nccl']}, "
-            f"NVLink multicast off; commit {e['commit'][:7]}, {p['date']}; "
-            f"`python -m snippets.bench.distributed list` says whether it is fresh.{state}")
-    stale = " (stale)" if state else ""
-    return f"**{m['world_size']} x {p['gpu']}**{stale}[^{label}]", note
+    stale = not fresh(run, e)
+    state = (" **Stale**: the code that produced it has changed since; re-run "
+             "`scripts/part7_gpus.sh`." if stale else "")
+    note = (f"[^{label}]: Measured by `python -m {e['module']}` under `scripts/part7_gpus.sh` on "
+            f"{m['world_size']} x {p['gpu']}, torch {p['torch']}, NCCL {p['nccl']}, NVLink "
+            f"multicast off; commit `{e['commit'][:10]}`, {p['date']}.{state} {DIST_TIMES_NOTE}")
+    return f"**{m['world_size']} x {p['gpu']}**{' (stale)' if stale else ''}[^{label}]", note
 
 
 def _missing(machines: list[dict[str, Any]], run: str) -> str:

@@ -15,7 +15,9 @@ from snippets.site.fmt import _cname, _fmt_ms, _fmt_size, _gib, _slug, short_siz
 TIMES_NOTE = "Times are medians of event-timed calls with inputs rotated or L2 flushed."
 # How every provenance footnote of the site ends (tables and goals; the autotuning sweep): a footnote that ends
 # otherwise has swallowed text that belonged to the page, which the browser test counts.
-PROVENANCE_ENDINGS = (TIMES_NOTE, "listed with their error.")
+# the multi-GPU runs of Part 7 (snippets/site/distributed.py)
+DIST_TIMES_NOTE = "Times are the slowest rank's, per call, between barriers."
+PROVENANCE_ENDINGS = (TIMES_NOTE, "listed with their error.", DIST_TIMES_NOTE)
 
 
 def _footnote(op: Op, gpu: str, entry: dict) -> tuple[str, str]:
