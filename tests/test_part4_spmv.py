@@ -206,12 +206,12 @@ NVCC = shutil.which("nvcc")
 
 @pytest.mark.op("spmv")
 @pytest.mark.skipif(NVCC is None,
-                    reason="nvcc is not on PATH, so csrc/part4/spmv.cu cannot be compiled")
+                    reason="nvcc is not on PATH, so csrc/sparse/spmv.cu cannot be compiled")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_cuda_compiles_every_kernel_without_spills(arch, tmp_path):
     opts = list(sp.CU_OPTIONS)
     cmd = [NVCC, "-std=c++17", "-c", f"-arch={arch}", "-Xptxas", "-v", *opts,
-           "csrc/part4/spmv.cu", "-o", str(tmp_path / "spmv.o")]
+           "csrc/sparse/spmv.cu", "-o", str(tmp_path / "spmv.o")]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     log = proc.stderr + proc.stdout

@@ -19,7 +19,7 @@ Versions of ``spmv`` (never renumbered):
       nonzero's row by binary search in crow, sums the products of each row with a segmented scan,
       and adds each row's partial sum into y with one atomic per (row, program). Every program does
       the same work, so a long row is spread over many programs.
-- v3  CUDA C (``csrc/part4/spmv.cu``): one warp per row ("CSR-vector"): the 32 lanes read 32
+- v3  CUDA C (``csrc/sparse/spmv.cu``): one warp per row ("CSR-vector"): the 32 lanes read 32
       consecutive nonzeros at a time (coalesced), and a warp-shuffle reduction sums the row.
 
 Cost model (``spmv_bytes``): every nonzero's value and column index is read once, the row pointers
@@ -47,7 +47,8 @@ from snippets import cuda
 from snippets._checks import check_tensors, refuse_grad, triton_device
 from snippets.registry import Impl, Op, device_generator, register
 
-CU_FILE = "part4/spmv.cu"
+CU_FILE = "sparse/spmv.cu"  # not under csrc/part4: every file there is in the hash of every
+# Part 4 version that loads CUDA (softmax, layernorm), which a new file would mark stale
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 # Row numbers are int32 in every kernel (program ids, the binary search of v2)
@@ -267,7 +268,7 @@ def spmv_stream(crow, col, val, x, check_contents: bool = True) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------------
-# v3: CUDA C, one warp per row (csrc/part4/spmv.cu), launched through CuPy
+# v3: CUDA C, one warp per row (csrc/sparse/spmv.cu), launched through CuPy
 # --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:cuda_launch]
