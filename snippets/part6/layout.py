@@ -385,6 +385,24 @@ def ceil_div_shape(shape, n: int):
 
 
 # --8<-- [start:divide]
+def by_mode(op, layout: Layout, tiler: tuple) -> Layout:
+    """A tuple tiler, for divide and product alike: ``op`` applied to each mode of ``layout``
+    with its element of the tiler; the layout's modes past the tuple are kept as they are."""
+    if len(tiler) > layout.rank:
+        raise ValueError(f"tiler {tiler} has more modes than {layout}")
+    modes = [op(layout[i], t) for i, t in enumerate(tiler)]
+    return bundle(*modes, *(layout[i] for i in range(len(tiler), layout.rank)))
+
+
+def tiler_layout(tiler) -> Layout:
+    """A tiler that is one Layout: itself, or ``n:1`` for an int ``n``."""
+    if is_int(tiler):
+        return make_layout(tiler)
+    if not isinstance(tiler, Layout):
+        raise TypeError(f"a tiler is a Layout, an int, None or a tuple of them, got {tiler!r}")
+    return tiler
+
+
 def logical_divide(layout: Layout, tiler) -> Layout:
     """Split ``layout`` into (tile, rest): mode 0 walks the elements the tiler picks, mode 1
     walks from one tile to the next. A Layout tiler ``T`` gives ``layout o (T, T*)``, with
@@ -393,15 +411,8 @@ def logical_divide(layout: Layout, tiler) -> Layout:
     if tiler is None:
         return layout
     if isinstance(tiler, tuple):
-        if len(tiler) > layout.rank:
-            raise ValueError(f"tiler {tiler} has more modes than {layout}")
-        modes = [logical_divide(layout[i], t) for i, t in enumerate(tiler)]
-        modes += [layout[i] for i in range(len(tiler), layout.rank)]
-        return bundle(*modes)
-    if is_int(tiler):
-        tiler = make_layout(tiler)
-    if not isinstance(tiler, Layout):
-        raise TypeError(f"a tiler is a Layout, an int, None or a tuple of them, got {tiler!r}")
+        return by_mode(logical_divide, layout, tiler)
+    tiler = tiler_layout(tiler)
     rest = complement(tiler, coalesce(layout).shape)
     return composition(layout, bundle(tiler, rest))
 
@@ -443,15 +454,8 @@ def logical_product(block: Layout, tiler) -> Layout:
     if tiler is None:
         return block
     if isinstance(tiler, tuple):
-        if len(tiler) > block.rank:
-            raise ValueError(f"tiler {tiler} has more modes than {block}")
-        modes = [logical_product(block[i], t) for i, t in enumerate(tiler)]
-        modes += [block[i] for i in range(len(tiler), block.rank)]
-        return bundle(*modes)
-    if is_int(tiler):
-        tiler = make_layout(tiler)
-    if not isinstance(tiler, Layout):
-        raise TypeError(f"a tiler is a Layout, an int, None or a tuple of them, got {tiler!r}")
+        return by_mode(logical_product, block, tiler)
+    tiler = tiler_layout(tiler)
     copies = complement(block, block.size * tiler.cosize)
     return bundle(block, composition(copies, tiler))
 
