@@ -69,6 +69,23 @@ def _wait(works) -> None:
     for work in works:
         if work is not None:
             work.wait()
+
+
+def _arrived(rows, sp: bool, full, local, scale: int, group, talk):
+    """Each chunk's (start, stop) rows, once its input is here. Under sequence parallelism chunk
+    i's all-gather (of ``local`` into ``full``) is posted before chunk i - 1 is computed, so it
+    travels meanwhile; without, the input is whole and nothing is sent."""
+    def gather(i):
+        s, e = rows[i]
+        return _post("all_gather", full[scale * s:scale * e], local[s:e], group, talk)
+
+    gathers = [gather(0)] if sp else []
+    for i, (s, e) in enumerate(rows):
+        if sp and i + 1 < len(rows):
+            gathers.append(gather(i + 1))            # chunk i + 1 travels while i computes
+        if sp:
+            _wait(gathers[i:i + 1])
+        yield s, e
 # --8<-- [end:post]
 
 
@@ -99,17 +116,8 @@ class ChunkedTensorParallelMLP(torch.autograd.Function):
         out = x.new_empty((n, w2.shape[0]))
         scale = p if sp else 1                       # rows of a chunk's input, per local row
 
-        def gather(i):
-            s, e = rows[i]
-            return _post("all_gather", gathered[scale * s:scale * e], x[s:e], group, talk)
-
-        gathers = [gather(0)] if sp else []
         reduces = []
-        for i, (s, e) in enumerate(rows):
-            if sp and i + 1 < chunks:
-                gathers.append(gather(i + 1))        # chunk i + 1 travels while i computes
-            if sp:
-                _wait(gathers[i:i + 1])
+        for s, e in _arrived(rows, sp, gathered, x, scale, group, talk):
             xi, ai = gathered[scale * s:scale * e], pre[scale * s:scale * e]
             if b1 is None:
                 torch.mm(xi, w1.t(), out=ai)
@@ -143,17 +151,8 @@ class ChunkedTensorParallelMLP(torch.autograd.Function):
         dw1, dw2 = torch.zeros_like(w1), torch.zeros_like(w2)
         db1 = w1.new_zeros(w1.shape[0]) if has_b1 else None
 
-        def gather(i):
-            s, e = rows[i]
-            return _post("all_gather", ggrad[scale * s:scale * e], grad[s:e], group, talk)
-
-        gathers = [gather(0)] if sp else []
         reduces = []
-        for i, (s, e) in enumerate(rows):
-            if sp and i + 1 < chunks:
-                gathers.append(gather(i + 1))
-            if sp:
-                _wait(gathers[i:i + 1])
+        for s, e in _arrived(rows, sp, ggrad, grad, scale, group, talk):
             gi, ai = ggrad[scale * s:scale * e], pre[scale * s:scale * e]
             da = _gelu_grad(gi @ w2, ai)             # (rows, f/p)
             if sp:                                   # partial grads of p n_i inputs, scattered
