@@ -70,8 +70,7 @@ def record(outdir: Path, commit: str, root: Path = REPO_ROOT, dest: Path = DIST_
             raise ValueError(f"record: {run} in {outdir} was not measured on GPUs (backend "
                              f"{prov.get('backend')}): a CPU dry run is not a result")
         entries[run] = {"module": RUNS[run], "commit": commit,
-                        "source_hash": source_hash(run, root),
-                        **{k: v for k, v in data.items()}}
+                        "source_hash": source_hash(run, root), **data}
     gpus = {(e["provenance"]["gpu"], e["provenance"]["world_size"]) for e in entries.values()}
     if len(gpus) != 1:
         raise ValueError(f"record: the runs in {outdir} come from different machines: {gpus}")

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from snippets.part7.collectives import SUM_DTYPES, agree, describe_input
+from snippets.part7.cost import algorithm_bandwidth, bus_bandwidth
+from snippets.part7.sweep import slowest_time
 
 
 def _check_input(name: str, x, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
@@ -139,21 +140,6 @@ class OneShotAllReduce:
 # --8<-- [end:one_shot]
 
 
-def _time(fn, iters: int, warmup: int) -> float:
-    """Seconds per call, the slowest rank's, timed between barriers."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 def _library_one_shot(x: torch.Tensor, group_name: str):
     """PyTorch's own one-shot all-reduce kernel on symmetric memory (a library baseline), or None
     when this torch has none."""
@@ -182,23 +168,26 @@ def measure(big: list[int], small: list[int], iters: int, warmup: int,
         g = torch.Generator(device=device).manual_seed(rank)
         return torch.randint(-8, 8, (nbytes // esize,), generator=g, device=device).to(dtype)
 
+    def timed(fn) -> float:
+        return slowest_time(fn, device, iters, warmup)
+
     def record(impl: str, origin: str, nbytes: int, seconds: float) -> None:
-        algbw = nbytes / seconds
+        algbw = algorithm_bandwidth(nbytes, seconds)
         records.append({"impl": impl, "origin": origin, "bytes": nbytes, "world_size": p,
                         "dtype": str(dtype).removeprefix("torch."), "seconds": seconds,
-                        "algbw": algbw, "busbw": algbw * 2 * (p - 1) / p})
+                        "algbw": algbw, "busbw": bus_bandwidth(algbw, "all_reduce", p)})
 
     for nbytes in big:
         x = inputs(nbytes)
         want = x.clone()
         dist.all_reduce(want)
         y = x.clone()
-        record("nccl", "library", nbytes, _time(lambda: dist.all_reduce(y), iters, warmup))
+        record("nccl", "library", nbytes, timed(lambda: dist.all_reduce(y)))
         for k in pieces:
             ring = RingAllReduce(x.shape, dtype, device, pieces=k)
             if not torch.equal(ring(x.clone()), want):   # small integers: every order is exact
                 raise AssertionError(f"RingAllReduce differs from NCCL at {nbytes} bytes")
-            record(f"ring/pieces={k}", "book", nbytes, _time(lambda: ring(y), iters, warmup))
+            record(f"ring/pieces={k}", "book", nbytes, timed(lambda: ring(y)))
     for nbytes in small:
         x = inputs(nbytes)
         want = x.clone()
@@ -208,8 +197,8 @@ def measure(big: list[int], small: list[int], iters: int, warmup: int,
             if not torch.equal(one(x), want):
                 raise AssertionError(f"OneShotAllReduce differs from NCCL at {nbytes} bytes")
         y = x.clone()
-        record("nccl", "library", nbytes, _time(lambda: dist.all_reduce(y), iters, warmup))
-        record("one_shot", "book", nbytes, _time(lambda: one(x), iters, warmup))
+        record("nccl", "library", nbytes, timed(lambda: dist.all_reduce(y)))
+        record("one_shot", "book", nbytes, timed(lambda: one(x)))
         try:
             lib = _library_one_shot(x, dist.group.WORLD.group_name)
         except Exception as exc:           # noqa: BLE001 - a baseline this torch cannot run
@@ -219,7 +208,7 @@ def measure(big: list[int], small: list[int], iters: int, warmup: int,
         if lib is None:
             records.append({"impl": "torch_one_shot", "bytes": nbytes, "skipped": why})
         else:
-            record("torch_one_shot", "library", nbytes, _time(lib, iters, warmup))
+            record("torch_one_shot", "library", nbytes, timed(lib))
     return {"records": records}
 
 

@@ -33,6 +33,7 @@ from torch import nn
 from snippets.part7.ddp import BucketedDDP
 from snippets.part7.launch import device_for
 from snippets.part7.models import Attention, TinyTransformer, TransformerBlock
+from snippets.part7.sweep import slowest_time
 
 # name -> (vocab, dim, heads, blocks, seq); "1b": about 1.1e9 parameters
 CONFIGS = {"tiny": (64, 32, 4, 2, 16), "125m": (32000, 768, 12, 12, 1024),
@@ -133,22 +134,7 @@ def train_steps(mode: str, config: str, batch: int, steps: int, warmup: int) -> 
         loss.backward()
         opt.step()
 
-    for _ in range(warmup):
-        step()
-    if cuda:
-        torch.cuda.synchronize()
-    if distributed:
-        dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if cuda:
-        torch.cuda.synchronize()
-    seconds = (time.perf_counter() - t0) / steps
-    if distributed:
-        t = torch.tensor([seconds], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        seconds = float(t.item())
+    seconds = slowest_time(step, torch.device(device), steps, warmup)
     tokens_per_s = world * batch * seq / seconds
     return {"mode": mode, "config": config, "world_size": world, "batch_per_rank": batch,
             "seq": seq, "seconds_per_step": seconds, "tokens_per_s": tokens_per_s,

@@ -68,18 +68,34 @@ def collective(op: str, nbytes: int, p: int, device: torch.device, dtype: torch.
 # --8<-- [end:call]
 
 
-def time_op(fn, device: torch.device, iters: int, warmup: int) -> float:
+def _grouped() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def time_op(fn, device: torch.device, iters: int, warmup: int, group=None) -> float:
     """Seconds per call on this rank: ``warmup`` untimed calls, then ``iters`` timed back to back,
-    between barriers."""
+    between barriers (none on one process without a group)."""
     for _ in range(warmup):
         fn()
     _sync(device)
-    dist.barrier()
+    if _grouped():
+        dist.barrier(group)
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
     _sync(device)
     return (time.perf_counter() - t0) / iters
+
+
+def slowest_time(fn, device: torch.device, iters: int, warmup: int, group=None) -> float:
+    """``time_op`` on every rank, and the slowest rank's time: a collective, or a step of
+    several ranks, ends when its last rank does. On one process without a group, its own."""
+    seconds = time_op(fn, device, iters, warmup, group)
+    if not _grouped():
+        return seconds
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)   # NCCL: on the GPU
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
 
 
 def sweep(ops: tuple[str, ...], sizes: list[int], iters: int = 20, warmup: int = 5,
@@ -97,10 +113,7 @@ def sweep(ops: tuple[str, ...], sizes: list[int], iters: int = 20, warmup: int =
             continue  # gloo has no reduce-scatter of tensors
         for nbytes in sizes:
             fn = collective(op, nbytes, p, device, dtype)
-            t = torch.tensor([time_op(fn, device, iters, warmup)], dtype=torch.float64,
-                             device=device)   # NCCL reduces only tensors on the GPU
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank
-            seconds = float(t.item())
+            seconds = slowest_time(fn, device, iters, warmup)
             algbw = algorithm_bandwidth(nbytes, seconds)
             records.append({"op": op, "bytes": nbytes, "world_size": p, "seconds": seconds,
                             "algbw": algbw, "busbw": bus_bandwidth(algbw, op, p)})

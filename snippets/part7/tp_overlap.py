@@ -42,7 +42,7 @@ from torch import nn
 
 from snippets.part7.collectives import agree_same_shape, all_gather_tensor, reduce_scatter_tensor
 from snippets.part7.launch import device_for
-from snippets.part7.sweep import provenance, time_op
+from snippets.part7.sweep import provenance, slowest_time
 from snippets.part7.tensor_parallel import TensorParallelMLP
 
 
@@ -416,11 +416,8 @@ def measure(tokens: int = 8192, hidden: int = 8192, ffn: int = 28672,
     records = []
 
     def timed(variant, sp, chunks, fn, block=None):
-        seconds = time_op(fn, device, iters, warmup)
-        t = torch.tensor([seconds], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
         records.append({"variant": variant, "sp": sp, "chunks": chunks,
-                        "seconds": float(t.item())})
+                        "seconds": slowest_time(fn, device, iters, warmup, group)})
 
     def fwd_bwd(block, x, grad, **kw):
         def step():
