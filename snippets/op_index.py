@@ -35,7 +35,6 @@ def load_all() -> dict[str, Op]:
 
 
 def get_op(name: str) -> Op:
-    ops = load_all()
-    if name not in ops:
-        raise KeyError(f"unknown op {name!r}; known ops: {', '.join(sorted(ops))}")
-    return ops[name]
+    """``registry.get_op`` once every op is registered."""
+    load_all()
+    return registry.get_op(name)

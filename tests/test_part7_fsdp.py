@@ -10,7 +10,7 @@ import torch
 
 from snippets.part7.fsdp import train_fsdp2
 from snippets.part7.launch import run_world
-from snippets.part7.models import lm_loss, tiny_batch, tiny_model
+from snippets.part7.models import tiny_model, train_tiny
 
 TOL = {torch.float32: 1e-6, torch.float64: 1e-12}
 CASES = [(torch.float64, True, True), (torch.float32, True, True),
@@ -18,16 +18,8 @@ CASES = [(torch.float64, True, True), (torch.float32, True, True),
 
 
 def one_process(dtype) -> dict:
-    model = tiny_model(0, dtype)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for step in range(10):
-        opt.zero_grad()
-        loss = lm_loss(model, *tiny_batch(step, 8, 8))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return {"loss": losses, "params": [p.detach() for p in model.parameters()]}
+    """train_tiny without a process group: tiny_model(0) on the whole batch, the same SGD."""
+    return train_tiny(0, 1, steps=10, dtype=dtype)
 
 
 def fsdp_world(rank: int, world: int) -> dict:
