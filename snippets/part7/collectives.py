@@ -91,7 +91,7 @@ def agree_same_shape(name: str, x, group) -> None:
                          + ", ".join(f"rank {r}: {d[2]}" for r, d in enumerate(everyone)))
 
 
-def _chunk_bounds(numel: int, p: int) -> list[int]:
+def chunk_bounds(numel: int, p: int) -> list[int]:
     """Where each of tensor_split's p chunks of a vector of ``numel`` starts, and the end."""
     sizes = [numel // p + (k < numel % p) for k in range(p)]
     return [0, *itertools.accumulate(sizes)]
@@ -205,7 +205,7 @@ def recursive_halving_doubling_all_reduce(x: torch.Tensor, group=None) -> torch.
                          f"ranks, got {p} (use ring_all_reduce)")
     agree_same_shape("recursive_halving_doubling_all_reduce", x, group)
     flat = x.detach().reshape(-1).clone()
-    at = _chunk_bounds(flat.numel(), p)           # chunk k is flat[at[k]:at[k + 1]]
+    at = chunk_bounds(flat.numel(), p)           # chunk k is flat[at[k]:at[k + 1]]
     lo, hi = 0, p                                 # the chunks this rank is responsible for
     mask = p // 2
     while mask:                                   # recursive halving: a reduce-scatter

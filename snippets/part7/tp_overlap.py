@@ -40,7 +40,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from snippets.part7.collectives import agree_same_shape, all_gather_tensor, reduce_scatter_tensor
+from snippets.part7.collectives import (
+    agree_same_shape,
+    all_gather_tensor,
+    chunk_bounds,
+    reduce_scatter_tensor,
+)
 from snippets.part7.launch import device_for
 from snippets.part7.sweep import provenance, slowest_time
 from snippets.part7.tensor_parallel import TensorParallelMLP
@@ -91,9 +96,8 @@ def _arrived(rows, sp: bool, full, local, scale: int, group, talk):
 
 def _bounds(n: int, chunks: int) -> list[tuple[int, int]]:
     """(start, stop) of each of ``tensor_split``'s chunks of n rows."""
-    sizes = [n // chunks + (i < n % chunks) for i in range(chunks)]
-    starts = [sum(sizes[:i]) for i in range(chunks)]
-    return [(s, s + k) for s, k in zip(starts, sizes)]
+    at = chunk_bounds(n, chunks)
+    return list(zip(at, at[1:]))
 
 
 # --8<-- [start:forward]
