@@ -7,7 +7,8 @@
 #   bash scripts/part7_gpus.sh OUTDIR
 #
 # Pass KM_COMMIT (and KM_DIRTY) on a copy of the tree without .git. Each step has its own time
-# limit; a step that fails or runs out of time is logged and the next one runs.
+# limit; a step that fails or runs out of time is logged and the next one runs. KM_STEPS (names
+# separated by spaces, default every step) runs some of them: one device call may not hold them all.
 set -uo pipefail
 OUT=${1:?usage: part7_gpus.sh OUTDIR}
 mkdir -p "$OUT"
@@ -20,6 +21,7 @@ echo "commit ${KM_COMMIT:-$(git rev-parse HEAD 2> /dev/null)} dirty ${KM_DIRTY:-
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2
   shift 2
+  [ -z "${KM_STEPS:-}" ] || [[ " $KM_STEPS " == *" $name "* ]] || return 0
   local t0=$SECONDS
   # a rank still running 5 s before the step's limit prints every thread's stack and exits: a hang
   # leaves its stacks in the log instead of nothing
