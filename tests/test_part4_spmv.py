@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers import assert_refuses
 
-from conftest import poison_allocator
+from conftest import DEVICE, poison_allocator
 from snippets.part4 import spmv as sp
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -23,9 +23,9 @@ TRITON_FNS = {"v1": sp.spmv_scalar, "v2": sp.spmv_stream}
 TOL = {torch.float32: (1e-5, 2e-5), torch.float16: (1e-3, 2e-3), torch.bfloat16: (8e-3, 1e-2)}
 
 
-def _csr(lengths, n, dtype=torch.float32, index=torch.int32, device="cpu", seed=0):
+def _csr(lengths, n, dtype=torch.float32, index=torch.int32, device=DEVICE, seed=0):
     """(crow, col, val, x) with the given row lengths, columns uniform in [0, n), values in
-    [-1, 1]."""
+    [-1, 1], on the device the Triton kernels run on (the CPU under the interpreter)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.tensor(lengths, dtype=torch.long)
     crow = torch.zeros(lengths.numel() + 1, dtype=torch.long)
@@ -131,14 +131,18 @@ def test_empty_rows_are_exact_zeros():
 def test_a_wrong_row_would_be_caught(version):
     # Two rows that gather the same x with values of opposite sign: a kernel that summed across the
     # row boundary would give 0 for both, far outside the tolerance.
-    crow = torch.tensor([0, 2, 4], dtype=torch.int32)
-    col = torch.tensor([0, 1, 0, 1], dtype=torch.int32)
-    val = torch.tensor([1.0, 1.0, -1.0, -1.0])
-    y = TRITON_FNS[version](crow, col, val, torch.tensor([1.0, 2.0]))
+    crow = torch.tensor([0, 2, 4], dtype=torch.int32, device=DEVICE)
+    col = torch.tensor([0, 1, 0, 1], dtype=torch.int32, device=DEVICE)
+    val = torch.tensor([1.0, 1.0, -1.0, -1.0], device=DEVICE)
+    y = TRITON_FNS[version](crow, col, val, torch.tensor([1.0, 2.0], device=DEVICE))
     assert y.tolist() == [3.0, -3.0]
 
 
 # ---------------------------------------------------------------- bad input, before any launch
+
+def _ints(*values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
 
 def _bad_inputs():
     crow, col, val, x = _csr([2, 0, 3], 4)
@@ -148,18 +152,20 @@ def _bad_inputs():
         ("float row pointers", (crow.float(), col, val, x), TypeError, "dtype"),
         ("int32 rows, int64 columns", (crow, col.long(), val, x), TypeError, "dtype"),
         ("2-D x", (crow, col, val, x[:, None]), ValueError, "x must be 1-D"),
-        ("non-contiguous x", (crow, col, val, torch.rand(8)[::2]), ValueError, "contiguous"),
-        ("non-contiguous values", (crow, col, torch.rand(10)[::2], x), ValueError, "contiguous"),
+        ("non-contiguous x", (crow, col, val, torch.rand(8, device=DEVICE)[::2]), ValueError,
+         "contiguous"),
+        ("non-contiguous values", (crow, col, torch.rand(10, device=DEVICE)[::2], x), ValueError,
+         "contiguous"),
         ("col shorter than val", (crow, col[:-1], val, x), ValueError, "col has 4 entries"),
         ("no row pointers", (crow[:1], col, val, x), ValueError, "M \\+ 1 >= 2"),
         ("crow[0] != 0", (crow + 1, col, val, x), ValueError, "crow\\[0\\] must be 0"),
-        ("crow[M] != nnz", (torch.tensor([0, 2, 2, 4], dtype=torch.int32), col, val, x),
+        ("crow[M] != nnz", (_ints(0, 2, 2, 4), col, val, x),
          ValueError, "must equal nnz = 5"),
-        ("decreasing crow", (torch.tensor([0, 3, 2, 5], dtype=torch.int32), col, val, x),
+        ("decreasing crow", (_ints(0, 3, 2, 5), col, val, x),
          ValueError, "nondecreasing, but crow\\[2\\] = 2 < crow\\[1\\] = 3"),
-        ("column past x", (crow, torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32), val, x),
+        ("column past x", (crow, _ints(0, 1, 2, 3, 4), val, x),
          ValueError, "in \\[0, 4\\)"),
-        ("negative column", (crow, torch.tensor([0, -1, 2, 3, 0], dtype=torch.int32), val, x),
+        ("negative column", (crow, _ints(0, -1, 2, 3, 0), val, x),
          ValueError, "from -1 to 3"),
         ("a list, not a tensor", (crow, col, val.tolist(), x), TypeError, "torch.Tensor"),
     ]
@@ -177,10 +183,10 @@ def test_contents_are_checked_only_on_request():
     # pass
     # (a caller who says the matrix is valid owns the consequences: nothing is launched here)
     crow, col, val, x = _csr([2, 0, 3], 4)
-    bad = torch.tensor([0, 2, 2, 4], dtype=torch.int32)
+    bad = torch.tensor([0, 2, 2, 4], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="must equal nnz"):
-        sp.check_csr("f", bad, col, val, x, "cpu")
-    assert sp.check_csr("f", bad, col, val, x, "cpu", check_contents=False) == (3, 4, 5)
+        sp.check_csr("f", bad, col, val, x, DEVICE)
+    assert sp.check_csr("f", bad, col, val, x, DEVICE, check_contents=False) == (3, 4, 5)
 
 
 @pytest.mark.op("spmv")
@@ -196,7 +202,7 @@ def test_refuses_grad(version):
 def test_cuda_without_gpu_is_clear(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="needs an NVIDIA GPU"):
-        sp.spmv_cuda(*_csr([2, 1], 3))
+        sp.spmv_cuda(*_csr([2, 1], 3, device="cpu"))
 
 
 # -------------------------------------------------------- the CUDA file compiles (no GPU needed)
