@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The Nsight Compute counters behind three measured puzzles (transpose v1-v7, reduce_sum v1-v4, strided_copy
-# past stride 8), captured on the GPU runner into OUTDIR as ncu_counters_<group>.txt, each with its record
+# The Nsight Compute counters behind measured puzzles (transpose v1-v7, reduce_sum v1-v4, strided_copy
+# past stride 8, hopper_gemm v1-v7), captured on the GPU runner into OUTDIR as ncu_counters_<group>.txt,
+# each with its record
 # (commit them as benchmarks/results/outputs/<gpu>/; `<!-- bench:output ncu_counters_transpose -->` renders one).
 #
 #   bash scripts/capture_ncu_counters.sh OUTDIR
 #
 # A separate script from capture_profiles.sh on purpose: a capture's hash covers the script that wrote it, so
 # adding these targets there would mark every capture of the profiling chapter stale without changing them.
-# KM_NCU_GROUPS (default "transpose reduce strided") captures part of it. One ncu run per launch: the sections
+# KM_NCU_GROUPS (default "transpose reduce strided hopper") captures part of it. One ncu run per launch: the sections
 # (warp stall reasons, scheduler, memory tables) plus the counters that scripts/ncu_counters.py tabulates
 # (`--metrics` prints them). The profiled call runs between cudaProfilerStart/Stop (--profile-from-start off),
 # so --launch-count 1 takes the first matching launch of that call. GPU clocks are left as they are, as in
@@ -21,7 +22,7 @@ CNT=("$PY" -W ignore::DeprecationWarning scripts/ncu_counters.py)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 status=0
-GROUPS_WANTED=" ${KM_NCU_GROUPS:-transpose reduce strided} "
+GROUPS_WANTED=" ${KM_NCU_GROUPS:-transpose reduce strided hopper} "
 command -v ncu > /dev/null || { echo "capture_ncu_counters: ncu is not on PATH" >&2; exit 1; }
 METRICS=$("${CNT[@]}" --metrics) || exit 1
 

@@ -1,11 +1,13 @@
-"""The Nsight Compute counters that explain three measured puzzles of Parts 2 and 3, for
+"""The Nsight Compute counters that explain measured puzzles of Parts 2, 3 and 6, for
 scripts/capture_ncu_counters.sh (GPU runner):
 
 - transpose at its headline size, v1 to v7 except the swizzle: why the naive v2 beats the tiled v3
   and the padded v4, and why v7 (float4) is not faster than v6;
 - reduce_sum v1 to v4 (and v7, the copy-speed reference): why v1 to v3 sit together far below copy,
   why v2 is slower than v1, and why v4 gains so much (bytes in flight, or divergence?);
-- strided_copy v1 at strides 4 to 32: what changes in the memory system past stride 8.
+- strided_copy v1 at strides 4 to 32: what changes in the memory system past stride 8;
+- hopper_gemm v1 to v7 (Part 6): why four stages (v2) lose to one (v1), and what the clusters
+  (v5, v7) and the TMA-store epilogue (v6, v7) change.
 
     python scripts/ncu_counters.py --targets              # group, target, kernel regex
     python scripts/ncu_counters.py --impls GROUP          # op:version pairs the group runs
@@ -29,13 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from snippets.op_index import get_op  # noqa: E402
 from snippets.part3.profiling import (  # noqa: E402
     in_base_units,
     parse_ncu_csv,
     short_name,
     stalls,
 )
-from snippets.registry import dtype_name, get_op, size_key  # noqa: E402
+from snippets.registry import dtype_name, size_key  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,10 @@ GROUPS: dict[str, tuple[str, tuple[Counted, ...]]] = {
     "strided": (
         "What changes in the memory system past stride 8?",
         tuple(_strided(s) for s in (4, 8, 16, 32))),
+    "hopper": (
+        "Why is v2 (four stages) slower than v1 (one), and what do v5-v7 change?",
+        tuple(Counted(v, "hopper_gemm", v, f"^hopper_gemm_{v}$")
+              for v in ("v1", "v2", "v3", "v4", "v5", "v6", "v7"))),
 }
 
 

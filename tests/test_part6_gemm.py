@@ -32,7 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CU = REPO_ROOT / "csrc" / gemm.CU_FILE
 NVCC = shutil.which("nvcc")
 requires_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
-VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6")
+VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7")
 
 
 def _cuobjdump() -> str | None:
@@ -142,8 +142,11 @@ def test_constants_match_the_launcher():
         cfg = gemm.CONFIGS[v]
         assert (c["BM_WS"], c["BN_WS"], c["STAGES_WS"]) == (cfg.block_m, cfg.block_n, cfg.stages)
         assert cfg.threads == (1 + c["CONSUMERS"]) * c["WG_THREADS"]
-    assert c["CLUSTER"] == gemm.CONFIGS["v5"].cluster
-    assert c["STAGES_V6"] == gemm.CONFIGS["v6"].stages and gemm.CONFIGS["v6"].tma_store
+    assert c["CLUSTER"] == gemm.CONFIGS["v5"].cluster == gemm.CONFIGS["v7"].cluster
+    assert c["STAGES_WS"] == gemm.CONFIGS["v5"].stages and not gemm.CONFIGS["v5"].tma_store
+    for v in ("v6", "v7"):  # v7 is cluster_gemm<STAGES_V6, true>
+        assert c["STAGES_V6"] == gemm.CONFIGS[v].stages and gemm.CONFIGS[v].tma_store
+    assert "cluster_gemm<hg::STAGES_V6, true>" in CU.read_text()
     text = CU.read_text()
     assert f"__cluster_dims__({c['CLUSTER']}, 1, 1)" in text
     for cfg in gemm.CONFIGS.values():  # each kernel is declared with its block size
@@ -269,7 +272,7 @@ def test_good_cpu_input_asks_for_a_gpu():
 @pytest.mark.op("hopper_gemm")
 def test_registration():
     op = gemm.hopper_gemm
-    assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4", "v5", "v6"]
+    assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7"]
     assert op.impls["v0"].origin == "library"
     assert op.metric == "TFLOP/s" and op.ceiling == "gemm_bf16"
     assert op.headline == {"m": 8192, "n": 8192, "k": 8192}

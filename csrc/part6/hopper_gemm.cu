@@ -13,11 +13,12 @@
 //   v5  like v4 in clusters of two blocks along M: each loads half of the B tile they share and
 //       TMA multicasts it into both blocks' shared memory
 //   v6  like v4 with STAGES_V6 stages and a TMA-store epilogue (registers -> shared -> global)
+//   v7  v5's clusters and multicast with v6's TMA-store epilogue
 //
 // The tensor maps are built on the host (snippets/part6/gemm.py, cuTensorMapEncodeTiled) and passed
-// in global memory: 128 bytes for A, then 128 bytes for B (and for v6, 128 for C). The kernels
-// take no other description of the operands: box sizes and swizzle must agree with the constants
-// below, which gemm.py mirrors and tests/test_part6_gemm.py compares.
+// in global memory: 128 bytes for A, then 128 bytes for B (and for v6 and v7, 128 for C). The
+// kernels take no other description of the operands: box sizes and swizzle must agree with the
+// constants below, which gemm.py mirrors and tests/test_part6_gemm.py compares.
 //
 // Only sm_90a has wgmma and setmaxnreg: for any other target every kernel body is a trap, so the
 // file still compiles for the other architectures the book builds for.
@@ -635,99 +636,9 @@ hopper_gemm_v4(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C,
 }
 // --8<-- [end:v4]
 
-// -------------------------------------------------------------------------------------------------
-// v5: v4 in clusters of two blocks along M; each block loads half of B and multicasts it to both
-// -------------------------------------------------------------------------------------------------
-
-// --8<-- [start:v5]
-extern "C" __global__ void HG_CLUSTER_DIMS __launch_bounds__(384, 1)
-hopper_gemm_v5(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C, int M, int N,
-               int K) {
-#if HG_SM90A
-    using namespace hg;
-    constexpr uint32_t B_HALF_BYTES = BN_WS / CLUSTER * ROW_BYTES;  // 16 KB: 128 rows of B
-    extern __shared__ uint8_t smem[];
-    const uint32_t base = align_up(smem_u32(smem), SWIZZLE_REPEAT);
-    const uint32_t full = base + STAGES_WS * WS_STAGE_BYTES, empty = full + STAGES_WS * 8;
-    const uint32_t rank = cluster_rank();
-    if (threadIdx.x == 0) {
-        tmap_acquire(tmaps);
-        tmap_acquire(tmaps + TMAP_BYTES);
-        for (int s = 0; s < STAGES_WS; ++s) {
-            mbar_init(full + 8 * s, 1);  // own expect_tx; the bytes come from both blocks' copies
-            // a stage may be refilled once the consumers of BOTH blocks are done with it: the
-            // peer's half of B lands in this block's stage, this block's half in the peer's
-            mbar_init(empty + 8 * s, CLUSTER * CONSUMERS * WG_THREADS / 32);
-        }
-        mbar_fence_init();
-    }
-    cluster_sync();  // both blocks' barriers exist before either block's copies signal them
-
-    const int wg = threadIdx.x / WG_THREADS;
-    const int pairs_m = (M + CLUSTER * BM_WS - 1) / (CLUSTER * BM_WS);
-    const int tiles_n = (N + BN_WS - 1) / BN_WS;
-    const int clusters = gridDim.x / CLUSTER, cluster = blockIdx.x / CLUSTER;
-    const int k_tiles = (K + BLOCK_K - 1) / BLOCK_K;
-    int it = 0, pm, pn;
-    if (wg == 0) {
-        regs_dec<PRODUCER_REGS>();
-        if (threadIdx.x == 0) {
-            for (int t = cluster; t < pairs_m * tiles_n; t += clusters) {
-                tile_coords(t, pairs_m, tiles_n, pm, pn);
-                const int m0 = (pm * CLUSTER + rank) * BM_WS, n0 = pn * BN_WS;
-                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-                    const uint32_t s = it % STAGES_WS, a = base + s * WS_STAGE_BYTES;
-                    if (it >= STAGES_WS) mbar_wait(empty + 8 * s, (it / STAGES_WS - 1) & 1);
-                    mbar_arrive_expect_tx(full + 8 * s, WS_STAGE_BYTES);  // A + both halves of B
-                    tma_load_2d(a, tmaps, full + 8 * s, kt * BLOCK_K, m0);
-                    tma_load_2d_multicast(a + WS_A_BYTES + rank * B_HALF_BYTES, tmaps + TMAP_BYTES,
-                                          full + 8 * s, kt * BLOCK_K, n0 + rank * (BN_WS / 2),
-                                          (1 << CLUSTER) - 1);
-                }
-            }
-        }
-    } else {
-        regs_inc<CONSUMER_REGS>();
-        const int c = wg - 1, lane = threadIdx.x % 32;
-        float d[BN_WS / 2];
-        for (int t = cluster; t < pairs_m * tiles_n; t += clusters) {
-            tile_coords(t, pairs_m, tiles_n, pm, pn);
-#pragma unroll
-            for (int i = 0; i < BN_WS / 2; ++i) d[i] = 0.0f;
-            for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-                const uint32_t s = it % STAGES_WS, a = base + s * WS_STAGE_BYTES;
-                mbar_wait(full + 8 * s, (it / STAGES_WS) & 1);
-                wgmma_fence();
-                fence_regs(d);
-#pragma unroll
-                for (int kk = 0; kk < BLOCK_K / 16; ++kk)
-                    wgmma_m64n256k16(d, make_desc(a + c * 64 * ROW_BYTES + kk * 32),
-                                     make_desc(a + WS_A_BYTES + kk * 32));
-                wgmma_commit();
-                wgmma_wait<1>();
-                fence_regs(d);
-                if (kt > 0 && lane == 0)
-                    for (uint32_t r = 0; r < CLUSTER; ++r)
-                        mbar_arrive_cluster(empty + 8 * ((it - 1) % STAGES_WS), r);
-            }
-            wgmma_wait<0>();
-            fence_regs(d);
-            if (lane == 0)
-                for (uint32_t r = 0; r < CLUSTER; ++r)
-                    mbar_arrive_cluster(empty + 8 * ((it - 1) % STAGES_WS), r);
-            store_acc<BN_WS>(d, C, M, N, (pm * CLUSTER + rank) * BM_WS + c * 64, pn * BN_WS);
-        }
-    }
-    // no block may exit while its peer can still arrive on its barriers
-    cluster_sync();
-#else
-    __trap();
-#endif
-}
-// --8<-- [end:v5]
 
 // -------------------------------------------------------------------------------------------------
-// v6: v4 with a TMA-store epilogue (registers -> shared memory -> one bulk tensor store)
+// The TMA-store epilogue of v6 and v7 (registers -> shared memory -> one bulk tensor store)
 // -------------------------------------------------------------------------------------------------
 
 #if HG_SM90A
@@ -774,6 +685,125 @@ __device__ __forceinline__ void store_acc_tma(const float (&d)[BN_WS / 2], uint3
 }  // namespace hg
 #endif  // HG_SM90A
 
+// -------------------------------------------------------------------------------------------------
+// v5: v4 in clusters of two blocks along M; each block loads half of B and multicasts it to both.
+// v7: v5 with v6's TMA-store epilogue (3 stages). One body, cluster_gemm, serves both.
+// -------------------------------------------------------------------------------------------------
+
+// --8<-- [start:v5]
+#if HG_SM90A
+namespace hg {
+template <int S, bool TMA_STORE>
+__device__ __forceinline__ void cluster_gemm(const uint8_t* tmaps, __nv_bfloat16* C, int M, int N,
+                                             int K) {
+    constexpr uint32_t B_HALF_BYTES = BN_WS / CLUSTER * ROW_BYTES;  // 16 KB: 128 rows of B
+    constexpr uint32_t C_TILE_BYTES = 64 * BN_WS * 2;  // v7: one consumer's 64 x 256 bf16
+    constexpr uint32_t EXTRA = TMA_STORE ? CONSUMERS * C_TILE_BYTES : 0;
+    extern __shared__ uint8_t smem[];
+    const uint32_t base = align_up(smem_u32(smem), SWIZZLE_REPEAT);
+    const uint32_t full = base + S * WS_STAGE_BYTES + EXTRA, empty = full + S * 8;
+    const uint32_t rank = cluster_rank();
+    if (threadIdx.x == 0) {
+        tmap_acquire(tmaps);
+        tmap_acquire(tmaps + TMAP_BYTES);
+        for (int s = 0; s < S; ++s) {
+            mbar_init(full + 8 * s, 1);  // own expect_tx; the bytes come from both blocks' copies
+            // a stage may be refilled once the consumers of BOTH blocks are done with it: the
+            // peer's half of B lands in this block's stage, this block's half in the peer's
+            mbar_init(empty + 8 * s, CLUSTER * CONSUMERS * WG_THREADS / 32);
+        }
+        mbar_fence_init();
+    }
+    cluster_sync();  // both blocks' barriers exist before either block's copies signal them
+
+    const int wg = threadIdx.x / WG_THREADS;
+    const int pairs_m = (M + CLUSTER * BM_WS - 1) / (CLUSTER * BM_WS);
+    const int tiles_n = (N + BN_WS - 1) / BN_WS;
+    const int clusters = gridDim.x / CLUSTER, cluster = blockIdx.x / CLUSTER;
+    const int k_tiles = (K + BLOCK_K - 1) / BLOCK_K;
+    int it = 0, pm, pn;
+    if (wg == 0) {
+        regs_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0) {
+            for (int t = cluster; t < pairs_m * tiles_n; t += clusters) {
+                tile_coords(t, pairs_m, tiles_n, pm, pn);
+                const int m0 = (pm * CLUSTER + rank) * BM_WS, n0 = pn * BN_WS;
+                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                    const uint32_t s = it % S, a = base + s * WS_STAGE_BYTES;
+                    if (it >= S) mbar_wait(empty + 8 * s, (it / S - 1) & 1);
+                    mbar_arrive_expect_tx(full + 8 * s, WS_STAGE_BYTES);  // A + both halves of B
+                    tma_load_2d(a, tmaps, full + 8 * s, kt * BLOCK_K, m0);
+                    tma_load_2d_multicast(a + WS_A_BYTES + rank * B_HALF_BYTES, tmaps + TMAP_BYTES,
+                                          full + 8 * s, kt * BLOCK_K, n0 + rank * (BN_WS / 2),
+                                          (1 << CLUSTER) - 1);
+                }
+            }
+        }
+    } else {
+        regs_inc<CONSUMER_REGS>();
+        const int c = wg - 1, lane = threadIdx.x % 32;
+        const uint32_t c_smem = base + S * WS_STAGE_BYTES + c * C_TILE_BYTES;  // v7 only
+        const void* tmap_c = tmaps + 2 * TMAP_BYTES;
+        if (TMA_STORE && threadIdx.x % WG_THREADS == 0) tmap_acquire(tmap_c);  // the storer
+        float d[BN_WS / 2];
+        for (int t = cluster; t < pairs_m * tiles_n; t += clusters) {
+            tile_coords(t, pairs_m, tiles_n, pm, pn);
+#pragma unroll
+            for (int i = 0; i < BN_WS / 2; ++i) d[i] = 0.0f;
+            for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                const uint32_t s = it % S, a = base + s * WS_STAGE_BYTES;
+                mbar_wait(full + 8 * s, (it / S) & 1);
+                wgmma_fence();
+                fence_regs(d);
+#pragma unroll
+                for (int kk = 0; kk < BLOCK_K / 16; ++kk)
+                    wgmma_m64n256k16(d, make_desc(a + c * 64 * ROW_BYTES + kk * 32),
+                                     make_desc(a + WS_A_BYTES + kk * 32));
+                wgmma_commit();
+                wgmma_wait<1>();
+                fence_regs(d);
+                if (kt > 0 && lane == 0)
+                    for (uint32_t r = 0; r < CLUSTER; ++r)
+                        mbar_arrive_cluster(empty + 8 * ((it - 1) % S), r);
+            }
+            wgmma_wait<0>();
+            fence_regs(d);
+            if (lane == 0)
+                for (uint32_t r = 0; r < CLUSTER; ++r)
+                    mbar_arrive_cluster(empty + 8 * ((it - 1) % S), r);
+            const int row0 = (pm * CLUSTER + rank) * BM_WS + c * 64, col0 = pn * BN_WS;
+            if constexpr (TMA_STORE) {  // barrier 1 or 2: each consumer meets only its own
+                if (c == 0) store_acc_tma<1>(d, c_smem, tmap_c, row0, col0);
+                else store_acc_tma<2>(d, c_smem, tmap_c, row0, col0);
+            } else {
+                store_acc<BN_WS>(d, C, M, N, row0, col0);
+            }
+        }
+        // the block's shared memory must outlive the last store's reads of it
+        if (TMA_STORE && threadIdx.x % WG_THREADS == 0)
+            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    }
+    // no block may exit while its peer can still arrive on its barriers
+    cluster_sync();
+}
+}  // namespace hg
+#endif  // HG_SM90A
+
+extern "C" __global__ void HG_CLUSTER_DIMS __launch_bounds__(384, 1)
+hopper_gemm_v5(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C, int M, int N,
+               int K) {
+#if HG_SM90A
+    hg::cluster_gemm<hg::STAGES_WS, false>(tmaps, C, M, N, K);
+#else
+    __trap();
+#endif
+}
+// --8<-- [end:v5]
+
+// -------------------------------------------------------------------------------------------------
+// v6: v4 with the TMA-store epilogue
+// -------------------------------------------------------------------------------------------------
+
 // --8<-- [start:v6]
 extern "C" __global__ void __launch_bounds__(384, 1)
 hopper_gemm_v6(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C, int M, int N,
@@ -817,3 +847,15 @@ hopper_gemm_v6(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C,
 #endif
 }
 // --8<-- [end:v6]
+
+// --8<-- [start:v7]
+extern "C" __global__ void HG_CLUSTER_DIMS __launch_bounds__(384, 1)
+hopper_gemm_v7(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C, int M, int N,
+               int K) {
+#if HG_SM90A
+    hg::cluster_gemm<hg::STAGES_V6, true>(tmaps, C, M, N, K);
+#else
+    __trap();
+#endif
+}
+// --8<-- [end:v7]

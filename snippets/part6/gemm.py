@@ -20,6 +20,12 @@ Versions of ``hopper_gemm`` (never renumbered):
   share and TMA multicasts it into both blocks' shared memory.
 - v6  like v4 with 3 stages and a TMA-store epilogue: the consumers write C to shared memory and
   one thread stores each 64 x 256 tile with ``cp.async.bulk.tensor``.
+- v7  v5's clusters and B multicast with v6's TMA-store epilogue (3 stages).
+
+The persistent cluster kernels (v5, v7) launch only as many clusters as the GPU can hold at once
+(:func:`max_active_clusters`, the driver's occupancy query): a cluster of two needs two free SMs in
+one GPC, and a persistent grid with more clusters than fit leaves the rest to run after the
+others, a second wave of the whole loop.
 
 How the kernels are built: ``wgmma`` and ``setmaxnreg`` exist only for the arch-specific target
 ``sm_90a``, which CuPy's NVRTC path (``snippets.cuda``, which compiles for the device's plain
@@ -116,8 +122,10 @@ CONFIGS = {
                        cluster=2),
     "v6": HopperConfig("hopper_gemm_v6", 128, 256, stages=3, threads=384, persistent=True,
                        tma_store=True),
+    "v7": HopperConfig("hopper_gemm_v7", 128, 256, stages=3, threads=384, persistent=True,
+                       cluster=2, tma_store=True),
 }
-C_BOX_ROWS = 64  # v6 stores C per consumer warpgroup: boxes of 64 rows x block_n columns
+C_BOX_ROWS = 64  # v6 and v7 store C per consumer warpgroup: boxes of 64 rows x block_n columns
 GROUP_M = 8  # v4's grouped tile order
 # --8<-- [end:configs]
 
@@ -333,17 +341,54 @@ def needs_sm90() -> str | None:
     return None
 
 
+# --8<-- [start:clusters]
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig (cuda.h), no launch attributes
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_mem_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+_ACTIVE: dict[tuple, int] = {}
+
+
+def max_active_clusters(fn, cfg: HopperConfig) -> int:
+    """How many blocks (``cfg.cluster == 1``) or clusters of ``cfg.cluster`` blocks of ``fn`` can
+    be resident at once, so a persistent grid is one wave. For clusters this is the driver's
+    ``cuOccupancyMaxActiveClusters``: a cluster's blocks must sit in one GPC, and a GPC with an
+    odd number of free SMs leaves one idle, so the answer can be below SMs / cluster."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    if cfg.cluster == 1:
+        return sms  # one block per SM: __launch_bounds__(threads, 1) and the shared memory
+    key = (cfg.kernel, torch.cuda.current_device())
+    if key not in _ACTIVE:
+        lib = ctypes.CDLL("libcuda.so.1")
+        query = lib.cuOccupancyMaxActiveClusters
+        query.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                          ctypes.POINTER(_LaunchConfig)]
+        config = _LaunchConfig((cfg.cluster * (sms // cfg.cluster), 1, 1), (cfg.threads, 1, 1),
+                               cfg.smem_bytes, None, None, 0)
+        count = ctypes.c_int(0)
+        err = query(ctypes.byref(count), ctypes.c_void_p(fn.ptr), ctypes.byref(config))
+        if err or count.value < 1:
+            raise RuntimeError(f"{cfg.kernel}: cuOccupancyMaxActiveClusters returned CUresult "
+                               f"{err} and {count.value} clusters")
+        _ACTIVE[key] = count.value
+    return _ACTIVE[key]
+# --8<-- [end:clusters]
+
+
 def c_map_spec(m: int, n: int, address: int, cfg: HopperConfig) -> TensorMapSpec:
-    """The tensor map of C (M x N bf16, row-major) for v6's TMA store: dimensions innermost first,
-    unswizzled boxes of C_BOX_ROWS rows x block_n columns, one per consumer warpgroup. TMA skips
-    the parts of a box outside C, so ragged M and N need no check in the kernel."""
+    """The tensor map of C (M x N bf16, row-major) for the TMA store of v6 and v7: dimensions
+    innermost first, unswizzled boxes of C_BOX_ROWS rows x block_n columns, one per consumer
+    warpgroup. TMA skips the parts of a box outside C, so ragged M and N need no check in the
+    kernel."""
     return TensorMapSpec(2, (n, m), (n * 2,), (cfg.block_n, C_BOX_ROWS),
                          global_address=address).validate()
 
 
 # --8<-- [start:launch]
 def _launch(name: str, a: torch.Tensor, b: torch.Tensor, cfg: HopperConfig) -> torch.Tensor:
-    """The one launcher of v1..v6: check, encode both tensor maps, copy them to the GPU, launch."""
+    """The one launcher of v1..v7: check, encode the tensor maps, copy them to the GPU, launch."""
     m, n, k, ops = check_hopper_gemm(name, a, b, cfg)
     if a.device.type != "cuda":
         raise ValueError(f"{name}: a and b must be CUDA tensors, got {a.device}")
@@ -358,13 +403,12 @@ def _launch(name: str, a: torch.Tensor, b: torch.Tensor, cfg: HopperConfig) -> t
     if fn.max_dynamic_shared_size_bytes < cfg.smem_bytes:
         fn.max_dynamic_shared_size_bytes = cfg.smem_bytes  # above 48 KB needs the opt-in
     tiles = (-(-m // cfg.block_m), -(-n // cfg.block_n))
-    if cfg.persistent:  # a whole number of clusters, one block per SM at most
-        sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-        units = -(-m // (cfg.block_m * cfg.cluster)) * tiles[1]  # tiles, or pairs of tiles
-        grid: tuple[int, ...] = (cfg.cluster * min(sms // cfg.cluster, units),)
-    else:
-        grid = (tiles[1], tiles[0])
     with torch.cuda.device(a.device):
+        if cfg.persistent:  # a whole number of clusters, all resident at once
+            units = -(-m // (cfg.block_m * cfg.cluster)) * tiles[1]  # tiles, or pairs of tiles
+            grid: tuple[int, ...] = (cfg.cluster * min(max_active_clusters(fn, cfg), units),)
+        else:
+            grid = (tiles[1], tiles[0])
         cuda.launch(fn, grid, cfg.threads, (tmaps, c, np.int32(m), np.int32(n), np.int32(k)),
                     shared_mem=cfg.smem_bytes)
     return c
@@ -408,6 +452,11 @@ def hopper_gemm_v6(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _launch("hopper_gemm_v6", a, b, CONFIGS["v6"])
 
 
+def hopper_gemm_v7(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v7: v5's clusters of 2 with B multicast, and v6's TMA-store epilogue (3 stages)."""
+    return _launch("hopper_gemm_v7", a, b, CONFIGS["v7"])
+
+
 # --------------------------------------------------------------------------------------------------
 # Registration
 # --------------------------------------------------------------------------------------------------
@@ -435,7 +484,7 @@ TEST_SIZES = [{"m": m, "n": n, "k": k}
               for m, n, k in ((128, 128, 64), (64, 8, 8), (200, 264, 136), (384, 512, 1024),
                               (1000, 776, 520))]
 SOURCES = (cuda.source_path(CU_FILE), _launch, check_hopper_gemm, check_gemm_operands,
-           encode_tensor_map, build_cubin)
+           encode_tensor_map, device_tensor_maps, c_map_spec, max_active_clusters, build_cubin)
 
 hopper_gemm = register(Op(
     name="hopper_gemm", part=6, chapter="part6/hopper-gemm.md",
@@ -457,4 +506,6 @@ hopper_gemm.add(Impl("v4", hopper_gemm_v4, "CUDA", "like v3, persistent, grouped
 hopper_gemm.add(Impl("v5", hopper_gemm_v5, "CUDA", "like v4, clusters of 2, B multicast by TMA",
                      SOURCES, requires=needs_sm90))
 hopper_gemm.add(Impl("v6", hopper_gemm_v6, "CUDA", "like v4, 3 stages, TMA-store epilogue",
+                     SOURCES, requires=needs_sm90))
+hopper_gemm.add(Impl("v7", hopper_gemm_v7, "CUDA", "v5's clusters + v6's TMA-store epilogue",
                      SOURCES, requires=needs_sm90))
