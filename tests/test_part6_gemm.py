@@ -339,6 +339,18 @@ def test_every_element_is_written_and_repeatable(version):
 
 @pytest.mark.gpu
 @pytest.mark.op("hopper_gemm")
+def test_cluster_grid_is_one_wave():
+    """The persistent cluster kernels launch at most the clusters the driver says fit at once, and
+    at least one; a grid of SMs / 2 clusters would leave the excess to a second wave."""
+    _skip_unless_sm90()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for v in ("v5", "v7"):
+        assert 1 <= gemm.max_active_clusters(gemm.CONFIGS[v]) <= sms // 2
+    assert gemm.max_active_clusters(gemm.CONFIGS["v4"]) == sms
+
+
+@pytest.mark.gpu
+@pytest.mark.op("hopper_gemm")
 def test_misaligned_view_is_refused_on_gpu():
     _skip_unless_sm90()
     flat = torch.randn(128 * 64 + 1, device="cuda").to(torch.bfloat16)

@@ -124,6 +124,7 @@ PRODUCERS: dict[str, Producer] = {
     "ncu_counters_transpose": Producer(NCU_COUNTERS, impls=_param_impls),
     "ncu_counters_reduce": Producer(NCU_COUNTERS, impls=_param_impls),
     "ncu_counters_strided": Producer(NCU_COUNTERS, impls=_param_impls),
+    "ncu_counters_hopper": Producer(NCU_COUNTERS, impls=_param_impls),
     "cublas_sgemm": Producer(("scripts/capture_cublas.sh",), files=("csrc/standalone/cublas_sgemm.cu",)),
     "nsys_stream_overlap": Producer(NSYS_STREAMS, impls=_stream_overlap),
 }

@@ -349,26 +349,44 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig (cuda.h), no launch att
 
 
 _ACTIVE: dict[tuple, int] = {}
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute (cuda.h)
 
 
-def max_active_clusters(fn, cfg: HopperConfig) -> int:
-    """How many blocks (``cfg.cluster == 1``) or clusters of ``cfg.cluster`` blocks of ``fn`` can
-    be resident at once, so a persistent grid is one wave. For clusters this is the driver's
-    ``cuOccupancyMaxActiveClusters``: a cluster's blocks must sit in one GPC, and a GPC with an
-    odd number of free SMs leaves one idle, so the answer can be below SMs / cluster."""
+def _driver_function(lib, name: str):
+    """The kernel ``name`` of the cubin as a driver CUfunction (its own module load: the query
+    needs the handle, which CuPy's loaded kernel does not expose)."""
+    module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    for what, err in (("cuModuleLoad", lib.cuModuleLoad(ctypes.byref(module),
+                                                        str(build_cubin()).encode())),
+                      ("cuModuleGetFunction", lib.cuModuleGetFunction(
+                          ctypes.byref(fn), module, name.encode()))):
+        if err:
+            raise RuntimeError(f"{name}: {what} returned CUresult {err}")
+    return fn
+
+
+def max_active_clusters(cfg: HopperConfig) -> int:
+    """How many blocks (``cfg.cluster == 1``) or clusters of ``cfg.cluster`` blocks of the kernel
+    can be resident at once on the current device, so a persistent grid is one wave. For clusters
+    this is the driver's ``cuOccupancyMaxActiveClusters``: a cluster's blocks must sit in one GPC,
+    and a GPC with an odd number of free SMs leaves one idle, so the answer can be below
+    SMs / cluster."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     if cfg.cluster == 1:
         return sms  # one block per SM: __launch_bounds__(threads, 1) and the shared memory
     key = (cfg.kernel, torch.cuda.current_device())
     if key not in _ACTIVE:
         lib = ctypes.CDLL("libcuda.so.1")
+        fn = _driver_function(lib, cfg.kernel)
+        lib.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                               ctypes.c_int(cfg.smem_bytes))
         query = lib.cuOccupancyMaxActiveClusters
         query.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
                           ctypes.POINTER(_LaunchConfig)]
         config = _LaunchConfig((cfg.cluster * (sms // cfg.cluster), 1, 1), (cfg.threads, 1, 1),
                                cfg.smem_bytes, None, None, 0)
         count = ctypes.c_int(0)
-        err = query(ctypes.byref(count), ctypes.c_void_p(fn.ptr), ctypes.byref(config))
+        err = query(ctypes.byref(count), fn, ctypes.byref(config))
         if err or count.value < 1:
             raise RuntimeError(f"{cfg.kernel}: cuOccupancyMaxActiveClusters returned CUresult "
                                f"{err} and {count.value} clusters")
@@ -406,7 +424,7 @@ def _launch(name: str, a: torch.Tensor, b: torch.Tensor, cfg: HopperConfig) -> t
     with torch.cuda.device(a.device):
         if cfg.persistent:  # a whole number of clusters, all resident at once
             units = -(-m // (cfg.block_m * cfg.cluster)) * tiles[1]  # tiles, or pairs of tiles
-            grid: tuple[int, ...] = (cfg.cluster * min(max_active_clusters(fn, cfg), units),)
+            grid: tuple[int, ...] = (cfg.cluster * min(max_active_clusters(cfg), units),)
         else:
             grid = (tiles[1], tiles[0])
         cuda.launch(fn, grid, cfg.threads, (tmaps, c, np.int32(m), np.int32(n), np.int32(k)),
@@ -484,7 +502,8 @@ TEST_SIZES = [{"m": m, "n": n, "k": k}
               for m, n, k in ((128, 128, 64), (64, 8, 8), (200, 264, 136), (384, 512, 1024),
                               (1000, 776, 520))]
 SOURCES = (cuda.source_path(CU_FILE), _launch, check_hopper_gemm, check_gemm_operands,
-           encode_tensor_map, device_tensor_maps, c_map_spec, max_active_clusters, build_cubin)
+           encode_tensor_map, device_tensor_maps, c_map_spec, max_active_clusters, _driver_function,
+           build_cubin)
 
 hopper_gemm = register(Op(
     name="hopper_gemm", part=6, chapter="part6/hopper-gemm.md",
