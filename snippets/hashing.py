@@ -60,9 +60,26 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+def _merged_parts(values: list) -> list:
+    """An f-string's parts with adjacent string constants joined and empty ones dropped: Python 3.12
+    parses ``f"{x:<{w}}"``'s format spec with a trailing ``Constant('')`` that 3.11 leaves out."""
+    out: list = []
+    for v in values:
+        if isinstance(v, ast.Constant) and isinstance(v.value, str):
+            if not v.value:
+                continue
+            if out and isinstance(out[-1], ast.Constant) and isinstance(out[-1].value, str):
+                out[-1] = ast.Constant(value=out[-1].value + v.value)
+                continue
+        out.append(v)
+    return out
+
+
 def _dump(node) -> str:
     """A syntax tree as text, the same on every Python version: fields that are empty (None, []) are left out,
     since newer versions add fields (3.12's ``type_params``) that ``ast.dump`` prints even when empty."""
+    if isinstance(node, ast.JoinedStr):  # 3.12 keeps empty and split string parts that 3.11 merges
+        node = ast.JoinedStr(values=_merged_parts(node.values))
     if isinstance(node, ast.AST):
         fields = [f"{k}={_dump(v)}" for k, v in ast.iter_fields(node) if v not in (None, [])]
         return f"{type(node).__name__}({', '.join(fields)})"

@@ -174,3 +174,21 @@ def test_a_script_block_is_not_what_is_measured(tmp_path):
     (pkg / "m.py").write_text(body.replace("x + 1", "x + 2"))
     hashing.clear_cache()
     assert hashing._module_facts(pkg / "m.py")[0] != with_script
+
+
+def test_fstring_parts_hash_alike_on_every_python():
+    """Python 3.12 (the GPU runner's) parses the format spec of ``f"{x:<{w}}"`` with a trailing
+    empty string constant that 3.11 (CI's) leaves out, so a capture recorded on the runner once
+    looked stale here. Both shapes, built by hand, must dump alike; a changed constant must not."""
+    import ast
+
+    tree = ast.parse('f"{x:<{w}} and {y}"')
+    spec = tree.body[0].value.values[0].format_spec
+    plain = hashing._dump(tree)
+    spec.values.append(ast.Constant(value=""))  # 3.12's shape
+    assert hashing._dump(tree) == plain
+    spec.values[0] = ast.Constant(value="<")
+    spec.values.insert(0, ast.Constant(value=""))
+    assert hashing._dump(tree) == plain
+    tree.body[0].value.values[1] = ast.Constant(value=" or ")  # a real change of the text
+    assert hashing._dump(tree) != plain

@@ -194,7 +194,7 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) 
     asm volatile(
         "{\n.reg .b32 remote;\n"
         "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}"
         ::"r"(bar), "r"(cta)
         : "memory");
 }
