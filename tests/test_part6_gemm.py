@@ -275,7 +275,8 @@ def test_registration():
     assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7"]
     assert op.impls["v0"].origin == "library"
     assert op.metric == "TFLOP/s" and op.ceiling == "gemm_bf16"
-    assert op.headline == {"m": 8192, "n": 8192, "k": 8192}
+    assert op.headline == {"shape": "8192^3", "m": 8192, "n": 8192, "k": 8192}
+    assert {s["shape"] for s in op.sweep} >= {"16384x4096x14336", "2048x28672x4096"}
     assert op.flops(op.headline, torch.bfloat16) == 2 * 8192**3
     for v in VERSIONS:
         impl = op.impls[v]
