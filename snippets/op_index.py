@@ -22,6 +22,7 @@ NEW_OP_MODULES = (
     "snippets.part8.decode_attention",
     "snippets.part8.int4_gemm",
     "snippets.part6.gemm",
+    "snippets.part6.cute_gemm",
     "snippets.part6.fp8_gemm",
     "snippets.part4.spmv",
 )

@@ -272,7 +272,8 @@ def test_good_cpu_input_asks_for_a_gpu():
 @pytest.mark.op("hopper_gemm")
 def test_registration():
     op = gemm.hopper_gemm
-    assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7"]
+    # v8, the CuTe version, is registered by snippets.part6.cute_gemm when that is imported
+    assert list(op.impls)[:8] == ["v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7"]
     assert op.impls["v0"].origin == "library"
     assert op.metric == "TFLOP/s" and op.ceiling == "gemm_bf16"
     assert op.headline == {"shape": "8192^3", "m": 8192, "n": 8192, "k": 8192}

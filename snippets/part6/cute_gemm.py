@@ -152,3 +152,12 @@ def hopper_gemm_cute(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
                            f"{lib.km_cute_error_string(err).decode()}")
     return c
 # --8<-- [end:call]
+
+
+# v8 of hopper_gemm: registered here, since this module imports gemm (snippets.op_index loads it)
+from snippets.part6.gemm import hopper_gemm  # noqa: E402
+from snippets.registry import Impl  # noqa: E402
+
+hopper_gemm.add(Impl("v8", hopper_gemm_cute, "CUDA", "CuTe C++: TMA + GMMA atoms, like v4",
+                     (cuda.source_path(CU_FILE), hopper_gemm_cute, build_library, nvcc_command,
+                      check_hopper_gemm), requires=needs_cute))
