@@ -23,6 +23,7 @@ over the whole input.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from snippets.op_index import get_op  # noqa: E402
+from snippets import registry  # noqa: E402
 from snippets.part3.profiling import (  # noqa: E402
     in_base_units,
     parse_ncu_csv,
@@ -39,6 +40,15 @@ from snippets.part3.profiling import (  # noqa: E402
     stalls,
 )
 from snippets.registry import dtype_name, size_key  # noqa: E402
+
+
+def get_op(name: str):
+    """The op ``name``, every op loaded. ``snippets.op_index`` is imported by name: a capture's
+    hash covers this script's imports, and op_index changes whenever an op is added, which would
+    mark every capture of this script stale; the kernels a capture profiled are hashed through
+    their impls (the capture's ``impls`` parameter) instead."""
+    importlib.import_module("snippets.op_index").load_all()
+    return registry.get_op(name)
 
 
 @dataclass(frozen=True)
