@@ -102,3 +102,14 @@ def cancelling_operands(m: int, n: int, k: int, dtype: torch.dtype, device: str,
     a = torch.cat([x, x], dim=1)
     b = torch.cat([y + offset, z - y - offset], dim=0)
     return a.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)
+
+
+def nvcc_with_report(command: list[str], cwd) -> str:
+    """Run an nvcc command with ptxas's verbose report (``-Xptxas -v``) added; assert it succeeded
+    and return the report (ptxas writes it to stderr)."""
+    import subprocess
+
+    cmd = [*command, "-Xptxas", "-v"]
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}{proc.stdout}"
+    return proc.stderr + proc.stdout

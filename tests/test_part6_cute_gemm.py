@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import nvcc_with_report
 from test_cuda_compile import parse_ptxas, spilling_functions
 from test_part6_gemm import BAD, _cuobjdump
 
@@ -44,10 +45,7 @@ def library(tmp_path_factory) -> tuple[Path, str]:
         pytest.skip("nvcc is not on PATH")
     _include()
     out = tmp_path_factory.mktemp("cute") / "libkm_cute_gemm.so"
-    cmd = [*cute_gemm.nvcc_command(out), "-Xptxas", "-v"]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}{proc.stdout}"
-    return out, proc.stderr + proc.stdout
+    return out, nvcc_with_report(cute_gemm.nvcc_command(out), REPO_ROOT)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import nvcc_with_report
 from test_cuda_compile import parse_ptxas, spilling_functions
 
 from conftest import HAS_GPU, poison_allocator
@@ -54,10 +55,7 @@ def cubin(tmp_path_factory) -> tuple[Path, str]:
     if NVCC is None:
         pytest.skip("nvcc is not on PATH")
     out = tmp_path_factory.mktemp("hopper") / "hopper_gemm.cubin"
-    cmd = [*gemm.nvcc_command(out), "-Xptxas", "-v"]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}{proc.stdout}"
-    return out, proc.stderr + proc.stdout
+    return out, nvcc_with_report(gemm.nvcc_command(out), REPO_ROOT)
 
 
 # --------------------------------------------------------------------------------------------------

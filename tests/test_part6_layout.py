@@ -19,12 +19,9 @@ result is not ``a o b``; the book refuses them (``test_cute_accepts_some_non_com
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import shutil
 import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -58,8 +55,6 @@ from snippets.part6.layout import (
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ORACLE_SRC = REPO_ROOT / "csrc" / "part6" / "layout_oracle.cu"
 BUILD = REPO_ROOT / "build"
-CUTLASS_VERSION = "4.2.0.0"
-CUTLASS_WHEEL = f"nvidia_cutlass-{CUTLASS_VERSION}-py3-none-any.whl"
 N_RANDOM = 10_000  # random cases per operation compared with tensor-layouts
 
 
@@ -658,30 +653,14 @@ def test_random_left_inverse(tl):
 
 
 def cutlass_include() -> Path:
-    """CuTe's headers, unpacked from the nvidia-cutlass wheel into build/ (a wheel already in
-    build/, or one $KM_CUTLASS_WHEEL names, or one pip downloads there)."""
-    root = BUILD / f"cutlass-{CUTLASS_VERSION}"
-    include = root / "cutlass_library" / "source" / "include"
-    if (include / "cute" / "layout.hpp").is_file():
-        return include
-    wheel = Path(os.environ.get("KM_CUTLASS_WHEEL", BUILD / CUTLASS_WHEEL))
-    if not wheel.is_file():
-        BUILD.mkdir(exist_ok=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--retries",
-                               "0", "--timeout", "20", "-d", str(BUILD),
-                               f"nvidia-cutlass=={CUTLASS_VERSION}"],
-                              capture_output=True, text=True)
-        wheel = BUILD / CUTLASS_WHEEL
-        if proc.returncode != 0 or not wheel.is_file():
-            pytest.skip(f"CuTe's headers are not available: no {CUTLASS_WHEEL} in build/ (or at "
-                        f"$KM_CUTLASS_WHEEL), and pip could not download nvidia-cutlass=="
-                        f"{CUTLASS_VERSION}: {proc.stderr.strip().splitlines()[-1:]}")
-    with zipfile.ZipFile(wheel) as z:
-        members = [m for m in z.namelist()
-                   if m.startswith(("cutlass_library/source/include/cute/",
-                                    "cutlass_library/source/include/cutlass/"))]
-        z.extractall(root, members)
-    return include
+    """CuTe's headers, unpacked from the nvidia-cutlass wheel into build/ by the CuTe GEMM's own
+    helper (a wheel in build/, or at $KM_CUTLASS_WHEEL, or one pip downloads); skip without."""
+    from snippets.part6.cute_gemm import cutlass_include as unpack
+
+    try:
+        return unpack()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="module")
