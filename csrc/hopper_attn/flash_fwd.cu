@@ -1,0 +1,554 @@
+// FlashAttention's forward on Hopper, step 1: the minimum that is right (CUDA C for sm_90a).
+//
+// O = softmax(Q K^T * scale) V for bf16 Q, K, V of shape (B, H, S, D), D = 64 or 128, with an
+// optional causal mask (query i sees keys j <= i), plus the row log-sum-exp
+// L = log(sum_j exp(scale * q_i . k_j)) in fp32, natural log (what a backward recomputes P from).
+//
+// One block per (128 query rows, head, batch), three warpgroups:
+//   warpgroup 0  the producer: one thread issues TMA, Q's tile once, then each tile of BLOCK_N keys
+//                of K and of V through a ring of STAGES stages (full and empty mbarriers)
+//   warpgroup 1, 2  the consumers, 64 query rows each: S = Q K^T with wgmma (both operands read
+//                from shared memory, both K-major: rows of Q and of K are D-contiguous), the online
+//                softmax on the fp32 accumulators in registers (row max, exp2, row sum), P rounded
+//                to bf16 IN REGISTERS and O += P V with the register-A form of wgmma, V read from
+//                shared memory as an MN-major operand (V is keys x D, D-contiguous: the transpose
+//                immediate of B is set)
+//
+// Shared memory holds every tile in the layout TMA's 128-byte swizzle writes: a row of D bf16 is
+// D * 2 bytes, more than the swizzle's 128-byte span when D = 128, so each tile is D / 64 panels
+// of 64 columns, one TMA box (64 columns x 128 rows, 16 KB) each.
+//
+// The tensor maps are built on the host (snippets/part6/hopper_attention.py) over Q, K and V seen
+// as 2-D (B*H*S, D) row-major matrices, and passed in global memory: 128 bytes each, Q, K, V.
+// Rows of a tile past S belong to the next head (or are TMA's zero fill after the last one): the
+// keys among them are masked to -inf, the queries among them are never stored.
+//
+// Only sm_90a has wgmma and setmaxnreg: for any other target every kernel body is a trap, so the
+// file still compiles for the other architectures the book builds for.
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HA_SM90A 1
+#else
+#define HA_SM90A 0
+#endif
+
+// --8<-- [start:constants]
+namespace ha {
+constexpr int BLOCK_M = 128;            // query rows per block: 64 per consumer warpgroup
+constexpr int BLOCK_N = 128;            // keys per K / V tile (both head dims)
+constexpr int STAGES = 2;               // K / V tiles in flight
+constexpr int PANEL_COLS = 64;          // bf16 columns of one 128-byte swizzled row: one TMA box
+constexpr int ROW_BYTES = PANEL_COLS * 2;  // 128, the span of the 128B swizzle
+constexpr int BOX_ROWS = 128;           // rows of every TMA box (Q, K and V)
+constexpr int PANEL_BYTES = BOX_ROWS * ROW_BYTES;  // 16 KB: one box
+constexpr int SWIZZLE_REPEAT = 1024;    // 8 rows x 128 bytes: tiles start on this boundary
+constexpr int TMAP_BYTES = 128;         // one CUtensorMap
+constexpr int WG_THREADS = 128;         // a warpgroup: four warps
+constexpr int CONSUMERS = 2;
+constexpr int THREADS = (1 + CONSUMERS) * WG_THREADS;  // 384
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 x 40 + 256 x 232 <= 65536
+
+// Shared memory of a head dim: Q's tile, then STAGES x (K's tile, V's tile), then the barriers
+template <int D>
+struct Smem {
+    static constexpr int PANELS = D / PANEL_COLS;           // boxes per tile row block
+    static constexpr int TILE_BYTES = PANELS * PANEL_BYTES;  // 128 rows x D bf16
+    static constexpr int Q = 0;
+    static constexpr int KV = TILE_BYTES;                    // stage s: K at KV + s * STAGE
+    static constexpr int STAGE = 2 * TILE_BYTES;             // a K tile and a V tile
+    static constexpr int BARRIERS = KV + STAGES * STAGE;    // q_full, full[STAGES], empty[STAGES]
+    static constexpr int BYTES = BARRIERS + (1 + 2 * STAGES) * 8;
+    static constexpr int LAUNCH_BYTES = BYTES + SWIZZLE_REPEAT;  // + slack to align the base
+};
+
+static_assert(BLOCK_M == CONSUMERS * 64 && BLOCK_M == BOX_ROWS && BLOCK_N == BOX_ROWS,
+              "one 64-row wgmma block per consumer; every box is one tile's 128 rows");
+static_assert(TMAP_BYTES == 128, "a CUtensorMap is 128 bytes: Q's, then K's, then V's");
+static_assert(THREADS == 384, "__launch_bounds__(384, 1) below: a producer and two consumers");
+static_assert(PRODUCER_REGS % 8 == 0 && CONSUMER_REGS % 8 == 0, "setmaxnreg takes multiples of 8");
+static_assert(WG_THREADS * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= 65536,
+              "the three warpgroups' registers must fit the SM's 64K");
+static_assert(Smem<128>::LAUNCH_BYTES <= 227 * 1024 && Smem<64>::LAUNCH_BYTES <= 227 * 1024,
+              "Q and the K / V stages must fit 227 KB of shared memory");
+}  // namespace ha
+// --8<-- [end:constants]
+
+#if HA_SM90A
+namespace ha {
+constexpr float LN2 = 0.6931471805599453f;  // the epilogue turns log2 units into a natural log
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ uint32_t align_up(uint32_t addr, uint32_t to) {
+    return (addr + to - 1) & ~(to - 1);
+}
+
+// --8<-- [start:descriptors]
+// wgmma's shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address,
+// leading dimension byte offset (LBO), stride dimension byte offset (SBO), all in 16-byte units,
+// base offset 0 (every tile starts on a 1024-byte boundary), layout type 1 (128B) in bits 62-63.
+__device__ __forceinline__ uint64_t desc_encode(uint32_t x) { return (x & 0x3FFFF) >> 4; }
+
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return desc_encode(addr) | desc_encode(lbo) << 16 | desc_encode(sbo) << 32 | 1ull << 62;
+}
+
+// Q and K, K-major (the GEMM's K is D): rows of 128 swizzled bytes, SBO = 1024 from one group of 8
+// rows to the next; LBO is unused by a swizzled K-major layout (encoded as 16 bytes, i.e. 1). A
+// step of 16 along D is +32 bytes inside the row, or the next panel every 64 columns.
+__device__ __forceinline__ uint64_t desc_kmajor(uint32_t addr) {
+    return make_desc(addr, 16, SWIZZLE_REPEAT);
+}
+
+// V as the B operand of O = P V is MN-major: its N (= D) is contiguous and its K (= keys) is the
+// row index. CuTe's canonical MN-major 128B layout, ((64 elements, n), (8 rows, 2)) with strides
+// ((1, LBO), (128 bytes, SBO)): LBO = the step from one 64-column panel of D to the next (a whole
+// box, PANEL_BYTES; used only when D = 128), SBO = the step from 8 keys to the next 8 (1024 bytes).
+// A step of 16 keys along K is + 16 rows = 2048 bytes of the start address.
+__device__ __forceinline__ uint64_t desc_mnmajor(uint32_t addr) {
+    return make_desc(addr, PANEL_BYTES, SWIZZLE_REPEAT);
+}
+// --8<-- [end:descriptors]
+
+// --8<-- [start:mbarrier]
+// mbarriers: a phase completes when its arrivals and its transaction bytes have all come in;
+// try_wait.parity(p) returns once the phase of parity p has completed (the n-th use waits on
+// parity n & 1).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_fence_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// A phase that never completes is a bug: after WAIT_LIMIT_CLOCKS the wait traps, so a broken
+// kernel fails its launch instead of hanging the process.
+constexpr long long WAIT_LIMIT_CLOCKS = 1ll << 34;
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    long long start = 0;
+    while (true) {
+        asm volatile(
+            "{\n.reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+        if (done) return;
+        if (start == 0) start = clock64();
+        else if (clock64() - start > WAIT_LIMIT_CLOCKS) __trap();
+    }
+}
+// --8<-- [end:mbarrier]
+
+// --8<-- [start:tma]
+__device__ __forceinline__ void tmap_acquire(const void* tmap) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;" ::"l"(tmap) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(tmap) : "memory");
+}
+
+// The box at (column col, row row) of a 2-D tensor map into shared memory at dst; its bytes count
+// down the transaction count of bar. Rows past the tensor's end arrive as zeros and still count.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint32_t bar, int col,
+                                            int row) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4}], [%2];"
+        ::"r"(dst), "l"(tmap), "r"(bar), "r"(col), "r"(row)
+        : "memory");
+}
+
+// One tile of 128 rows x D columns: D / 64 boxes, one per 64-column panel.
+template <int D>
+__device__ __forceinline__ void load_tile(uint32_t dst, const void* tmap, uint32_t bar, int row) {
+#pragma unroll
+    for (int p = 0; p < D / PANEL_COLS; ++p)
+        tma_load_2d(dst + p * PANEL_BYTES, tmap, bar, p * PANEL_COLS, row);
+}
+// --8<-- [end:tma]
+
+// --8<-- [start:wgmma]
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Keep the compiler from moving reads or writes of registers across a wgmma boundary.
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void fence_regs(uint32_t (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+// --8<-- [end:wgmma]
+
+// --8<-- [start:wgmma_ss]
+// S (64 x 128, fp32, 64 registers a thread) += A (64 x 16) * B (128 x 16)^T, both read from
+// shared memory through their descriptors, both K-major (transpose immediates 0, 0), scale 1.
+__device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t desc_a,
+                                                  uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+        "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+        "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, "
+        "%60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "n"(1));
+}
+
+// --8<-- [end:wgmma_ss]
+
+// --8<-- [start:wgmma_rs]
+// O (64 x 64, fp32, 32 registers a thread) += P (64 x 16, bf16, from REGISTERS: 4 x b32 a
+// thread) * V (16 x 64) from shared memory, MN-major: the last immediate (imm-trans-b) is 1. The
+// register form has no imm-trans-a: A's fragment is given in the layout it must have.
+__device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4],
+                                                  uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+        "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+}
+
+// O (64 x 128, fp32, 64 registers a thread) += P (64 x 16, bf16, from REGISTERS: 4 x b32 a
+// thread) * V (16 x 128) from shared memory, MN-major: the last immediate (imm-trans-b) is 1. The
+// register form has no imm-trans-a: A's fragment is given in the layout it must have.
+__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4],
+                                                  uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+        "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
+        "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, "
+        "%60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+}
+
+// --8<-- [end:wgmma_rs]
+
+// --8<-- [start:setmaxnreg]
+template <int R>
+__device__ __forceinline__ void regs_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void regs_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
+// --8<-- [end:setmaxnreg]
+
+template <int D>
+__device__ __forceinline__ void wgmma_pv(float (&o)[D / 2], const uint32_t (&a)[4],
+                                         uint64_t desc_v) {
+    if constexpr (D == 64) wgmma_rs_m64n64k16(o, a, desc_v);
+    else wgmma_rs_m64n128k16(o, a, desc_v);
+}
+
+// --8<-- [start:producer]
+// The producer: one thread loads Q's tile once, then key tile t into stage t % STAGES, after the
+// consumers have released that stage's previous tile (t - STAGES).
+template <int D>
+__device__ __forceinline__ void produce(uint32_t base, uint32_t q_full, uint32_t full,
+                                        uint32_t empty, const uint8_t* tmaps, int q_row,
+                                        int k_row, int n_tiles) {
+    using L = Smem<D>;
+    mbar_arrive_expect_tx(q_full, L::TILE_BYTES);
+    load_tile<D>(base + L::Q, tmaps, q_full, q_row);
+    for (int t = 0; t < n_tiles; ++t) {
+        const uint32_t s = t % STAGES, kv = base + L::KV + s * L::STAGE;
+        if (t >= STAGES) mbar_wait(empty + 8 * s, (t / STAGES - 1) & 1);
+        mbar_arrive_expect_tx(full + 8 * s, 2 * L::TILE_BYTES);  // K's tile and V's
+        load_tile<D>(kv, tmaps + TMAP_BYTES, full + 8 * s, k_row + t * BLOCK_N);
+        load_tile<D>(kv + L::TILE_BYTES, tmaps + 2 * TMAP_BYTES, full + 8 * s,
+                     k_row + t * BLOCK_N);
+    }
+}
+// --8<-- [end:producer]
+
+// --8<-- [start:fragments]
+// Which element of the 64 x N tile each accumulator register holds (PTX ISA, "Matrix fragments
+// for wgmma .m64nNk16", the layout the GEMM's store_acc writes back): warp w of the warpgroup has
+// rows 16w..16w+15; lane l has rows l/4 ("row 0") and l/4 + 8 ("row 1") of those, and in column
+// group j (8 columns) the pair 8j + 2(l%4), 8j + 2(l%4) + 1:
+//     d[4j + 0], d[4j + 1]  row 0        d[4j + 2], d[4j + 3]  row 1
+// So a thread owns parts of exactly 2 rows, and the other parts of each row are in the 3 other
+// lanes of its quad (the lanes with the same l/4): a row's max and sum are a thread's own values
+// reduced, then two shuffles (xor 1, xor 2).
+//
+// The register A operand of a bf16 m64nNk16 wgmma (PTX ISA, the "A" register fragment; CuTe's
+// ALayout_64x16 has the same strides as CLayout_64x16) has the same layout for its 16 columns:
+// b32 register i of slice kk holds the bf16 pair of accumulator registers 8kk + 2i, 8kk + 2i + 1,
+// low half the lower column. So P's fragment for keys 16kk..16kk+15 is accumulator registers
+// 8kk..8kk+7 rounded pairwise to bf16: no shuffle, no shared memory.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low 16 bits) = lo
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffff, x, 1);
+    return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+// --8<-- [end:fragments]
+
+// --8<-- [start:softmax]
+// The online softmax of one key tile, in log2 units: s = S * scale * log2(e), m = the running row
+// max, l = the running row sum of 2^(s - m) (this thread's part of it; the quad's parts are
+// summed once, at the end, since every lane of a quad rescales by the same factor). On return sc
+// holds P = 2^(s - m_new) and o has been rescaled by 2^(m_old - m_new).
+template <int D>
+__device__ __forceinline__ void online_softmax(float (&sc)[BLOCK_N / 2], float (&o)[D / 2],
+                                               float (&m)[2], float (&l)[2], float scale_log2,
+                                               bool mask, int key0, int q0, int S, bool causal) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; ++i) {
+        sc[i] *= scale_log2;
+        if (mask) {  // the last tile: keys past S, and keys right of the diagonal
+            const int key = key0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+            const int q = q0 + 8 * ((i / 2) & 1);
+            if (key >= S || (causal && key > q)) sc[i] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // row 0 and row 1 of this thread
+        float mx = m[h];
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * h],
+                                                                   sc[4 * j + 2 * h + 1]));
+        mx = quad_max(mx);
+        // a row with every score so far masked keeps m = -inf: subtract 0 instead (its p are 0)
+        const float m_use = mx == -INFINITY ? 0.0f : mx;
+        const float alpha = exp2f(m[h] - m_use);  // 0 on the first tile (m = -inf)
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = sc[4 * j + 2 * h + e];
+                x = exp2f(x - m_use);
+                sum += x;
+            }
+        }
+        l[h] = l[h] * alpha + sum;
+        m[h] = mx;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            o[4 * j + 2 * h] *= alpha;
+            o[4 * j + 2 * h + 1] *= alpha;
+        }
+    }
+}
+// --8<-- [end:softmax]
+
+// --8<-- [start:consumer]
+// A consumer warpgroup (c = 0 or 1): query rows 64c..64c+63 of the block's 128.
+template <int D>
+__device__ __forceinline__ void consume(uint32_t base, uint32_t q_full, uint32_t full,
+                                        uint32_t empty, int c, int n_tiles, int S, int m0,
+                                        bool causal, float scale_log2, __nv_bfloat16* O,
+                                        float* Lse, size_t bh_row) {
+    using L = Smem<D>;
+    const int t_wg = threadIdx.x % WG_THREADS, warp = t_wg / 32, lane = t_wg % 32;
+    const int q0 = m0 + 64 * c + 16 * warp + lane / 4;  // this thread's row 0; row 1 is q0 + 8
+    float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    mbar_wait(q_full, 0);
+    const uint32_t q_tile = base + L::Q + c * 64 * ROW_BYTES;  // this consumer's 64 rows of Q
+
+    for (int t = 0; t < n_tiles; ++t) {
+        const uint32_t s = t % STAGES, k_tile = base + L::KV + s * L::STAGE;
+        const uint32_t v_tile = k_tile + L::TILE_BYTES;
+        mbar_wait(full + 8 * s, (t / STAGES) & 1);
+
+        // S = Q K^T: D / 16 wgmmas of 16 along D, each +32 bytes in the row or the next panel
+        float sc[BLOCK_N / 2];
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 2; ++i) sc[i] = 0.0f;
+        wgmma_fence();
+        fence_regs(sc);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t off = (kk / 4) * PANEL_BYTES + (kk % 4) * 32;
+            wgmma_ss_m64n128k16(sc, desc_kmajor(q_tile + off), desc_kmajor(k_tile + off));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(sc);
+
+        online_softmax<D>(sc, o, m, l, scale_log2, t == n_tiles - 1, t * BLOCK_N, q0, S, causal);
+
+        // P to bf16 in registers: the A fragments of the PV wgmmas
+        uint32_t p[BLOCK_N / 4];
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 4; ++i) p[i] = pack_bf16(sc[2 * i], sc[2 * i + 1]);
+
+        // O += P V: BLOCK_N / 16 wgmmas of 16 keys, V's start address + 16 rows (2048 bytes) each
+        wgmma_fence();
+        fence_regs(o);
+        fence_regs(p);
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+            const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+            wgmma_pv<D>(o, a, desc_mnmajor(v_tile + kk * 16 * ROW_BYTES));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(p);
+        if (lane == 0) mbar_arrive(empty + 8 * s);  // this warp is done with stage s
+    }
+
+    // --8<-- [start:epilogue]
+    // O = O / l and L = ln(sum) = (m + log2(l)) * ln 2, for the rows inside S
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int q = q0 + 8 * h;
+        const float sum = quad_sum(l[h]);
+        const float inv = 1.0f / sum;
+        if (q >= S) continue;
+        __nv_bfloat16* row = O + (bh_row + q) * D;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            *reinterpret_cast<__nv_bfloat162*>(row + 8 * j + 2 * (lane % 4)) =
+                __floats2bfloat162_rn(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+        }
+        if (lane % 4 == 0) Lse[bh_row + q] = (m[h] + log2f(sum)) * LN2;
+    }
+    // --8<-- [end:epilogue]
+}
+// --8<-- [end:consumer]
+
+// --8<-- [start:kernel]
+// Grid (ceil(S / 128), H, B). tmaps: Q's, K's and V's tensor maps, 128 bytes each. O is (B, H, S,
+// D) bf16, Lse (B, H, S) fp32; scale_log2 = scale * log2(e).
+template <int D>
+__device__ __forceinline__ void flash_fwd(const uint8_t* tmaps, __nv_bfloat16* O, float* Lse,
+                                          int S, float scale_log2, int causal) {
+    using L = Smem<D>;
+    extern __shared__ uint8_t smem[];
+    const uint32_t base = align_up(smem_u32(smem), SWIZZLE_REPEAT);
+    const uint32_t q_full = base + L::BARRIERS, full = q_full + 8, empty = full + 8 * STAGES;
+    const int m0 = blockIdx.x * BLOCK_M;
+    const size_t bh_row = (size_t(blockIdx.z) * gridDim.y + blockIdx.y) * S;  // row of (b, h, 0)
+    const int key_tiles = (S + BLOCK_N - 1) / BLOCK_N;
+    // causal: key tiles past the diagonal are skipped (BLOCK_M == BLOCK_N: tile x is the last)
+    const int n_tiles = causal ? min(key_tiles, int(blockIdx.x) + 1) : key_tiles;
+
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 3; ++i) tmap_acquire(tmaps + i * TMAP_BYTES);
+        mbar_init(q_full, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(full + 8 * s, 1);                            // the producer's expect_tx
+            mbar_init(empty + 8 * s, CONSUMERS * WG_THREADS / 32);  // every consumer warp
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    const int wg = threadIdx.x / WG_THREADS;
+    if (wg == 0) {
+        regs_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0)
+            produce<D>(base, q_full, full, empty, tmaps, int(bh_row) + m0, int(bh_row), n_tiles);
+    } else {
+        regs_inc<CONSUMER_REGS>();
+        consume<D>(base, q_full, full, empty, wg - 1, n_tiles, S, m0, causal != 0, scale_log2, O,
+                   Lse, bh_row);
+    }
+}
+}  // namespace ha
+#endif  // HA_SM90A
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_fwd_d64(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ O,
+                     float* __restrict__ Lse, int S, float scale_log2, int causal) {
+#if HA_SM90A
+    ha::flash_fwd<64>(tmaps, O, Lse, S, scale_log2, causal);
+#else
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_fwd_d128(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ O,
+                      float* __restrict__ Lse, int S, float scale_log2, int causal) {
+#if HA_SM90A
+    ha::flash_fwd<128>(tmaps, O, Lse, S, scale_log2, causal);
+#else
+    __trap();
+#endif
+}
+// --8<-- [end:kernel]

@@ -1,0 +1,222 @@
+"""FlashAttention's forward on Hopper, step 1: TMA, mbarriers and ``wgmma``, written by hand.
+
+``o = softmax(q k^T * scale) v`` for bf16 q, k, v of shape (B, H, S, D) with D = 64 or 128, the same
+S for queries and keys, with or without the causal mask (query i sees keys j <= i), and the row
+log-sum-exp ``lse = log(sum_j exp(scale * q_i . k_j))`` (natural log, fp32, (B, H, S)) that a
+backward recomputes P from. The kernel is ``csrc/hopper_attn/flash_fwd.cu``: one block per (128
+query rows, head, batch); a producer warpgroup loads Q's tile once and K and V tiles of 128 keys
+through a 2-stage ring with TMA; two consumer warpgroups (64 query rows each) compute S = Q K^T
+with ``wgmma`` from shared memory, the online softmax in registers, and O += P V with P in
+registers (the register-A form of ``wgmma``) and V read as an MN-major (transposed) operand.
+
+This module checks the inputs, builds the three TMA tensor maps (Q, K and V viewed as 2-D
+(B*H*S, D) row-major matrices, boxes of 64 columns x 128 rows with the 128-byte swizzle: a 128-wide
+row of bf16 is 256 bytes, two swizzle spans, so a D = 128 tile is loaded as two boxes), compiles
+the file with ``nvcc -cubin -arch=sm_90a`` once (cached under ``build/hopper_attn/``) and launches
+it through CuPy on torch's stream. The tensor-map encoder and the sm_90 availability check are the
+Hopper GEMM's (snippets/part6/gemm.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from snippets import cuda
+from snippets._checks import refuse_grad
+from snippets.part6.gemm import device_tensor_maps, needs_sm90
+from snippets.part6.hopper import SMEM_LIMIT_SM90, TensorMapSpec
+from snippets.registry import REPO_ROOT
+
+CU_FILE = "hopper_attn/flash_fwd.cu"
+BUILD_DIR = REPO_ROOT / "build" / "hopper_attn"
+NVCC_FLAGS = ("-std=c++17", "-O3", "-cubin", "-arch=sm_90a")
+
+# --8<-- [start:constants]
+# The constants of flash_fwd.cu (tests/test_part6_hopper_attention.py compares)
+BLOCK_M = 128  # query rows per block, 64 per consumer warpgroup
+BLOCK_N = 128  # keys per K / V tile
+STAGES = 2  # K / V tiles in flight
+PANEL_COLS = 64  # bf16 columns of one 128-byte swizzled row: the inner dimension of every box
+BOX_ROWS = 128  # rows of every box
+SWIZZLE = "128B"
+SWIZZLE_REPEAT = 1024  # the kernel rounds shared memory up to this boundary
+THREADS = 384  # a producer warpgroup and two consumers
+HEAD_DIMS = (64, 128)
+KERNELS = {64: "hopper_flash_fwd_d64", 128: "hopper_flash_fwd_d128"}
+LOG2E = 1.4426950408889634  # the kernel works in log2 units: e^x = 2^(x log2 e)
+GRID_YZ_MAX = 65535  # gridDim.y carries the heads, gridDim.z the batch
+# --8<-- [end:constants]
+
+
+def smem_bytes(d: int) -> int:
+    """Dynamic shared memory of the kernel for head dim ``d``: Q's tile, ``STAGES`` x (K's tile, V's
+    tile), 1 + 2 * STAGES mbarriers of 8 bytes, and the slack to align the base to 1024 bytes."""
+    tile = BOX_ROWS * d * 2
+    return tile * (1 + 2 * STAGES) + (1 + 2 * STAGES) * 8 + SWIZZLE_REPEAT
+
+
+def tensor_map_spec(rows: int, d: int, address: int) -> TensorMapSpec:
+    """Q's, K's or V's tensor map: a (rows = B*H*S, d) row-major bf16 matrix, dimensions innermost
+    first, boxes of 64 columns (128 bytes, the span of the 128B swizzle) x 128 rows."""
+    return TensorMapSpec(2, (d, rows), (d * 2,), (PANEL_COLS, BOX_ROWS), swizzle=SWIZZLE,
+                         global_address=address).validate()
+
+
+# --8<-- [start:checks]
+def check_hopper_attention(name: str, q: object, k: object, v: object, causal: object,
+                           scale: object) -> tuple[int, int, int, int, float]:
+    """Refuse, before any launch and without a GPU, what the kernel cannot take; return (B, H, S,
+    D) and the softmax scale. q, k, v: bf16 torch tensors of one shape (B, H, S, D), contiguous,
+    on one device, D in HEAD_DIMS, S >= 1, 16-byte aligned (TMA); causal a bool; scale None
+    (1 / sqrt(D)) or a finite number."""
+    for arg, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: {arg} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name}: {arg} must be bfloat16, got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: {arg} must be 4-D (B, H, S, D), got shape {tuple(t.shape)}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"{name}: q, k, v must have one shape (B, H, S, D), got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    b, h, s, d = q.shape
+    if d not in HEAD_DIMS:
+        raise ValueError(f"{name}: head dim D = {d}; the kernel is compiled for D in {HEAD_DIMS}")
+    if min(b, h, s) < 1:
+        raise ValueError(f"{name}: q is empty (shape {tuple(q.shape)}): B, H and S must be >= 1")
+    for arg, t in (("q", q), ("k", k), ("v", v)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name}: {arg} must be contiguous (B, H, S, D) with D innermost, got "
+                             f"strides {t.stride()}; call .contiguous() first")
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name}: {arg}'s data at {t.data_ptr():#x} is not 16-byte aligned, "
+                             "as TMA requires")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{name}: q, k, v are on {q.device}, {k.device}, {v.device}")
+    if h > GRID_YZ_MAX or b > GRID_YZ_MAX:
+        raise ValueError(f"{name}: B = {b}, H = {h}: each must be at most {GRID_YZ_MAX} (the grid "
+                         "is (S / 128, H, B))")
+    if b * h * s >= 2**31:
+        raise ValueError(f"{name}: B * H * S = {b * h * s} rows: the kernel indexes them with "
+                         "32-bit ints")
+    if not isinstance(causal, bool):
+        raise TypeError(f"{name}: causal must be a bool, got {type(causal).__name__}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"{name}: scale must be None or a Python float, got "
+                        f"{type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale) or not math.isfinite(scale * LOG2E):
+        raise ValueError(f"{name}: scale = {scale} must be finite")
+    if smem_bytes(d) > SMEM_LIMIT_SM90:
+        raise ValueError(f"{name}: {smem_bytes(d)} bytes of shared memory exceed {SMEM_LIMIT_SM90}")
+    for arg, t in (("q", q), ("k", k), ("v", v)):  # what cuTensorMapEncodeTiled would refuse
+        try:
+            tensor_map_spec(b * h * s, d, t.data_ptr())
+        except ValueError as exc:
+            raise ValueError(f"{name}: {arg}: {exc}") from None
+    return b, h, s, d, scale
+# --8<-- [end:checks]
+
+
+# --8<-- [start:reference]
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                  scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the kernel computes, in float64: o = softmax(q k^T * scale, masked if causal) v and
+    lse = logsumexp of each row of the scaled (masked) scores. Shapes (B, H, S, D) and (B, H, S)."""
+    q, k, v = q.double(), k.double(), v.double()
+    s, d = q.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if causal:
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse[..., None]), v), lse
+# --8<-- [end:reference]
+
+
+# --8<-- [start:build]
+def nvcc_command(out: Path) -> list[str]:
+    """The command that compiles flash_fwd.cu to a cubin for sm_90a (the tests run it too)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise RuntimeError("flash_fwd_hopper needs nvcc (the CUDA toolkit) on PATH to compile its "
+                           "sm_90a kernels: NVRTC through CuPy targets plain sm_90, which has no "
+                           "wgmma")
+    return [nvcc, *NVCC_FLAGS, str(cuda.source_path(CU_FILE)), "-o", str(out)]
+
+
+@functools.lru_cache(maxsize=None)
+def build_cubin() -> Path:
+    """Compile flash_fwd.cu for sm_90a, once per source text and nvcc (the file name holds a hash
+    of both), and return the cubin's path."""
+    src = cuda.source_path(CU_FILE)
+    probe = nvcc_command(Path(os.devnull))
+    version = subprocess.run([probe[0], "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256((src.read_text() + version + " ".join(NVCC_FLAGS)).encode())
+    out = BUILD_DIR / f"flash_fwd.{key.hexdigest()[:16]}.cubin"
+    if not out.is_file():
+        BUILD_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        proc = subprocess.run(nvcc_command(tmp), capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"nvcc failed on {src}:\n{proc.stderr}{proc.stdout}")
+        tmp.replace(out)  # atomic: a concurrent process sees the whole file or none
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _module(device_index: int):
+    cupy = cuda.cupy_module()
+    with cupy.cuda.Device(device_index):
+        return cupy.RawModule(path=str(build_cubin()))
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(name: str, device_index: int):
+    """The ``__global__`` function ``name`` of the sm_90a cubin, loaded on this device by CuPy."""
+    cupy = cuda.cupy_module()
+    with cupy.cuda.Device(device_index):
+        return _module(device_index).get_function(name)
+# --8<-- [end:build]
+
+
+# --8<-- [start:launch]
+def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                     scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention's forward on an H100 / H200: (o, lse), o bf16 (B, H, S, D), lse fp32 (B, H, S),
+    the natural log of each row's softmax denominator (of the scaled scores)."""
+    name = "flash_fwd_hopper"
+    b, h, s, d, scale = check_hopper_attention(name, q, k, v, causal, scale)
+    refuse_grad(name, q, k, v, instead="torch.nn.functional.scaled_dot_product_attention")
+    if q.device.type != "cuda":
+        raise RuntimeError(f"{name}: q, k, v must be CUDA tensors (on an H100 or H200), got "
+                           f"{q.device}")
+    reason = needs_sm90()
+    if reason:
+        raise RuntimeError(f"{name}: {reason}")
+    o = torch.empty_like(q)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    specs = tuple(tensor_map_spec(b * h * s, d, t.data_ptr()) for t in (q, k, v))
+    tmaps = device_tensor_maps(specs, q.device)
+    fn = kernel(KERNELS[d], q.device.index if q.device.index is not None else 0)
+    if fn.max_dynamic_shared_size_bytes < smem_bytes(d):
+        fn.max_dynamic_shared_size_bytes = smem_bytes(d)  # above 48 KB needs the opt-in
+    grid = (-(-s // BLOCK_M), h, b)
+    with torch.cuda.device(q.device):
+        cuda.launch(fn, grid, THREADS,
+                    (tmaps, o, lse, np.int32(s), np.float32(scale * LOG2E), np.int32(causal)),
+                    shared_mem=smem_bytes(d))
+    return o, lse
+# --8<-- [end:launch]
