@@ -202,6 +202,17 @@ def test_versus_takes_the_latest_gpu_and_says_when_unmeasured(tmp_path):
     assert "not measured" in _row(md, "reduce_sum", "v8")
 
 
+def test_versus_compares_rows_on_one_gpu(tmp_path):
+    # reduce_sum was measured last on "New GPU" only; vector_add on both, most recently on "Old GPU": the
+    # table must not set one GPU's rate beside another's, so every row comes from the latest GPU with both
+    fake_results(tmp_path, "vector_add", gpu="New GPU", date="2026-01-01T00:00:00+00:00")
+    fake_results(tmp_path, "vector_add", gpu="Old GPU", date="2026-09-01T00:00:00+00:00")
+    fake_results(tmp_path, "reduce_sum", gpu="New GPU", date="2026-06-01T00:00:00+00:00")
+    md = site.render_page("<!-- bench:versus vector_add:v4 reduce_sum:v8 -->\n", "p.md", tmp_path)
+    assert "New GPU[^" in _row(md, "vector_add", "v4") and "New GPU[^" in _row(md, "reduce_sum", "v8")
+    assert "Old GPU" not in md
+
+
 def test_versus_refuses_unknown_items(tmp_path):
     with pytest.raises(ValueError, match="unknown op"):
         site.render_page("<!-- bench:versus nope:v1 -->\n", "p.md", tmp_path)

@@ -311,7 +311,9 @@ def parse_versus(text: str) -> list[tuple[str, str, list[str] | None]]:
 def render_versus(items: list[tuple[str, str, list[str] | None]], results: dict[str, dict],
                   ops: dict[str, Op] | None = None) -> str:
     """One row per (op, version): its language, its lines of code (kernel and host, snippets.bench.loc) and its
-    headline rate and % of ceiling from the latest GPU that measured the op, marked stale like the tables."""
+    headline rate and % of ceiling, marked stale like the tables. The rates come from one GPU for every row, the
+    latest to have measured all of the table's ops, so the rows compare like with like; only when no GPU measured
+    them all does each row take the latest GPU that measured its op."""
     import hashlib
 
     from snippets.bench.loc import impl_lines
@@ -322,6 +324,10 @@ def render_versus(items: list[tuple[str, str, list[str] | None]], results: dict[
              "|:--|:--|:--|:--|--:|--:|:--|--:|--:|"]
     notes: dict[str, str] = {}
     counted = []
+    names = {op_name for op_name, _, _ in items}
+    common = [gpu for gpu, data in results.items() if names <= set(data["ops"])]
+    shared = max(common, key=lambda g: max(results[g]["ops"][n]["provenance"]["date"] for n in names),
+                 default=None)
     for op_name, ver, kernels in items:
         if op_name not in ops:
             raise ValueError(f"bench:versus names unknown op {op_name!r}; known: {sorted(ops)}")
@@ -331,7 +337,8 @@ def render_versus(items: list[tuple[str, str, list[str] | None]], results: dict[
         impl = op.impls[ver]
         count = impl_lines(impl, kernels)
         counted.append(f"`{op_name}` {ver}: {count.what or 'no code of its own (a library call)'}")
-        found = [(gpu, data["ops"][op_name]) for gpu, data in results.items() if op_name in data["ops"]]
+        found = [(gpu, data["ops"][op_name]) for gpu, data in results.items()
+                 if op_name in data["ops"] and gpu in (shared or gpu,)]
         gpu_cell, rate, frac = "not measured", "-", "-"
         mark = ""
         if found:
