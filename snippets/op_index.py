@@ -23,6 +23,7 @@ NEW_OP_MODULES = (
     "snippets.part8.int4_gemm",
     "snippets.part6.gemm",
     "snippets.part6.cute_gemm",
+    "snippets.part6.hopper_attention",
     "snippets.part6.fp8_gemm",
     "snippets.part4.spmv",
 )

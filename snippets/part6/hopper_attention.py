@@ -220,3 +220,44 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                     shared_mem=smem_bytes(d))
     return o, lse
 # --8<-- [end:launch]
+
+
+# --------------------------------------------------------------------------------------------------
+# Registration: the op of the FlashAttention-on-Hopper chapter, against cuDNN and Part 5's Triton
+# --------------------------------------------------------------------------------------------------
+
+from snippets.part5 import flash_attention as fa  # noqa: E402
+from snippets.registry import Impl, Op, register  # noqa: E402
+
+
+def hopper_attention_v2(q, k, v, causal=False):
+    """v2: step 1 of the Hopper ladder (TMA, a producer and two consumer warpgroups, wgmma for both
+    products, P from registers); the output only (the log-sum-exp is for a backward)."""
+    return flash_fwd_hopper(q, k, v, causal)[0]
+
+
+# Small enough for Part 5's Triton kernel under the interpreter; D is one of the Hopper kernel's
+TEST_SIZES = [{"b": 1, "h": 2, "s": 77, "d": 64, "causal": False},
+              {"b": 2, "h": 1, "s": 130, "d": 128, "causal": True},
+              {"b": 1, "h": 1, "s": 128, "d": 64, "causal": True}]
+
+hopper_attention_fwd = register(Op(
+    name="hopper_attention_fwd", part=6, chapter="part6/hopper-attention.md",
+    title="FlashAttention forward on Hopper (bf16)", reference=fa.attention_ref,
+    make_inputs=fa._make_inputs, bytes_moved=fa._fwd_bytes, flops=fa._fwd_flops,
+    metric="TFLOP/s", ceiling="gemm_bf16", headline=fa.HEADLINE, sweep=fa.SWEEP,
+    dtypes=(torch.bfloat16,), bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES,
+    tolerances={torch.bfloat16: fa.TOLERANCES[torch.bfloat16]}, sweep_axis="s"))
+hopper_attention_fwd.add(Impl("v0", fa.attention_cudnn_sdpa, "PyTorch", "SDPA, cuDNN backend",
+                              (torch.nn.functional.scaled_dot_product_attention, fa._sdpa),
+                              device="cuda", dtypes=(torch.bfloat16,), requires=fa.cudnn_missing,
+                              origin="library"))
+hopper_attention_fwd.add(Impl("v1", fa.attention_triton, "Triton",
+                              "Part 5's kernel: online softmax over K/V blocks",
+                              (fa._attn_fwd_kernel, fa._fwd_inner, fa._forward, fa._types,
+                               *fa.SOURCES), device="any", dtypes=(torch.bfloat16,)))
+hopper_attention_fwd.add(Impl("v2", hopper_attention_v2, "CUDA",
+                              "TMA + wgmma, producer and 2 consumer warpgroups, P in registers",
+                              (cuda.source_path(CU_FILE), flash_fwd_hopper, check_hopper_attention,
+                               tensor_map_spec, build_cubin), device="cuda",
+                              dtypes=(torch.bfloat16,), requires=needs_sm90))
