@@ -20,12 +20,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import nvcc_with_report
 from test_cuda_compile import parse_ptxas, spilling_functions
 from test_part6_gemm import _cuobjdump
 
 from conftest import poison_allocator
 from snippets.part6 import hopper_attention as ha
 from snippets.part6.hopper import kmajor_offsets, wgmma_descriptor
+
+pytestmark = pytest.mark.op("hopper_attention_fwd")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CU = REPO_ROOT / "csrc" / ha.CU_FILE
@@ -39,10 +42,7 @@ def cubin(tmp_path_factory) -> tuple[Path, str]:
     if NVCC is None:
         pytest.skip("nvcc is not on PATH")
     out = tmp_path_factory.mktemp("hopper_attn") / "flash_fwd.cubin"
-    cmd = [*ha.nvcc_command(out), "-Xptxas", "-v"]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}{proc.stdout}"
-    return out, proc.stderr + proc.stdout
+    return out, nvcc_with_report(ha.nvcc_command(out), REPO_ROOT)
 
 
 # --------------------------------------------------------------------------------------------------
