@@ -85,7 +85,7 @@ def test_sass_uses_wgmma_tma_and_mbarriers(cubin):
         pv = re.findall(rf"HGMMA\.64x{d}x16\.F32\.BF16 R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", code)
         assert qk, f"{name}: no shared-memory HGMMA for Q K^T"
         assert len(pv) == ha.BLOCK_N // 16, f"{name}: {len(pv)} register-A HGMMAs for P V"
-        assert "UTMALDG.2D" in code, f"{name}: no TMA load"
+        assert "UTMALDG.3D" in code, f"{name}: no 3-D TMA load (one head per box)"
         assert "SYNCS.PHASECHK" in code, f"{name}: no mbarrier wait"
         assert "USETMAXREG" in code, f"{name}: no setmaxnreg"
         assert "HMMA" not in code.replace("HGMMA", ""), f"{name}: falls back to mma.sync"
@@ -320,12 +320,14 @@ def test_cpu_tensors_are_refused():
 
 
 def test_tensor_maps_are_valid():
-    """The three maps: (D, B*H*S) bf16, boxes of 64 x 128 under the 128B swizzle (a box's inner
-    dimension may not pass the 128-byte span: D = 128 is two boxes per tile), 16 KB per box."""
+    """The three maps: (D, S, B*H) bf16, boxes of 64 x 128 x 1 under the 128B swizzle (a box's
+    inner dimension may not pass the 128-byte span: D = 128 is two boxes per tile), 16 KB per box,
+    one head per box (rows past S are TMA's zeros, not the next head's)."""
     for d in ha.HEAD_DIMS:
-        for rows in (1, 77, 2 * 4 * 1024):
-            spec = ha.tensor_map_spec(rows, d, 0)
-            assert spec.box_shape == (64, 128) and spec.swizzle.label == "128B"
+        for heads, s in ((1, 1), (2, 77), (8, 1024), (4 * 32, 4096)):
+            spec = ha.tensor_map_spec(heads, s, d, 0)
+            assert spec.box_shape == (64, 128, 1) and spec.swizzle.label == "128B"
+            assert spec.global_shape == (d, s, heads) and spec.global_strides == (2 * d, 2 * d * s)
             assert spec.expect_tx_bytes() * (d // 64) == 128 * d * 2  # one tile's expect_tx
         assert ha.smem_bytes(d) <= 227 * 1024
 

@@ -19,9 +19,10 @@
 // of 64 columns, one TMA box (64 columns x 128 rows, 16 KB) each.
 //
 // The tensor maps are built on the host (snippets/part6/hopper_attention.py) over Q, K and V seen
-// as 2-D (B*H*S, D) row-major matrices, and passed in global memory: 128 bytes each, Q, K, V.
-// Rows of a tile past S belong to the next head (or are TMA's zero fill after the last one): the
-// keys among them are masked to -inf, the queries among them are never stored.
+// as 3-D tensors (D, S, B*H), innermost first, and passed in global memory: 128 bytes each, Q, K,
+// V. A box is one head's rows, so rows of a tile past S arrive as TMA's zeros, never as the next
+// head's data: the keys among them are still masked to -inf (a zero key scores 0, not -inf), and
+// the queries among them are never stored.
 //
 // Only sm_90a has wgmma and setmaxnreg: for any other target every kernel body is a trap, so the
 // file still compiles for the other architectures the book builds for.
@@ -164,23 +165,25 @@ __device__ __forceinline__ void tmap_acquire(const void* tmap) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(tmap) : "memory");
 }
 
-// The box at (column col, row row) of a 2-D tensor map into shared memory at dst; its bytes count
-// down the transaction count of bar. Rows past the tensor's end arrive as zeros and still count.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint32_t bar, int col,
-                                            int row) {
+// The box at (column col, row row, head plane) of a 3-D tensor map into shared memory at dst; its
+// bytes count down the transaction count of bar. Rows past S arrive as zeros and still count.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, uint32_t bar, int col,
+                                            int row, int plane) {
     asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%3, %4}], [%2];"
-        ::"r"(dst), "l"(tmap), "r"(bar), "r"(col), "r"(row)
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5}], [%2];"
+        ::"r"(dst), "l"(tmap), "r"(bar), "r"(col), "r"(row), "r"(plane)
         : "memory");
 }
 
-// One tile of 128 rows x D columns: D / 64 boxes, one per 64-column panel.
+// One tile of 128 rows x D columns of head plane `plane` (= b * H + h): D / 64 boxes, one per
+// 64-column panel.
 template <int D>
-__device__ __forceinline__ void load_tile(uint32_t dst, const void* tmap, uint32_t bar, int row) {
+__device__ __forceinline__ void load_tile(uint32_t dst, const void* tmap, uint32_t bar, int row,
+                                          int plane) {
 #pragma unroll
     for (int p = 0; p < D / PANEL_COLS; ++p)
-        tma_load_2d(dst + p * PANEL_BYTES, tmap, bar, p * PANEL_COLS, row);
+        tma_load_3d(dst + p * PANEL_BYTES, tmap, bar, p * PANEL_COLS, row, plane);
 }
 // --8<-- [end:tma]
 
@@ -317,17 +320,17 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 2], const uint32_t (&a)[
 template <int D>
 __device__ __forceinline__ void produce(uint32_t base, uint32_t q_full, uint32_t full,
                                         uint32_t empty, const uint8_t* tmaps, int q_row,
-                                        int k_row, int n_tiles) {
+                                        int plane, int n_tiles) {
     using L = Smem<D>;
     mbar_arrive_expect_tx(q_full, L::TILE_BYTES);
-    load_tile<D>(base + L::Q, tmaps, q_full, q_row);
+    load_tile<D>(base + L::Q, tmaps, q_full, q_row, plane);
     for (int t = 0; t < n_tiles; ++t) {
         const uint32_t s = t % STAGES, kv = base + L::KV + s * L::STAGE;
         if (t >= STAGES) mbar_wait(empty + 8 * s, (t / STAGES - 1) & 1);
         mbar_arrive_expect_tx(full + 8 * s, 2 * L::TILE_BYTES);  // K's tile and V's
-        load_tile<D>(kv, tmaps + TMAP_BYTES, full + 8 * s, k_row + t * BLOCK_N);
-        load_tile<D>(kv + L::TILE_BYTES, tmaps + 2 * TMAP_BYTES, full + 8 * s,
-                     k_row + t * BLOCK_N);
+        load_tile<D>(kv, tmaps + TMAP_BYTES, full + 8 * s, t * BLOCK_N, plane);
+        load_tile<D>(kv + L::TILE_BYTES, tmaps + 2 * TMAP_BYTES, full + 8 * s, t * BLOCK_N,
+                     plane);
     }
 }
 // --8<-- [end:producer]
@@ -502,7 +505,8 @@ __device__ __forceinline__ void flash_fwd(const uint8_t* tmaps, __nv_bfloat16* O
     const uint32_t base = align_up(smem_u32(smem), SWIZZLE_REPEAT);
     const uint32_t q_full = base + L::BARRIERS, full = q_full + 8, empty = full + 8 * STAGES;
     const int m0 = blockIdx.x * BLOCK_M;
-    const size_t bh_row = (size_t(blockIdx.z) * gridDim.y + blockIdx.y) * S;  // row of (b, h, 0)
+    const int plane = blockIdx.z * gridDim.y + blockIdx.y;  // b * H + h: the tensor maps' 3rd dim
+    const size_t bh_row = size_t(plane) * S;                // row of (b, h, 0) in O and Lse
     const int key_tiles = (S + BLOCK_N - 1) / BLOCK_N;
     // causal: key tiles past the diagonal are skipped (BLOCK_M == BLOCK_N: tile x is the last)
     const int n_tiles = causal ? min(key_tiles, int(blockIdx.x) + 1) : key_tiles;
@@ -522,7 +526,7 @@ __device__ __forceinline__ void flash_fwd(const uint8_t* tmaps, __nv_bfloat16* O
     if (wg == 0) {
         regs_dec<PRODUCER_REGS>();
         if (threadIdx.x == 0)
-            produce<D>(base, q_full, full, empty, tmaps, int(bh_row) + m0, int(bh_row), n_tiles);
+            produce<D>(base, q_full, full, empty, tmaps, m0, plane, n_tiles);
     } else {
         regs_inc<CONSUMER_REGS>();
         consume<D>(base, q_full, full, empty, wg - 1, n_tiles, S, m0, causal != 0, scale_log2, O,

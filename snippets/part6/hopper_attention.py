@@ -9,8 +9,8 @@ through a 2-stage ring with TMA; two consumer warpgroups (64 query rows each) co
 with ``wgmma`` from shared memory, the online softmax in registers, and O += P V with P in
 registers (the register-A form of ``wgmma``) and V read as an MN-major (transposed) operand.
 
-This module checks the inputs, builds the three TMA tensor maps (Q, K and V viewed as 2-D
-(B*H*S, D) row-major matrices, boxes of 64 columns x 128 rows with the 128-byte swizzle: a 128-wide
+This module checks the inputs, builds the three TMA tensor maps (Q, K and V viewed as 3-D
+(B*H, S, D) tensors, boxes of 64 columns x 128 rows x one head with the 128-byte swizzle: a 128-wide
 row of bf16 is 256 bytes, two swizzle spans, so a D = 128 tile is loaded as two boxes), compiles
 the file with ``nvcc -cubin -arch=sm_90a`` once (cached under ``build/hopper_attn/``) and launches
 it through CuPy on torch's stream. The tensor-map encoder and the sm_90 availability check are the
@@ -64,11 +64,12 @@ def smem_bytes(d: int) -> int:
     return tile * (1 + 2 * STAGES) + (1 + 2 * STAGES) * 8 + SWIZZLE_REPEAT
 
 
-def tensor_map_spec(rows: int, d: int, address: int) -> TensorMapSpec:
-    """Q's, K's or V's tensor map: a (rows = B*H*S, d) row-major bf16 matrix, dimensions innermost
-    first, boxes of 64 columns (128 bytes, the span of the 128B swizzle) x 128 rows."""
-    return TensorMapSpec(2, (d, rows), (d * 2,), (PANEL_COLS, BOX_ROWS), swizzle=SWIZZLE,
-                         global_address=address).validate()
+def tensor_map_spec(heads: int, s: int, d: int, address: int) -> TensorMapSpec:
+    """Q's, K's or V's tensor map: (B*H = heads, S, D) row-major bf16 seen as 3-D, dimensions
+    innermost first (D, S, heads), boxes of 64 columns (128 bytes, the span of the 128B swizzle) x
+    128 rows x one head. A box never crosses into the next head: rows past S arrive as zeros."""
+    return TensorMapSpec(2, (d, s, heads), (d * 2, s * d * 2), (PANEL_COLS, BOX_ROWS, 1),
+                         swizzle=SWIZZLE, global_address=address).validate()
 
 
 # --8<-- [start:checks]
@@ -122,7 +123,7 @@ def check_hopper_attention(name: str, q: object, k: object, v: object, causal: o
         raise ValueError(f"{name}: {smem_bytes(d)} bytes of shared memory exceed {SMEM_LIMIT_SM90}")
     for arg, t in (("q", q), ("k", k), ("v", v)):  # what cuTensorMapEncodeTiled would refuse
         try:
-            tensor_map_spec(b * h * s, d, t.data_ptr())
+            tensor_map_spec(b * h, s, d, t.data_ptr())
         except ValueError as exc:
             raise ValueError(f"{name}: {arg}: {exc}") from None
     return b, h, s, d, scale
@@ -208,7 +209,7 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         raise RuntimeError(f"{name}: {reason}")
     o = torch.empty_like(q)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
-    specs = tuple(tensor_map_spec(b * h * s, d, t.data_ptr()) for t in (q, k, v))
+    specs = tuple(tensor_map_spec(b * h, s, d, t.data_ptr()) for t in (q, k, v))
     tmaps = device_tensor_maps(specs, q.device)
     fn = kernel(KERNELS[d], q.device.index if q.device.index is not None else 0)
     if fn.max_dynamic_shared_size_bytes < smem_bytes(d):
