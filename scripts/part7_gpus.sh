@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Part 7 on every GPU of one machine (2 or 4 of them): the topology, NCCL's collectives swept
-# from 1 KiB to 1 GiB, the book's ring and one-shot all-reduces against NCCL's, and the
+# from 1 KiB to 1 GiB, the book's ring and one-shot all-reduces against NCCL's, the
 # from-scratch parallel layouts (pipeline, tensor, context, expert) checked against one process
-# on NCCL. NVLink multicast (NVLS) is left off, as the chapters assume.
+# on NCCL, and the pipeline's bubble timed on a model whose stages are compute-bound. NVLink
+# multicast (NVLS) is left off, as the chapters assume.
 #
 #   bash scripts/part7_gpus.sh OUTDIR
 #
@@ -31,6 +32,15 @@ step() {  # step NAME SECONDS COMMAND...
 step sweep 100 $RUN -m snippets.part7.sweep --out "$OUT/sweep.json"
 step fast_allreduce 100 $RUN -m snippets.part7.fast_allreduce --profile --out "$OUT/fast_allreduce.json"
 step pipeline 45 $RUN -m snippets.part7.pipeline --micro-batches 8
+# the bubble with stages whose compute dominates: 8 blocks of width 2048 per GPU, micro-batches of
+# 4 x 512 tokens in float32: about 1.7 TFLOP per stage and micro-batch forward, three times that
+# forward and backward, some 0.1 s at FP32 rates against well under a millisecond for the 16 MiB
+# activation sent over NVLink; a step of 8 micro-batches is (m + p - 1) such pairs, 1 to 1.5 s on
+# 2 or 4 GPUs, 12 steps over both schedules; each schedule also builds the whole model on every
+# rank's CPU (0.8 or 1.6 billion parameters, a few seconds); files pipeline.json
+step pipeline_timing 120 $RUN -m snippets.part7.pipeline --micro-batches 8 --steps 6 --dim 2048 \
+  --blocks $((8 * N)) --seq-len 512 --micro-batch-size 4 --dtype float32 --no-check \
+  --out "$OUT/pipeline.json"
 step tensor_parallel 45 $RUN -m snippets.part7.tensor_parallel
 step context_parallel 45 $RUN -m snippets.part7.context_parallel
 step expert_parallel 45 $RUN -m snippets.part7.expert_parallel

@@ -109,7 +109,7 @@ def test_footnotes_are_unique_per_directive_on_a_page(filed):
 
 
 def test_committed_results_render():
-    for what in (["topology"], ["sweep", "all_reduce"], ["ring"], ["one_shot"]):
+    for what in (["topology"], ["sweep", "all_reduce"], ["ring"], ["one_shot"], ["pipeline"]):
         assert render_dist(what, REPO_ROOT / "benchmarks" / "results").strip()
 
 

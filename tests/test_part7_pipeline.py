@@ -11,6 +11,9 @@
   it.
 - Bad input raises ValueError before any work; ranks that disagree on the activation shape all
   raise, none hangs.
+- The timing mode of ``main`` under torchrun (2 gloo ranks, a sleep per action, no comparison)
+  writes the record ``snippets.bench.distributed`` files, its median bubble within the same band
+  of the formula; ``record`` files it and ``list`` shows it.
 
 One world per size runs every scenario.
 """
@@ -18,14 +21,19 @@ One world per size runs every scenario.
 from __future__ import annotations
 
 import functools
+import json
+import os
 import re
 import statistics
+import subprocess
+import sys
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import torch
 
+from snippets.bench import distributed as dr
 from snippets.part7.launch import run_world
 from snippets.part7.models import tiny_batch, tiny_transformer
 from snippets.part7.pipeline import (
@@ -288,3 +296,85 @@ def test_stages_hold_the_models_parameters_in_order():
 def test_bad_input_raises_value_error(call):
     with pytest.raises(ValueError):
         call()
+
+
+# ---------------------------------------------------------------- the timing mode, as GPUs run it
+
+TIMING_FIELDS = {"schedule", "p", "m", "dim", "blocks", "seq_len", "micro_batch_size", "dtype",
+                 "steps", "bubble_median", "bubble_all", "formula", "seconds_per_step_median"}
+
+
+@pytest.fixture(scope="module")
+def timing_run(tmp_path_factory):
+    """``scripts/part7_gpus.sh``'s pipeline_timing step at a tiny size on 2 CPU processes: the
+    sleep per action stands in for the compute of a large model."""
+    out = tmp_path_factory.mktemp("pipeline_timing")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "snippets.part7.pipeline", "--micro-batches", "4", "--steps", str(BUBBLE_STEPS + 1),
+         "--dim", "32", "--blocks", "2", "--seq-len", "8", "--micro-batch-size", "2",
+         "--dtype", "float32", "--delay-ms", str(DELAY_S * 1000), "--no-check",
+         "--out", str(out / "pipeline.json")],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, json.loads((out / "pipeline.json").read_text()), proc.stdout
+
+
+def test_timing_mode_writes_its_records(timing_run):
+    _, data, stdout = timing_run
+    assert [r["schedule"] for r in data["records"]] == list(SCHEDULE_NAMES)
+    assert data["provenance"]["backend"] == "gloo" and data["provenance"]["world_size"] == 2
+    assert data["provenance"]["gpu"] is None                  # a CPU run says so
+    for r in data["records"]:
+        assert TIMING_FIELDS <= set(r)
+        assert (r["p"], r["m"], r["dim"], r["blocks"], r["seq_len"], r["micro_batch_size"],
+                r["dtype"], r["steps"]) == (2, 4, 32, 2, 8, 2, "float32", BUBBLE_STEPS + 1)
+        assert r["formula"] == float(bubble_formula(2, 4))
+        assert len(r["bubble_all"]) == r["steps"]
+        # the first step is a warm-up, left out of the median
+        assert r["bubble_median"] == statistics.median(r["bubble_all"][1:])
+        assert formula_band(r["bubble_median"], r["formula"]), r
+        # (m + p - 1) forwards and backwards of DELAY_S each, at least, per step
+        assert r["seconds_per_step_median"] >= (4 + 2 - 1) * 2 * DELAY_S
+        assert f"{r['schedule']:6s} p=2 m=4: measured bubble {r['bubble_median']:.3f}" in stdout
+    assert "largest parameter difference" not in stdout       # --no-check
+
+
+def formula_band(measured: float, formula: float) -> bool:
+    return formula - 0.03 < measured < formula + BUBBLE_TOL
+
+
+def test_timing_mode_is_filed_and_listed(timing_run, tmp_path, capsys):
+    """``record`` refuses the CPU run as a result; with a GPU's provenance in its place (what the
+    GPU machine writes) it files it, fresh, and ``list`` prints each schedule's bubble."""
+    out, data, _ = timing_run
+    dest = tmp_path / "distributed"
+    with pytest.raises(ValueError, match="CPU dry run"):
+        dr.record(out, "abc1234", REPO_ROOT, dest)
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    prov = {**data["provenance"], "backend": "nccl", "gpu": "NVIDIA H200", "nccl": "2.28.9"}
+    (gpu / "pipeline.json").write_text(json.dumps({**data, "provenance": prov}))
+    path = dr.record(gpu, "abc1234", REPO_ROOT, dest)
+    entry = json.loads(path.read_text())["runs"]["pipeline"]
+    assert entry["module"] == "snippets.part7.pipeline" and dr.fresh("pipeline", entry)
+    assert entry["records"] == data["records"]
+    assert dr.main(["list", "--dest", str(dest)]) == 0
+    listed = capsys.readouterr().out
+    assert "NVIDIA H200 x2 pipeline: fresh (commit abc1234" in listed
+    for r in data["records"]:
+        assert f"{r['schedule']} p=2 m=4 {r['bubble_median']:.3f} ({r['formula']:.3f})" in listed
+
+
+def test_default_mode_is_unchanged():
+    """Without the new flags the module builds the model it always built, and checks against the
+    one-process run on the batch it always used."""
+    from snippets.part7 import pipeline as pp
+
+    ref = pp._reference(2, 4, 4)
+    model = tiny_transformer(0, torch.float64, blocks=4)
+    assert [q.shape for q in model.parameters()] == [q.shape for q in ref]
+    run = train_pp(0, 1, 2, torch.float64, micro_batches=4, blocks=4, global_batch=16)
+    for a, b in zip(run["params"], ref):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=0)

@@ -1,7 +1,10 @@
 """The goal lines of Part 7's scaling table (snippets/site/distributed.py) when the machine
 measured has fewer GPUs than the goals are set for: the verdict is given for the world size
 measured, says so, and says the goal's own world size is not measured yet; at that world size the
-line is the plain verdict. The committed results carry a verdict for every goal they measure."""
+line is the plain verdict. The committed results carry a verdict for every goal they measure.
+
+The pipeline's table: 1F1B's goal, its measured bubble within 10% of (p - 1) / (m + p - 1) on
+either side, met or not met on hand-made records; no recorded run renders as not measured yet."""
 
 from __future__ import annotations
 
@@ -12,7 +15,12 @@ import pytest
 
 from snippets.bench import distributed as dr
 from snippets.registry import REPO_ROOT
-from snippets.site.distributed import SCALING_GOAL_GPUS, render_dist
+from snippets.site.distributed import (
+    PIPELINE_GOAL,
+    SCALING_GOAL_GPUS,
+    pipeline_goal_met,
+    render_dist,
+)
 
 
 def _file_scaling(tmp_path, world: int, book_tps: float, fsdp_mfu: float):
@@ -55,7 +63,65 @@ def test_committed_results_state_every_goal():
     machines = dr.load(results / "distributed")
     for what, run in ((["sweep", "all_reduce"], "sweep"), (["ring"], "fast_allreduce"),
                       (["one_shot"], "fast_allreduce"), (["scaling"], "scaling"),
-                      (["tp_overlap"], "tp_overlap")):
+                      (["tp_overlap"], "tp_overlap"), (["pipeline"], "pipeline")):
         if any(run in m["runs"] for m in machines):
             text = render_dist(what, results)
             assert re.search(r"\*\*(not )?met\b", text), what
+
+
+def _file_pipeline(tmp_path, world: int, one_f_one_b: float, gpipe: float = 0.2) -> str:
+    out = tmp_path / "out"
+    out.mkdir()
+    m = 8
+    formula = (world - 1) / (m + world - 1)
+    shape = {"p": world, "m": m, "dim": 2048, "blocks": 8 * world, "seq_len": 512,
+             "micro_batch_size": 4, "dtype": "float32", "steps": 6, "warmup_steps": 1,
+             "delay_ms": 0.0, "formula": formula, "seconds_per_step_median": 1.25}
+    recs = [{**shape, "schedule": name, "bubble_median": b, "bubble_all": [0.5] + [b] * 5}
+            for name, b in (("gpipe", gpipe), ("1f1b", one_f_one_b))]
+    prov = {"backend": "nccl", "world_size": world, "gpu": "NVIDIA H200", "torch": "2.11.0",
+            "nccl": "2.28.9", "python": "3.12", "topology": "GPU0\tX\n",
+            "date": "2026-11-26T00:00:00Z"}
+    (out / "pipeline.json").write_text(json.dumps({"records": recs, "provenance": prov}))
+    dr.record(out, "abc", REPO_ROOT, tmp_path / "r" / "distributed")
+    return render_dist(["pipeline"], tmp_path / "r")
+
+
+@pytest.mark.parametrize("bubble, shown, verdict", [
+    (0.120, "0.120 against 0.111, +8.0%, **met**", "met"),            # 1/9 + 8%
+    (0.105, "0.105 against 0.111, -5.5%, **met**", "met"),            # below the formula
+    (0.125, "0.125 against 0.111, +12.5%, **not met**", "not met"),
+    (0.095, "0.095 against 0.111, -14.5%, **not met**", "not met")])
+def test_pipeline_goal_on_either_side_of_the_formula(tmp_path, bubble, shown, verdict):
+    text = _file_pipeline(tmp_path, 2, bubble)
+    assert PIPELINE_GOAL == 0.10
+    assert pipeline_goal_met(bubble, 1 / 9) == (verdict == "met")
+    assert f"Goal: 1F1B's bubble within 10% of its formula (p = 2, m = 8): {shown}." in text
+    assert text.count("Goal:") == 1                       # GPipe has no goal
+    assert f"| 1f1b | 2 | 8 | 1250.0 | {bubble:.3f} | 0.111 |" in text
+    assert "| gpipe | 2 | 8 | 1250.0 | 0.200 | 0.111 | 1.80 |" in text
+    assert "16 transformer blocks of width 2048, 8 per stage" in text
+    assert "Medians over steps 2 to 6 (the first is a warm-up)" in text
+    assert "[^dist-pipeline-nvidia-h200-x2]: Measured by `python -m snippets.part7.pipeline`" \
+        in text
+    assert "Not measured yet on 4 GPUs" in text
+
+
+def test_pipeline_goal_at_its_edge():
+    assert pipeline_goal_met(0.1099, 0.10) and pipeline_goal_met(0.0901, 0.10)
+    assert not pipeline_goal_met(0.1101, 0.10) and not pipeline_goal_met(0.0899, 0.10)
+
+
+def test_pipeline_not_measured_yet(tmp_path):
+    """No machine filed, or machines filed without the pipeline run: the form every other
+    directive uses."""
+    assert render_dist(["pipeline"], tmp_path) == render_dist(["tp_overlap"], tmp_path)
+    assert "Not measured yet on 2 GPUs and 4 GPUs" in render_dist(["pipeline"], tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    prov = {"backend": "nccl", "world_size": 2, "gpu": "NVIDIA H200", "torch": "2.11.0",
+            "nccl": "2.28.9", "date": "2026-11-26T00:00:00Z"}
+    (out / "sweep.json").write_text(json.dumps({"provenance": prov, "records": [], "fits": []}))
+    dr.record(out, "abc", REPO_ROOT, tmp_path / "r" / "distributed")
+    text = render_dist(["pipeline"], tmp_path / "r")
+    assert text.startswith("Not measured yet on 2 GPUs and 4 GPUs") and "**met" not in text

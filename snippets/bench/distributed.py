@@ -9,12 +9,14 @@ One file per GPU model and world size, ``benchmarks/results/distributed/<gpu>-x<
               "fast_allreduce": {...}}}
 
 A run's records are what its module wrote (``snippets.part7.sweep``: NCCL's collectives over sizes;
-``snippets.part7.fast_allreduce``: the book's ring and one-shot all-reduces against NCCL's).
+``snippets.part7.fast_allreduce``: the book's ring and one-shot all-reduces against NCCL's;
+``snippets.part7.pipeline``: the measured bubble of GPipe and 1F1B, one record per schedule).
 ``scripts/part7_gpus.sh OUTDIR`` produces them on a GPU machine;
 
     python -m snippets.bench.distributed record OUTDIR --commit C [--root CHECKOUT]
 
-files them here (``--root``: a checkout of commit C, whose code the hash is taken of).
+files them here (``--root``: a checkout of commit C, whose code the hash is taken of; ``--dest``,
+for ``record`` and ``list``: another folder than this one).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from snippets.registry import REPO_ROOT
 SCHEMA = 1
 DIST_DIR = REPO_ROOT / "benchmarks" / "results" / "distributed"
 RUNS = {"sweep": "snippets.part7.sweep", "fast_allreduce": "snippets.part7.fast_allreduce",
-        "scaling": "snippets.part7.scaling", "tp_overlap": "snippets.part7.tp_overlap"}
+        "scaling": "snippets.part7.scaling", "tp_overlap": "snippets.part7.tp_overlap",
+        "pipeline": "snippets.part7.pipeline"}
 # the world sizes Part 7's chapters report; a size with no file renders as not measured yet
 WORLD_SIZES = (2, 4)
 
@@ -112,12 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--commit", required=True)
     r.add_argument("--root", type=Path, default=REPO_ROOT,
                    help="a checkout of the commit measured (default: this tree)")
-    sub.add_parser("list", help="what is filed, and whether it is fresh")
+    ls = sub.add_parser("list", help="what is filed, and whether it is fresh")
+    for cmd in (r, ls):
+        cmd.add_argument("--dest", type=Path, default=DIST_DIR,
+                       help="the folder of the filed results (default: %(default)s)")
     args = ap.parse_args(argv)
     if args.cmd == "record":
-        print(record(args.outdir, args.commit, args.root))
+        print(record(args.outdir, args.commit, args.root, args.dest))
         return 0
-    for data in load():
+    for data in load(args.dest):
         for run, entry in data["runs"].items():
             state = "fresh" if fresh(run, entry) else "stale"
             when = f"commit {entry['commit'][:7]}, {entry['provenance']['date']}"
@@ -127,7 +133,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _headline(entry: dict[str, Any]) -> str:
-    """The largest message's bus bandwidth per collective, for the list."""
+    """The largest message's bus bandwidth per collective, or the pipeline's bubble per schedule,
+    for the list."""
+    bubbles = [r for r in entry.get("records", []) if "bubble_median" in r]
+    if bubbles:
+        return "; measured bubble (formula): " + ", ".join(
+            f"{r['schedule']} p={r['p']} m={r['m']} {r['bubble_median']:.3f} "
+            f"({r['formula']:.3f})" for r in bubbles)
     best: dict[str, dict[str, Any]] = {}
     for r in entry.get("records", []):
         key = r.get("op") or r.get("impl")

@@ -18,12 +18,18 @@ per rank, micro-batches passed from stage to stage, and the GPipe and 1F1B sched
 
 Under ``torchrun`` (``torchrun --nproc-per-node 4 -m snippets.part7.pipeline``) the module trains
 with both schedules on the GPUs, checks the result against one process and prints the measured
-bubble next to (p - 1) / (m + p - 1).
+bubble next to (p - 1) / (m + p - 1). Its timing mode (``--dim``, ``--blocks``, ``--seq-len``,
+``--micro-batch-size``, ``--dtype``, ``--no-check``, ``--out FILE``) times a model large enough
+that each stage's compute dominates, and rank 0 writes the bubble of each schedule (the median
+over the steps after the first, a warm-up) with the run's provenance to FILE, for
+``snippets.bench.distributed record``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,7 +41,8 @@ from torch import nn
 
 from snippets.part7.collectives import agree
 from snippets.part7.launch import device_for, init_from_env
-from snippets.part7.models import TinyTransformer, lm_loss, tiny_batch, tiny_transformer
+from snippets.part7.models import DIM, TinyTransformer, lm_loss, tiny_batch, tiny_transformer
+from snippets.part7.sweep import provenance
 
 Action = tuple[str, int]                # ("F", micro-batch) or ("B", micro-batch)
 Schedule = list[list[Action]]           # one ordered list of actions per stage
@@ -263,6 +270,8 @@ def pipeline_lanes(group=None) -> tuple:
 
 
 def _clock(device) -> float:
+    """Host time in seconds, after everything queued on ``device`` has run when it is a GPU
+    (``torch.cuda.synchronize``): a span between two clocks is the GPU's work, not the launch's."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
@@ -403,18 +412,21 @@ def _check_train_args(name: str, schedule, micro_batches: int, global_batch: int
 def train_pp(rank: int, world_size: int, steps: int = 10, dtype: torch.dtype = torch.float64,
              schedule="1f1b", micro_batches: int = 4, blocks: int = 4, global_batch: int = 8,
              seq_len: int = 8, optimizer: str = "sgd", seed: int = 0, delay_s=0.0,
-             group=None) -> dict:
-    """Train ``tiny_transformer(seed, dtype, blocks=blocks)`` for ``steps`` steps, pipelined over
-    the ranks of ``group`` with ``schedule`` ("gpipe", "1f1b" or a function (p, m) -> schedule) and
-    ``micro_batches`` micro-batches: step k draws ``tiny_batch(k, global_batch, seq_len)``; the
-    gradients of the micro-batches accumulate, then every stage's optimizer steps its own
-    parameters. Without a process group this is the one-process run on the whole batch.
+             group=None, dim: int = DIM, gather: bool = True) -> dict:
+    """Train ``tiny_transformer(seed, dtype, dim=dim, blocks=blocks)`` (positions enough for
+    ``seq_len``) for ``steps`` steps, pipelined over the ranks of ``group`` with ``schedule``
+    ("gpipe", "1f1b" or a function (p, m) -> schedule) and ``micro_batches`` micro-batches: step k
+    draws ``tiny_batch(k, global_batch, seq_len)``; the gradients of the micro-batches
+    accumulate, then every stage's optimizer steps its own parameters. Without a process group
+    this is the one-process run on the whole batch.
 
     Returns, on every rank: ``"loss"`` (the mean loss of every step), ``"params"`` (all of the
-    model's parameters, gathered from the stages, in ``model.parameters()`` order), ``"peak"``
-    (the most micro-batches in flight on this stage) and ``"bubble"`` (measured, every step)."""
+    model's parameters, gathered from the stages, in ``model.parameters()`` order; None when
+    ``gather`` is False, for a model too large to gather), ``"peak"`` (the most micro-batches in
+    flight on this stage), ``"bubble"`` (measured, every step) and ``"seconds"`` (every step's
+    schedule, barrier to the slowest rank's last send)."""
     m = _check_train_args("train_pp", schedule, micro_batches, global_batch)
-    model = tiny_transformer(seed, dtype, blocks=blocks)
+    model = _model(seed, dtype, dim, blocks, seq_len)
     if not (dist.is_available() and dist.is_initialized()):
         opt = _make_optimizer(optimizer, model.parameters())
         losses = []
@@ -431,7 +443,7 @@ def train_pp(rank: int, world_size: int, steps: int = 10, dtype: torch.dtype = t
     stage = split_stages(model, p)[rank].to(device_for(rank))
     opt = _make_optimizer(optimizer, stage.parameters())
     lanes = pipeline_lanes(group)                       # activations and gradients apart
-    losses, bubbles, peak = [], [], 0
+    losses, bubbles, seconds, peak = [], [], [], 0
     for step in range(steps):
         tokens, targets = tiny_batch(step, global_batch, seq_len)
         opt.zero_grad()
@@ -445,10 +457,18 @@ def train_pp(rank: int, world_size: int, steps: int = 10, dtype: torch.dtype = t
         everyone = [None] * p
         dist.all_gather_object(everyone, (out["spans"], out["end"]), group=group)
         bubbles.append(measured_bubble([e[0] for e in everyone], [e[1] for e in everyone]))
+        seconds.append(max(e[1] for e in everyone))
         peak = max(peak, out["peak"])
-    return {"loss": losses, "params": gather_parameters(stage, group), "peak": peak,
-            "bubble": bubbles}
+    params = gather_parameters(stage, group) if gather else None
+    return {"loss": losses, "params": params, "peak": peak, "bubble": bubbles,
+            "seconds": seconds}
 # --8<-- [end:train_pp]
+
+
+def _model(seed: int, dtype: torch.dtype, dim: int, blocks: int, seq_len: int) -> TinyTransformer:
+    """The model ``train_pp`` and the one-process reference train: positions for at least 64
+    tokens (the tiny transformer's default) and for ``seq_len``."""
+    return tiny_transformer(seed, dtype, dim=dim, blocks=blocks, max_seq=max(64, seq_len))
 
 
 def gather_parameters(stage: nn.Module, group=None) -> list[torch.Tensor]:
@@ -502,42 +522,95 @@ def train_torch_pp(rank: int, world_size: int, steps: int = 10,
 # --8<-- [end:torch_pp]
 
 
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+CHECK_TOL = {torch.float32: 1e-5, torch.float64: 1e-12}   # largest parameter difference allowed
+WARMUP_STEPS = 1        # the first step (allocations, cuBLAS handles) is left out of the medians
+
+
 def main(argv: list[str] | None = None) -> None:
     """``torchrun --nproc-per-node P -m snippets.part7.pipeline [--micro-batches M]``: both
     schedules on P ranks, compared with one process; rank 0 prints the largest parameter
-    difference and the measured bubble (median over the steps) next to the formula."""
+    difference and the measured bubble (median over the steps) next to the formula.
+
+    The timing mode sets the model (``--dim``, ``--blocks`` in all, ``--seq-len``,
+    ``--micro-batch-size``, ``--dtype``), may skip the comparison (``--no-check``) and, with
+    ``--out FILE``, has rank 0 write ``{"records": [one per schedule], "provenance"}``, each
+    record's bubble and step time the median over the steps after the first."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--micro-batches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--delay-ms", type=float, default=0.0,
                     help="added to every action (the tiny stages compute almost nothing)")
+    ap.add_argument("--dim", type=int, default=DIM, help="the model's width")
+    ap.add_argument("--blocks", type=int, help="transformer blocks in all, cut into P stages "
+                    "(default max(4, P))")
+    ap.add_argument("--seq-len", type=int, default=8)
+    ap.add_argument("--micro-batch-size", type=int, default=4, help="sequences per micro-batch")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
+    ap.add_argument("--no-check", action="store_true",
+                    help="skip the comparison with one process (slow for a large model)")
+    ap.add_argument("--out", help="rank 0 writes the measured bubbles here (JSON)")
     args = ap.parse_args(argv)
+    if args.out and args.steps <= WARMUP_STEPS:
+        ap.error(f"--out needs --steps > {WARMUP_STEPS}: the first step is a warm-up")
     rank, p = init_from_env()
-    m = args.micro_batches
-    ref, failed = None, False
+    m, dtype = args.micro_batches, DTYPES[args.dtype]
+    blocks = max(4, p) if args.blocks is None else args.blocks
+    shape = {"dim": args.dim, "blocks": blocks, "seq_len": args.seq_len,
+             "micro_batch_size": args.micro_batch_size}
+    ref, failed, records = None, False, []
     for name in SCHEDULES:
-        out = train_pp(rank, p, args.steps, torch.float64, name, m, blocks=max(4, p),
-                       global_batch=4 * m, delay_s=args.delay_ms / 1000)
-        if rank == 0:
+        out = train_pp(rank, p, args.steps, dtype, name, m, blocks=blocks,
+                       global_batch=args.micro_batch_size * m, seq_len=args.seq_len,
+                       delay_s=args.delay_ms / 1000, dim=args.dim, gather=not args.no_check)
+        if rank != 0:
+            continue
+        line = f"{name:6s} p={p} m={m}: "
+        if not args.no_check:
             if ref is None:
-                ref = _reference(args.steps, m, max(4, p))
+                ref = _reference(args.steps, m, dtype=dtype, **shape)
             worst = max((a - b).abs().max().item() for a, b in zip(out["params"], ref))
+            failed |= not worst <= CHECK_TOL[dtype]
+            line += f"largest parameter difference {worst:.3g}, "
+        formula = f"(p-1)/(m+p-1) = {float(bubble_formula(p, m)):.3f}"
+        if args.out:
+            rec = _timing_record(name, p, m, args, shape, out)
+            records.append(rec)
+            print(f"{line}measured bubble {rec['bubble_median']:.3f} (median of steps "
+                  f"{WARMUP_STEPS + 1} to {args.steps}), {formula}, "
+                  f"{rec['seconds_per_step_median']:.3g} s per step")
+        else:
             bubble = sorted(out["bubble"])[len(out["bubble"]) // 2]
-            failed |= not worst <= 1e-12
-            print(f"{name:6s} p={p} m={m}: largest parameter difference {worst:.3g}, measured "
-                  f"bubble {bubble:.3f}, (p-1)/(m+p-1) = {float(bubble_formula(p, m)):.3f}")
+            print(f"{line}measured bubble {bubble:.3f}, {formula}")
+    prov = provenance(dist.get_backend(), p) if rank == 0 and args.out else None
     dist.destroy_process_group()
+    if prov is not None:
+        with open(args.out, "w") as f:
+            json.dump({"records": records, "provenance": prov}, f, indent=1)
     if failed:
         raise SystemExit(1)
 
 
-def _reference(steps: int, m: int, blocks: int) -> list[torch.Tensor]:
+def _timing_record(name: str, p: int, m: int, args, shape: dict, out: dict) -> dict:
+    """One schedule's record for ``--out``: its shape, every step's bubble, and the medians over
+    the steps after the warm-up."""
+    return {"schedule": name, "p": p, "m": m, **shape, "dtype": args.dtype,
+            "steps": args.steps, "warmup_steps": WARMUP_STEPS, "delay_ms": args.delay_ms,
+            "bubble_median": statistics.median(out["bubble"][WARMUP_STEPS:]),
+            "bubble_all": out["bubble"], "formula": float(bubble_formula(p, m)),
+            "seconds_per_step_median": statistics.median(out["seconds"][WARMUP_STEPS:]),
+            "seconds_all": out["seconds"]}
+
+
+def _reference(steps: int, m: int, blocks: int, dim: int = DIM, seq_len: int = 8,
+               micro_batch_size: int = 4, dtype: torch.dtype = torch.float64
+               ) -> list[torch.Tensor]:
     """The one-process run's final parameters (the model trained on the whole batch, no group)."""
-    model = tiny_transformer(0, torch.float64, blocks=blocks)
+    model = _model(0, dtype, dim, blocks, seq_len)
     opt = _make_optimizer("sgd", model.parameters())
     for step in range(steps):
         opt.zero_grad()
-        lm_loss(model, *tiny_batch(step, 4 * m, 8)).backward()
+        lm_loss(model, *tiny_batch(step, micro_batch_size * m, seq_len)).backward()
         opt.step()
     return [q.detach().cpu() for q in model.parameters()]
 

@@ -11,7 +11,9 @@
 - ``bench:dist tp_overlap``: a tensor-parallel MLP block with and without chunked overlap of its
   collectives, against compute alone and communication alone: the hidden fraction, and its goal;
 - ``bench:dist one_shot``: the book's one-shot all-reduce against NCCL's and PyTorch's one-shot
-  kernel, latency per size, and its goal at 256 KiB on 2 GPUs (``ONE_SHOT_GOAL``, a ratio to NCCL).
+  kernel, latency per size, and its goal at 256 KiB on 2 GPUs (``ONE_SHOT_GOAL``, a ratio to NCCL);
+- ``bench:dist pipeline``: GPipe's and 1F1B's bubble measured on every GPU of the machine against
+  (p - 1) / (m + p - 1), and 1F1B's goal: within ``PIPELINE_GOAL`` of its formula.
 
 Every table says which world sizes have no measurement yet, and marks a stale run as stale.
 """
@@ -34,6 +36,7 @@ WEAK_SCALING_GOAL = 0.9   # data parallelism, 1 to 4 GPUs, the same batch per GP
 MFU_GOAL = 0.4            # FSDP2 with prefetching on 4 GPUs
 SCALING_GOAL_GPUS = 4     # the world size both scaling goals are set for
 TP_OVERLAP_GOAL = 0.5     # the share of tensor parallelism's communication the overlap hides
+PIPELINE_GOAL = 0.10      # 1F1B's measured bubble within this fraction of (p - 1) / (m + p - 1)
 
 
 def _size(n: int) -> str:
@@ -274,6 +277,45 @@ def render_tp_overlap(results_dir: Path) -> str:
     return _render(results_dir, "tp_overlap", "tp-overlap", body)
 
 
+def pipeline_goal_met(bubble: float, formula: float) -> bool:
+    """1F1B's goal: the measured bubble within ``PIPELINE_GOAL`` of its formula, either side."""
+    return abs(bubble - formula) <= PIPELINE_GOAL * formula
+
+
+def render_pipeline(results_dir: Path) -> str:
+    def body(m: dict[str, Any], e: dict[str, Any]) -> list[str]:
+        recs = [r for r in e["records"] if "bubble_median" in r]
+        if not recs:
+            return []
+        c = recs[0]
+        delay = (f"; a sleep of {c['delay_ms']:g} ms added to every action"
+                 if c.get("delay_ms") else "")
+        per = c["blocks"] // c["p"]
+        per = f"{per} or {per + 1}" if c["blocks"] % c["p"] else f"{per}"
+        lines = [f"{c['blocks']} transformer blocks of width {c['dim']}, "
+                 f"{per} per stage; micro-batches of "
+                 f"{c['micro_batch_size']} sequences of {c['seq_len']} tokens; {c['dtype']}"
+                 f"{delay}. Medians over steps {c.get('warmup_steps', 1) + 1} to {c['steps']} "
+                 "(the first is a warm-up).", "",
+                 "| schedule | p | m | step (ms) | measured bubble | (p-1)/(m+p-1) "
+                 "| measured / formula |", "|:--|--:|--:|--:|--:|--:|--:|"]
+        for r in recs:
+            lines.append(f"| {r['schedule']} | {r['p']} | {r['m']} | "
+                         f"{r['seconds_per_step_median'] * 1e3:.1f} | {r['bubble_median']:.3f} | "
+                         f"{r['formula']:.3f} | {r['bubble_median'] / r['formula']:.2f} |")
+        for r in recs:
+            if r["schedule"] != "1f1b":
+                continue
+            verdict = "met" if pipeline_goal_met(r["bubble_median"], r["formula"]) else "not met"
+            lines += ["", f"Goal: 1F1B's bubble within {PIPELINE_GOAL:.0%} of its formula "
+                      f"(p = {r['p']}, m = {r['m']}): {r['bubble_median']:.3f} against "
+                      f"{r['formula']:.3f}, {r['bubble_median'] / r['formula'] - 1:+.1%}, "
+                      f"**{verdict}**."]
+        return lines
+
+    return _render(results_dir, "pipeline", "pipeline", body)
+
+
 def render_dist(pos: list[str], results_dir: Path) -> str:
     what = pos[0] if pos else ""
     if what == "topology":
@@ -290,5 +332,7 @@ def render_dist(pos: list[str], results_dir: Path) -> str:
         return render_scaling(results_dir)
     if what == "tp_overlap":
         return render_tp_overlap(results_dir)
-    raise ValueError("bench:dist takes topology, sweep OP, ring, one_shot, scaling or tp_overlap; "
-                     f"got {what!r}")
+    if what == "pipeline":
+        return render_pipeline(results_dir)
+    raise ValueError("bench:dist takes topology, sweep OP, ring, one_shot, scaling, tp_overlap or "
+                     f"pipeline; got {what!r}")
