@@ -113,3 +113,52 @@ def nvcc_with_report(command: list[str], cwd) -> str:
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}{proc.stdout}"
     return proc.stderr + proc.stdout
+
+
+def cuobjdump() -> str | None:
+    """cuobjdump from the toolkit, else the copy that ships with Triton's NVIDIA backend."""
+    import shutil
+    from pathlib import Path
+
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import triton
+    except ImportError:
+        return None
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(path) if path.is_file() else None
+
+
+def sass_by_function(binary) -> dict[str, str]:
+    """``cuobjdump -sass`` of a cubin or shared library, split by function name (skips without
+    cuobjdump)."""
+    import re
+    import subprocess
+
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or Triton's NVIDIA backend)")
+    proc = subprocess.run([tool, "-sass", str(binary)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    parts = re.split(r"Function : (\w+)", proc.stdout)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def assert_gemm_fully_written_and_repeatable(fn, m: int, n: int, k: int) -> None:
+    """C = fn(A, B^T-major B) for bf16 A (m, k), B (n, k): C starts as NaN (a tile the epilogue
+    skipped would show), two calls give identical bits (no race), and C is the float64 product
+    within the bf16 tolerance for K."""
+    from snippets.common.gemm import tolerance_for
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
+    poison_allocator(m * n * 2, "cuda")
+    c1, c2 = fn(a, b), fn(a, b)
+    torch.cuda.synchronize()
+    assert not c1.isnan().any()
+    assert torch.equal(c1, c2)
+    torch.testing.assert_close(c1.double(), a.double() @ b.double().T,
+                               **dict(zip(("rtol", "atol"), tolerance_for(k, torch.bfloat16))))

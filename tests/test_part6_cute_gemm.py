@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import nvcc_with_report
+from helpers import assert_gemm_fully_written_and_repeatable, cuobjdump, nvcc_with_report
 from test_cuda_compile import parse_ptxas, spilling_functions
-from test_part6_gemm import BAD, _cuobjdump
+from test_part6_gemm import BAD
 
-from conftest import poison_allocator
 from snippets.common.gemm import tolerance_for
 from snippets.part6 import cute_gemm, gemm
 
@@ -70,7 +69,7 @@ def test_sass_uses_gmma_tma_and_setmaxnreg(library):
     """What CuTe's atoms compile to: SM90_64x256x16_F32BF16BF16_SS to HGMMA.64x256x16, SM90_TMA_LOAD
     to UTMALDG.2D, the pipeline's mbarrier waits to SYNCS, warpgroup_reg_alloc to USETMAXREG;
     the epilogue's bf16 pairs to 32-bit global stores."""
-    tool = _cuobjdump()
+    tool = cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump (CUDA toolkit or Triton's NVIDIA backend)")
     proc = subprocess.run([tool, "-sass", str(library[0])], capture_output=True, text=True)
@@ -267,18 +266,7 @@ def test_every_element_is_written_and_repeatable():
     """C starts as NaN (a tile the epilogue skipped would show); two calls give identical bits;
     more tiles than SMs, so the persistent loop takes several turns of the stage ring per block."""
     _skip_unless_runnable()
-    m, n, k = 2056, 4360, 1096
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-    b = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
-    poison_allocator(m * n * 2, "cuda")
-    c1 = cute_gemm.hopper_gemm_cute(a, b)
-    c2 = cute_gemm.hopper_gemm_cute(a, b)
-    torch.cuda.synchronize()
-    assert not c1.isnan().any()
-    assert torch.equal(c1, c2)
-    torch.testing.assert_close(c1.double(), a.double() @ b.double().T,
-                               **dict(zip(("rtol", "atol"), tolerance_for(k, torch.bfloat16))))
+    assert_gemm_fully_written_and_repeatable(cute_gemm.hopper_gemm_cute, 2056, 4360, 1096)
 
 
 @pytest.mark.gpu

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import nvcc_with_report
+from helpers import assert_gemm_fully_written_and_repeatable, nvcc_with_report, sass_by_function
 from test_cuda_compile import parse_ptxas, spilling_functions
 
-from conftest import HAS_GPU, poison_allocator
+from conftest import HAS_GPU
 from snippets.common.gemm import tolerance_for
 from snippets.part6 import gemm
 from snippets.part6.hopper import (
@@ -34,19 +34,6 @@ CU = REPO_ROOT / "csrc" / gemm.CU_FILE
 NVCC = shutil.which("nvcc")
 requires_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7")
-
-
-def _cuobjdump() -> str | None:
-    """cuobjdump from the toolkit, else the copy that ships with Triton's NVIDIA backend."""
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    try:
-        import triton
-    except ImportError:
-        return None
-    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    return str(path) if path.is_file() else None
 
 
 @pytest.fixture(scope="module")
@@ -75,23 +62,13 @@ def test_compiles_for_sm90a_without_spills(cubin):
         assert functions[cfg.kernel]["registers"] <= min(255, 65536 // cfg.threads)
 
 
-def _sass_by_function(cubin_path: Path) -> dict[str, str]:
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump (CUDA toolkit or Triton's NVIDIA backend)")
-    proc = subprocess.run([tool, "-sass", str(cubin_path)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    parts = re.split(r"Function : (\w+)", proc.stdout)
-    return dict(zip(parts[1::2], parts[2::2]))
-
-
 @pytest.mark.op("hopper_gemm")
 @requires_nvcc
 def test_sass_uses_wgmma_tma_and_setmaxnreg(cubin):
     """The strongest check a CPU can make that the kernels are what the chapter says: wgmma
     compiles to HGMMA (with the tile shape in its name), TMA loads to UTMALDG, mbarrier waits to
     SYNCS, setmaxnreg to USETMAXREG; a plain-CUDA fallback would show none of them."""
-    sass = _sass_by_function(cubin[0])
+    sass = sass_by_function(cubin[0])
     assert set(sass) == {cfg.kernel for cfg in gemm.CONFIGS.values()}
     for version, cfg in gemm.CONFIGS.items():
         code = sass[cfg.kernel]
@@ -323,18 +300,8 @@ def test_matches_float64_product(version, m, n, k):
 def test_every_element_is_written_and_repeatable(version):
     """C starts as NaN (a stale tile would show); two calls give identical bits (no race)."""
     _skip_unless_sm90()
-    m, n, k = 520, 776, 1096
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-    b = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
-    poison_allocator(m * n * 2, "cuda")
     fn = getattr(gemm, f"hopper_gemm_{version}")
-    c1, c2 = fn(a, b), fn(a, b)
-    torch.cuda.synchronize()
-    assert not c1.isnan().any()
-    assert torch.equal(c1, c2)
-    torch.testing.assert_close(c1.double(), a.double() @ b.double().T,
-                               **dict(zip(("rtol", "atol"), tolerance_for(k, torch.bfloat16))))
+    assert_gemm_fully_written_and_repeatable(fn, 520, 776, 1096)
 
 
 @pytest.mark.gpu

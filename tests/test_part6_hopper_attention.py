@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import nvcc_with_report
+from helpers import nvcc_with_report, sass_by_function
 from test_cuda_compile import parse_ptxas, spilling_functions
-from test_part6_gemm import _cuobjdump
 
 from conftest import poison_allocator
 from snippets.part6 import hopper_attention as ha
@@ -62,22 +61,12 @@ def test_compiles_for_sm90a_without_spills(cubin):
         assert functions[name]["registers"] <= min(255, 65536 // ha.THREADS)
 
 
-def _sass_by_function(cubin_path: Path) -> dict[str, str]:
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump (CUDA toolkit or Triton's NVIDIA backend)")
-    proc = subprocess.run([tool, "-sass", str(cubin_path)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    parts = re.split(r"Function : (\w+)", proc.stdout)
-    return dict(zip(parts[1::2], parts[2::2]))
-
-
 @requires_nvcc
 def test_sass_uses_wgmma_tma_and_mbarriers(cubin):
     """S = Q K^T is an HGMMA 64x128x16 with both operands from descriptors; O += P V is an HGMMA
     64xDx16 whose A is a register and whose B descriptor is transposed (tnspB); the tiles come by
     UTMALDG; the waits are SYNCS; setmaxnreg is USETMAXREG; nothing falls back to mma.sync."""
-    sass = _sass_by_function(cubin[0])
+    sass = sass_by_function(cubin[0])
     assert set(sass) == set(ha.KERNELS.values())
     for d, name in ha.KERNELS.items():
         code = sass[name]
