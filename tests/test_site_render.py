@@ -98,6 +98,10 @@ def test_short_size_labels():
     assert short_size({"m": 8192, "n": 8192, "k": 8192}) == "8192<sup>3</sup>"
     assert short_size({"m": 8192, "n": 8192, "k": 8192}, html=False) == "8192^3"
     assert short_size({"m": 16384, "n": 4096, "k": 14336}) == "16384×4096×14336"
+    # hopper_gemm's categorical axis labels its own m, n, k: not repeated
+    assert short_size({"shape": "2048x28672x4096", "m": 2048, "n": 28672, "k": 4096}) == \
+        "2048×28672×4096"
+    assert short_size({"m": 64, "n": 64, "k": 64, "g": 128}) == "64<sup>3</sup> g=128"
     assert short_size({"m": 16384, "n": 8192}) == "16384×8192"
     assert short_size({"b": 4, "h": 32, "s": 4096, "d": 128, "causal": False}) == "B4 H32 S4096 D128"
     assert short_size({"b": 4, "h": 32, "s": 4096, "d": 128, "causal": True}) == "B4 H32 S4096 D128 causal"

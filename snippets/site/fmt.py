@@ -82,7 +82,8 @@ def short_size(size: dict, html: bool = True) -> str:
     if {"m", "n", "k"} <= set(keys):
         m, n, k = size["m"], size["n"], size["k"]
         head = _sup(str(m), 3, html) if m == n == k else f"{m}×{n}×{k}"
-        rest = {key: v for key, v in size.items() if key not in ("m", "n", "k")}
+        # a "shape" key is a label of m, n and k themselves (a sweep's categorical axis): said already
+        rest = {key: v for key, v in size.items() if key not in ("m", "n", "k", "shape")}
         return " ".join([head] + ([short_size(rest, html)] if rest else []))
     if set(keys) == {"m", "n"}:
         return f"{size['m']}×{size['n']}"
