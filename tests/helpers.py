@@ -146,15 +146,34 @@ def sass_by_function(binary) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
+def gemm_operands(m: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 A (m, k) and K-major B (n, k) of standard normal values on the GPU, from ``seed``."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
+    return a, b
+
+
+def assert_gemm_matches_float64(fn, m: int, n: int, k: int) -> None:
+    """C = fn(A, B) is (m, n) bf16 and the float64 product A @ B^T within the bf16 tolerance for K
+    (operands seeded from the shape, so every shape draws its own)."""
+    from snippets.common.gemm import tolerance_for
+
+    a, b = gemm_operands(m, n, k, seed=m * 7 + n * 3 + k)
+    c = fn(a, b)
+    torch.cuda.synchronize()
+    assert c.shape == (m, n) and c.dtype == torch.bfloat16
+    rtol, atol = tolerance_for(k, torch.bfloat16)
+    torch.testing.assert_close(c.double(), a.double() @ b.double().T, rtol=rtol, atol=atol)
+
+
 def assert_gemm_fully_written_and_repeatable(fn, m: int, n: int, k: int) -> None:
     """C = fn(A, B^T-major B) for bf16 A (m, k), B (n, k): C starts as NaN (a tile the epilogue
     skipped would show), two calls give identical bits (no race), and C is the float64 product
     within the bf16 tolerance for K."""
     from snippets.common.gemm import tolerance_for
 
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-    b = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
+    a, b = gemm_operands(m, n, k, seed=1)
     poison_allocator(m * n * 2, "cuda")
     c1, c2 = fn(a, b), fn(a, b)
     torch.cuda.synchronize()

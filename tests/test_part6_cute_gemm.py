@@ -17,11 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_gemm_fully_written_and_repeatable, cuobjdump, nvcc_with_report
+from helpers import (
+    assert_gemm_fully_written_and_repeatable,
+    assert_gemm_matches_float64,
+    cuobjdump,
+    nvcc_with_report,
+)
 from test_cuda_compile import parse_ptxas, spilling_functions
 from test_part6_gemm import BAD
 
-from snippets.common.gemm import tolerance_for
 from snippets.part6 import cute_gemm, gemm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -250,14 +254,7 @@ def _skip_unless_runnable():
 @pytest.mark.parametrize("m, n, k", GPU_SHAPES)
 def test_matches_float64_product(m, n, k):
     _skip_unless_runnable()
-    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
-    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-    b = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
-    c = cute_gemm.hopper_gemm_cute(a, b)
-    torch.cuda.synchronize()
-    assert c.shape == (m, n) and c.dtype == torch.bfloat16
-    rtol, atol = tolerance_for(k, torch.bfloat16)
-    torch.testing.assert_close(c.double(), a.double() @ b.double().T, rtol=rtol, atol=atol)
+    assert_gemm_matches_float64(cute_gemm.hopper_gemm_cute, m, n, k)
 
 
 @pytest.mark.gpu

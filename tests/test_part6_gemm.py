@@ -16,11 +16,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_gemm_fully_written_and_repeatable, nvcc_with_report, sass_by_function
+from helpers import (
+    assert_gemm_fully_written_and_repeatable,
+    assert_gemm_matches_float64,
+    nvcc_with_report,
+    sass_by_function,
+)
 from test_cuda_compile import parse_ptxas, spilling_functions
 
 from conftest import HAS_GPU
-from snippets.common.gemm import tolerance_for
 from snippets.part6 import gemm
 from snippets.part6.hopper import (
     SMEM_LIMIT_SM90,
@@ -284,14 +288,7 @@ def _skip_unless_sm90():
 @pytest.mark.parametrize("m, n, k", GPU_SHAPES)
 def test_matches_float64_product(version, m, n, k):
     _skip_unless_sm90()
-    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
-    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-    b = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
-    c = getattr(gemm, f"hopper_gemm_{version}")(a, b)
-    torch.cuda.synchronize()
-    assert c.shape == (m, n) and c.dtype == torch.bfloat16
-    rtol, atol = tolerance_for(k, torch.bfloat16)
-    torch.testing.assert_close(c.double(), a.double() @ b.double().T, rtol=rtol, atol=atol)
+    assert_gemm_matches_float64(getattr(gemm, f"hopper_gemm_{version}"), m, n, k)
 
 
 @pytest.mark.gpu
