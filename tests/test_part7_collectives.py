@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -340,6 +341,18 @@ def test_fit_recovers_alpha_and_beta():
     assert fit.rel_errors[-1] < -0.2
     assert fit.rel_errors == pytest.approx(
         [(fit.alpha_s + n / fit.beta_bytes_per_s - t) / t for n, t in zip(sizes, times)])
+    # noise in the small messages can put the free line under the origin (here exactly on
+    # t = -10 us + n / 51.2 MB/s): the latency is then 0, not negative, and beta the best with alpha = 0
+    sizes, times = [1024, 2048, 4096, 8192], [1e-5, 3e-5, 7e-5, 1.5e-4]
+    free = np.linalg.lstsq(np.stack([np.ones(4), sizes], 1) / np.array(times)[:, None], np.ones(4),
+                           rcond=None)[0]
+    assert free[0] < 0  # the unconstrained fit would report a negative latency
+    fit = cost.fit_alpha_beta(sizes, times)
+    x = np.array(sizes) / np.array(times)
+    assert fit.alpha_s == 0.0 and fit.beta_bytes_per_s == pytest.approx(np.sum(x * x) / np.sum(x))
+    # and it is the best such line: a slightly different beta has a larger squared relative error
+    sq = lambda b: sum(((n / b - t) / t) ** 2 for n, t in zip(sizes, times))  # noqa: E731
+    assert sq(fit.beta_bytes_per_s) < min(sq(fit.beta_bytes_per_s * 1.01), sq(fit.beta_bytes_per_s * 0.99))
     with pytest.raises(ValueError, match="two different sizes"):
         cost.fit_alpha_beta([8, 8], [1e-6, 2e-6])
     with pytest.raises(ValueError, match="do not grow"):

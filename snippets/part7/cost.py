@@ -185,7 +185,8 @@ def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> AlphaBetaF
     A least-squares fit of the *relative* error: every point is divided by its own time before the
     fit (weights 1 / t). A sweep spans many decades of size; an ordinary least-squares fit of the
     times would be decided by the largest messages alone and could miss ``alpha`` entirely. Data
-    that lie exactly on such a line are recovered exactly (to rounding).
+    that lie exactly on such a line are recovered exactly (to rounding). ``alpha`` is kept >= 0: where
+    the free fit puts it below zero, the fit is redone with ``alpha = 0``.
     """
     n = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
@@ -200,6 +201,11 @@ def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> AlphaBetaF
         raise ValueError(f"fit_alpha_beta: times must be finite and > 0, got {t.tolist()}")
     design = np.stack([np.ones_like(n), n], axis=1) / t[:, None]   # rows (1, n) / t
     (alpha, inv_beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    if alpha < 0:
+        # a latency below zero means nothing: noise in the small messages' times pulled the line
+        # under the origin. The best line with alpha = 0 then minimises sum (n/t * inv_beta - 1)^2.
+        x = n / t
+        alpha, inv_beta = 0.0, float(np.sum(x) / np.sum(x * x))
     if not inv_beta > 0:
         raise ValueError("fit_alpha_beta: the times do not grow with the size; no bandwidth fits")
     predicted = alpha + n * inv_beta
