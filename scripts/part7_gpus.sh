@@ -29,8 +29,8 @@ step() {  # step NAME SECONDS COMMAND...
   KM_HANG_S=$((limit - 5)) timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "$name: rc $? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
-step sweep 100 $RUN -m snippets.part7.sweep --out "$OUT/sweep.json"
-step fast_allreduce 100 $RUN -m snippets.part7.fast_allreduce --profile --out "$OUT/fast_allreduce.json"
+step sweep 200 $RUN -m snippets.part7.sweep --out "$OUT/sweep.json"
+step fast_allreduce 200 $RUN -m snippets.part7.fast_allreduce --profile --out "$OUT/fast_allreduce.json"
 step pipeline 45 $RUN -m snippets.part7.pipeline --micro-batches 8
 # the bubble with stages whose compute dominates: 8 blocks of width 2048 per GPU, micro-batches of
 # 4 x 512 tokens in float32: about 1.7 TFLOP per stage and micro-batch forward, three times that

@@ -359,3 +359,38 @@ def test_fit_recovers_alpha_and_beta():
         cost.fit_alpha_beta([1, 1e6], [2e-6, 1e-6])
     with pytest.raises(ValueError, match="times"):
         cost.fit_alpha_beta([1, 2], [1e-6, 0])
+
+
+def test_piecewise_fit_finds_the_ranges_of_a_sweep():
+    # a flat floor to 64 KiB (latency only), then a line of its own: no single line fits both
+    sizes = [2.0**k for k in range(10, 31)]
+    times = [20e-6 if n <= 2**16 else 5e-6 + n / 3e11 for n in sizes]
+    one = cost.fit_piecewise(sizes, times, max_pieces=1)
+    assert max(map(abs, one.rel_errors)) > 0.15
+    fit = cost.fit_piecewise(sizes, times, max_pieces=3)
+    assert max(map(abs, fit.rel_errors)) < 1e-9          # two exact ranges: nothing left over
+    assert [(p.lo_bytes, p.hi_bytes) for p in fit.pieces] == [(2.0**10, 2.0**16),
+                                                              (2.0**17, 2.0**30)]
+    flat, line = fit.pieces
+    assert flat.beta_bytes_per_s is None and flat.alpha_s == pytest.approx(20e-6)
+    assert line.alpha_s == pytest.approx(5e-6) and line.beta_bytes_per_s == pytest.approx(3e11)
+    for n, t in zip(sizes, times, strict=True):
+        assert cost.predict_piecewise(fit, n) == pytest.approx(t)
+    # one piece is the relative-error line of fit_alpha_beta, where its alpha is >= 0
+    times2 = [cost.send_time(n, A, B) * (1.1 if i % 3 == 0 else 1.0) for i, n in enumerate(sizes)]
+    single, pw = cost.fit_alpha_beta(sizes, times2), cost.fit_piecewise(sizes, times2, 1)
+    assert pw.pieces[0].alpha_s == pytest.approx(single.alpha_s)
+    assert pw.pieces[0].beta_bytes_per_s == pytest.approx(single.beta_bytes_per_s)
+    assert pw.rel_errors == pytest.approx(single.rel_errors)
+    # the errors come back in the caller's order, whatever the order of the sizes
+    shuffled = cost.fit_piecewise(sizes[::-1], times[::-1], max_pieces=3)
+    assert shuffled.rel_errors == pytest.approx(fit.rel_errors[::-1], abs=1e-12)
+    # every range has min_points sizes: with 7 points and min_points 3 at most 2 ranges exist
+    assert len(cost.fit_piecewise(sizes[:7], times[:7], max_pieces=3, min_points=3).pieces) <= 2
+    assert sum(1 for _ in cost._cuts(21, 3, 3)) == math.comb(21 - 3 * 3 + 2, 2)
+    for bad, match in ((dict(sizes=[1, 2], times=[1e-6, 2e-6]), "at least 3"),
+                       (dict(sizes=[1, 1, 2], times=[1e-6] * 3), "once"),
+                       (dict(sizes=[1, 2, 3], times=[1e-6, 0, 1e-6]), "times"),
+                       (dict(sizes=[1, 2, 3], times=[1e-6] * 3, max_pieces=0), "max_pieces")):
+        with pytest.raises(ValueError, match=match):
+            cost.fit_piecewise(**bad)

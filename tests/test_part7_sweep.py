@@ -37,6 +37,16 @@ def _messages(rank: int, world: int) -> dict:
         sweep.collective("broadcast", 4096, p, torch.device("cpu"), torch.float32)
     out["records"] = sweep.sweep(("all_reduce", "all_gather", "reduce_scatter", "all_to_all"),
                                  [1024, 4096], iters=3, warmup=1)
+    # both timings asked for on gloo: graph needs GPUs and is left out; three runs, their median
+    fn = sweep.collective("all_reduce", 4096, p, torch.device("cpu"), torch.float32)
+    out["timed"] = sweep.timed(fn, torch.device("cpu"), 2, 1, "eager", repeats=3)
+    out["both"] = sweep.sweep(("all_reduce",), [1024], iters=2, warmup=1,
+                              timings=("eager", "graph"), repeats=2)
+    for bad in (dict(timings=("fast",)), dict(timings=()), dict(repeats=0)):
+        with pytest.raises(ValueError):
+            sweep.sweep(("all_reduce",), [1024], iters=1, warmup=0, **bad)
+    with pytest.raises(ValueError, match="CUDA"):
+        sweep.timed(fn, torch.device("cpu"), 2, 1, "graph")
     return out
 
 
@@ -47,8 +57,14 @@ def test_a_sweep_on_gloo_gives_every_rank_the_same_records():
     # gloo has no reduce-scatter of tensors: left out, the others at both sizes
     assert [(r["op"], r["bytes"]) for r in recs] == [(op, n) for op in ("all_reduce", "all_gather", "all_to_all")
                                                       for n in (1024, 4096)]
+    t = results[0]["timed"]
+    assert t["timing"] == "eager" and len(t["runs"]) == 3
+    assert t["seconds"] == sorted(t["runs"])[1]              # the median of the three runs
+    assert results[0]["timed"] == results[1]["timed"]         # the slowest rank's, on every rank
+    assert [(r["op"], r["timing"], len(r["runs"])) for r in results[0]["both"]] == [
+        ("all_reduce", "eager", 2)]
     for r in recs:
-        assert r["seconds"] > 0 and r["world_size"] == 2
+        assert r["seconds"] > 0 and r["world_size"] == 2 and r["timing"] == "eager"
         assert r["algbw"] == pytest.approx(r["bytes"] / r["seconds"])
         assert r["busbw"] == pytest.approx(bus_bandwidth(r["algbw"], r["op"], 2))
 
@@ -68,3 +84,19 @@ def test_the_command_line_writes_records_fits_and_provenance(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "snippets.part7.sweep", "--world", "2", "--ops", "gather",
                           "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "unknown op" in bad.stderr
+
+
+@pytest.mark.gpu
+def test_graph_timing_on_one_gpu():
+    """Graph timing without a process group: the calls replayed from a CUDA graph, every run
+    recorded; a call the capture cannot take (it waits for the host) falls back to eager timing,
+    and the record says why."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    x = torch.ones(1 << 20, device=dev)
+    t = sweep.timed(lambda: x.mul_(1.0), dev, 10, 2, "graph", repeats=2)
+    assert t["timing"] == "graph" and len(t["runs"]) == 2 and all(s > 0 for s in t["runs"])
+    assert "graph_error" not in t
+    t = sweep.timed(lambda: x.sum().item(), dev, 4, 1, "graph")
+    assert t["timing"] == "eager" and t["graph_error"] and t["seconds"] > 0
+    # the capture that failed left the stream usable
+    assert float(x.sum()) == x.numel()

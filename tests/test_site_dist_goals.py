@@ -125,3 +125,50 @@ def test_pipeline_not_measured_yet(tmp_path):
     dr.record(out, "abc", REPO_ROOT, tmp_path / "r" / "distributed")
     text = render_dist(["pipeline"], tmp_path / "r")
     assert text.startswith("Not measured yet on 2 GPUs and 4 GPUs") and "**met" not in text
+
+
+def _file_sweep(tmp_path, records: list[dict]) -> str:
+    from snippets.part7.sweep import fit_records
+
+    out = tmp_path / "out"
+    out.mkdir()
+    prov = {"backend": "nccl", "world_size": 2, "gpu": "NVIDIA H200", "torch": "2.11.0",
+            "nccl": "2.28.9", "date": "2026-11-26T00:00:00Z"}
+    fits = [fit_records(records, "all_reduce")]
+    (out / "sweep.json").write_text(json.dumps({"provenance": prov, "records": records,
+                                                "fits": fits}))
+    dr.record(out, "abc", REPO_ROOT, tmp_path / "r" / "distributed")
+    return render_dist(["sweep", "all_reduce"], tmp_path / "r")
+
+
+def _rec(n: int, seconds: float, timing: str | None) -> dict:
+    r = {"op": "all_reduce", "bytes": n, "world_size": 2, "seconds": seconds,
+         "algbw": n / seconds, "busbw": n / seconds}
+    return r if timing is None else {**r, "timing": timing, "runs": [seconds]}
+
+
+def test_the_sweep_fits_and_shows_the_graph_timing(tmp_path):
+    """Graph and eager records of one sweep: the table shows the graph times with the eager ones
+    beside them, the model is fitted to the graph times, one line and one line per range, and the
+    goal is judged on the per-range model."""
+    sizes = [2**k for k in range(10, 31)]
+    graph = [8e-6 if n <= 2**20 else 4e-6 + n / 3e11 for n in sizes]   # two exact ranges
+    eager = [max(35e-6, t) for t in graph]                            # the host's floor
+    recs = [_rec(n, t, "graph") for n, t in zip(sizes, graph, strict=True)]
+    recs += [_rec(n, t, "eager") for n, t in zip(sizes, eager, strict=True)]
+    text = _file_sweep(tmp_path, recs)
+    assert "| message | time (µs) | eager (µs) | algbw (GB/s) |" in text
+    assert "| 1 KiB | 8.0 | 35.0 |" in text and "CUDA-graph replays" in text
+    assert "One line per range of sizes (1 KiB to 1 MiB:" in text
+    assert "none (flat)" in text and "worst error 0%." in text
+    assert "Goal: the model (one line per range of sizes) within 15%" in text
+    assert text.count("**met**") == 1
+
+
+def test_an_eager_only_sweep_is_judged_as_before(tmp_path):
+    """Records from before the timings were kept (no "timing"): eager, no eager column."""
+    sizes = [2**k for k in range(10, 31)]
+    times = [35e-6 + n / 3e11 for n in sizes]
+    text = _file_sweep(tmp_path, [_rec(n, t, None) for n, t in zip(sizes, times, strict=True)])
+    assert "eager (µs)" not in text and "issued back to back from Python" in text
+    assert "**met**" in text

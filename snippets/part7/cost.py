@@ -185,8 +185,8 @@ def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> AlphaBetaF
     A least-squares fit of the *relative* error: every point is divided by its own time before the
     fit (weights 1 / t). A sweep spans many decades of size; an ordinary least-squares fit of the
     times would be decided by the largest messages alone and could miss ``alpha`` entirely. Data
-    that lie exactly on such a line are recovered exactly (to rounding). ``alpha`` is kept >= 0: where
-    the free fit puts it below zero, the fit is redone with ``alpha = 0``.
+    that lie exactly on such a line are recovered exactly (to rounding). ``alpha`` is kept >= 0:
+    where the free fit puts it below zero, the fit is redone with ``alpha = 0``.
     """
     n = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
@@ -211,6 +211,100 @@ def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> AlphaBetaF
     predicted = alpha + n * inv_beta
     return AlphaBetaFit(float(alpha), float(1.0 / inv_beta), ((predicted - t) / t).tolist())
 # --8<-- [end:fit]
+
+
+# --8<-- [start:piecewise]
+class Piece(NamedTuple):
+    lo_bytes: float                 # the smallest size of the sweep this piece was fitted to
+    hi_bytes: float                 # the largest
+    alpha_s: float
+    beta_bytes_per_s: float | None  # None: the times of this range do not grow with the size
+
+
+class PiecewiseFit(NamedTuple):
+    pieces: list[Piece]     # by size; consecutive ranges of the sweep
+    rel_errors: list[float]  # one per point of the sweep, in the order of the sizes
+
+
+def _fit_range(n: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """(alpha, 1/beta) >= 0 minimising the squared relative error of alpha + n/beta over one range:
+    the free fit when both come out >= 0, else the better of alpha = 0 and 1/beta = 0."""
+    a, b = np.stack([np.ones_like(n), n], axis=1) / t[:, None], np.ones_like(t)
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a, b, rcond=None)
+    if alpha >= 0 and inv_beta >= 0:
+        # a size term below rounding at the range's largest size is no bandwidth: a flat range
+        return float(alpha), (float(inv_beta) if inv_beta * n[-1] > 1e-9 * alpha else 0.0)
+    x, y = n / t, 1 / t
+    options = [(0.0, float(np.sum(x) / np.sum(x * x)) if np.any(x > 0) else 0.0),
+               (float(np.sum(y) / np.sum(y * y)), 0.0)]
+    return min(options, key=lambda o: float(np.sum((o[0] * y + o[1] * x - 1) ** 2)))
+
+
+def fit_piecewise(sizes: Sequence[float], times: Sequence[float], max_pieces: int = 3,
+                  min_points: int = 3) -> PiecewiseFit:
+    """An alpha and a beta per range of sizes: the sweep is cut into at most ``max_pieces``
+    consecutive ranges of at least ``min_points`` sizes each, every range gets its own fit of the
+    relative error (alpha and 1/beta kept >= 0), and the cut whose worst relative error is
+    smallest wins.
+
+    This is how NCCL's own tuner models a collective: one latency and one bandwidth per protocol,
+    each protocol used over a range of sizes. With ``max_pieces=1`` it is one line, as
+    :func:`fit_alpha_beta` fits (with the same weights)."""
+    n = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    if n.ndim != 1 or n.shape != t.shape:
+        raise ValueError(f"fit_piecewise: sizes and times must be 1-D of one length, "
+                         f"got shapes {n.shape} and {t.shape}")
+    if not (np.all(np.isfinite(n)) and np.all(n >= 0) and np.all(np.isfinite(t)) and np.all(t > 0)):
+        raise ValueError("fit_piecewise: sizes must be finite and >= 0, times finite and > 0")
+    if not (isinstance(max_pieces, int) and max_pieces >= 1 and isinstance(min_points, int)
+            and min_points >= 2):
+        raise ValueError(f"fit_piecewise: need max_pieces >= 1 and min_points >= 2, got "
+                         f"{max_pieces!r} and {min_points!r}")
+    if len(n) < min_points:
+        raise ValueError(f"fit_piecewise: need at least {min_points} points, got {len(n)}")
+    order = np.argsort(n, kind="stable")
+    n, t = n[order], t[order]
+    if np.any(np.diff(n) == 0):
+        raise ValueError("fit_piecewise: every size must appear once")
+    best = None
+    for k in range(1, max_pieces + 1):
+        for cuts in _cuts(len(n), k, min_points):
+            bounds = [0, *cuts, len(n)]
+            pieces, pred = [], np.empty_like(t)
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+                alpha, inv_beta = _fit_range(n[lo:hi], t[lo:hi])
+                pred[lo:hi] = alpha + n[lo:hi] * inv_beta
+                pieces.append(Piece(float(n[lo]), float(n[hi - 1]), alpha,
+                                    1.0 / inv_beta if inv_beta > 0 else None))
+            worst = float(np.max(np.abs(pred - t) / t))
+            if best is None or worst < best[0] - 1e-12:   # ties: the fewest pieces
+                rel = np.empty_like(t)
+                rel[order] = (pred - t) / t
+                best = (worst, PiecewiseFit(pieces, rel.tolist()))
+    return best[1]
+
+
+def _cuts(count: int, k: int, min_points: int, start: int = 0):
+    """Every way to cut ``count`` points from ``start`` into ``k`` ranges of >= ``min_points``."""
+    if k == 1:
+        if count - start >= min_points:
+            yield []
+        return
+    for cut in range(start + min_points, count - min_points * (k - 1) + 1):
+        for rest in _cuts(count, k - 1, min_points, cut):
+            yield [cut, *rest]
+
+
+def predict_piecewise(fit: PiecewiseFit, nbytes: float) -> float:
+    """The time the fit predicts for a message of ``nbytes``: the piece whose range holds it (below
+    the first range: the first piece; between two ranges: the lower one)."""
+    piece = fit.pieces[0]
+    for p in fit.pieces:
+        if nbytes >= p.lo_bytes:
+            piece = p
+    return piece.alpha_s + (nbytes / piece.beta_bytes_per_s if piece.beta_bytes_per_s else 0.0)
+# --8<-- [end:piecewise]
 
 
 def crossover_bytes(p: int, alpha_s: float, beta_bytes_per_s: float) -> float:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from snippets.part7.collectives import SUM_DTYPES, agree, describe_input
 from snippets.part7.cost import algorithm_bandwidth, bus_bandwidth
-from snippets.part7.sweep import slowest_time
+from snippets.part7.sweep import TIMINGS, timed
 
 
 def _check_input(name: str, x, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
@@ -156,9 +156,18 @@ def _library_one_shot(x: torch.Tensor, group_name: str):
 
 def measure(big: list[int], small: list[int], iters: int, warmup: int,
             dtype: torch.dtype = torch.bfloat16,
-            pieces: tuple[int, ...] = (1, 4)) -> dict[str, Any]:
+            pieces: tuple[int, ...] = (1, 4), timings: tuple[str, ...] = ("eager",),
+            repeats: int = 1) -> dict[str, Any]:
     """Time NCCL's all-reduce, the ring (``big`` sizes, bytes; once per count of ``pieces``) and
-    the one-shot (``small``) in one run, checking each result against NCCL's first."""
+    the one-shot (``small``) in one run, checking each result against NCCL's first. Each is timed
+    once per timing of ``timings`` (``sweep.timed``: eager calls, or the calls replayed from a CUDA
+    graph), each record saying which."""
+    if any(t not in TIMINGS for t in timings) or not timings:
+        raise ValueError(f"measure: timings must be some of {TIMINGS}, got {timings!r}")
+    if "graph" in timings and iters % 2:
+        # a replay repeats the captured calls: the one-shot's buffers alternate from one replay to
+        # the next only if a replay holds an even number of calls
+        raise ValueError(f"measure: graph timing needs an even iters, got {iters}")
     p, rank = dist.get_world_size(), dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device())
     records: list[dict[str, Any]] = []
@@ -168,26 +177,25 @@ def measure(big: list[int], small: list[int], iters: int, warmup: int,
         g = torch.Generator(device=device).manual_seed(rank)
         return torch.randint(-8, 8, (nbytes // esize,), generator=g, device=device).to(dtype)
 
-    def timed(fn) -> float:
-        return slowest_time(fn, device, iters, warmup)
-
-    def record(impl: str, origin: str, nbytes: int, seconds: float) -> None:
-        algbw = algorithm_bandwidth(nbytes, seconds)
-        records.append({"impl": impl, "origin": origin, "bytes": nbytes, "world_size": p,
-                        "dtype": str(dtype).removeprefix("torch."), "seconds": seconds,
-                        "algbw": algbw, "busbw": bus_bandwidth(algbw, "all_reduce", p)})
+    def record(impl: str, origin: str, nbytes: int, fn) -> None:
+        for timing in timings:
+            t = timed(fn, device, iters, warmup, timing, repeats)
+            algbw = algorithm_bandwidth(nbytes, t["seconds"])
+            records.append({"impl": impl, "origin": origin, "bytes": nbytes, "world_size": p,
+                            "dtype": str(dtype).removeprefix("torch."), **t,
+                            "algbw": algbw, "busbw": bus_bandwidth(algbw, "all_reduce", p)})
 
     for nbytes in big:
         x = inputs(nbytes)
         want = x.clone()
         dist.all_reduce(want)
         y = x.clone()
-        record("nccl", "library", nbytes, timed(lambda: dist.all_reduce(y)))
+        record("nccl", "library", nbytes, lambda y=y: dist.all_reduce(y))
         for k in pieces:
             ring = RingAllReduce(x.shape, dtype, device, pieces=k)
             if not torch.equal(ring(x.clone()), want):   # small integers: every order is exact
                 raise AssertionError(f"RingAllReduce differs from NCCL at {nbytes} bytes")
-            record(f"ring/pieces={k}", "book", nbytes, timed(lambda: ring(y)))
+            record(f"ring/pieces={k}", "book", nbytes, lambda ring=ring, y=y: ring(y))
     for nbytes in small:
         x = inputs(nbytes)
         want = x.clone()
@@ -197,8 +205,8 @@ def measure(big: list[int], small: list[int], iters: int, warmup: int,
             if not torch.equal(one(x), want):
                 raise AssertionError(f"OneShotAllReduce differs from NCCL at {nbytes} bytes")
         y = x.clone()
-        record("nccl", "library", nbytes, timed(lambda: dist.all_reduce(y)))
-        record("one_shot", "book", nbytes, timed(lambda: one(x)))
+        record("nccl", "library", nbytes, lambda y=y: dist.all_reduce(y))
+        record("one_shot", "book", nbytes, lambda one=one, x=x: one(x))
         try:
             lib = _library_one_shot(x, dist.group.WORLD.group_name)
         except Exception as exc:           # noqa: BLE001 - a baseline this torch cannot run
@@ -208,7 +216,7 @@ def measure(big: list[int], small: list[int], iters: int, warmup: int,
         if lib is None:
             records.append({"impl": "torch_one_shot", "bytes": nbytes, "skipped": why})
         else:
-            record("torch_one_shot", "library", nbytes, timed(lib))
+            record("torch_one_shot", "library", nbytes, lib)
     return {"records": records}
 
 
@@ -242,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--pieces", default="1,2,4,8", help="the ring's piece counts to time")
+    ap.add_argument("--timing", default="eager,graph", help="eager, graph or both")
+    ap.add_argument("--repeats", type=int, default=3, help="separate timed runs per size")
     ap.add_argument("--profile", action="store_true",
                     help="first print where a 1 MiB ring all-reduce spends its time")
     args = ap.parse_args(argv)
@@ -252,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             print(table, flush=True)
     result = measure(sizes_between(1 << 20, 1 << 30), sizes_between(1 << 10, 1 << 21),
                      args.iters, args.warmup,
-                     pieces=tuple(int(k) for k in args.pieces.split(",") if k))
+                     pieces=tuple(int(k) for k in args.pieces.split(",") if k),
+                     timings=tuple(t for t in args.timing.split(",") if t), repeats=args.repeats)
     result["provenance"] = provenance(dist.get_backend(), world)
     dist.destroy_process_group()
     if rank == 0:
@@ -262,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             if "skipped" in r:
                 print(f"{r['impl']:>15} {r['bytes']:>11} skipped: {r['skipped']}")
             else:
-                print(f"{r['impl']:>15} {r['bytes']:>11} {r['seconds'] * 1e6:10.1f} us "
-                      f"busbw {r['busbw'] / 1e9:7.1f} GB/s")
+                print(f"{r['impl']:>15} {r['timing']:>5} {r['bytes']:>11} "
+                      f"{r['seconds'] * 1e6:10.1f} us busbw {r['busbw'] / 1e9:7.1f} GB/s")
     return 0
 
 
