@@ -7,13 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 
 from conftest import HAS_GPU, poison_allocator
+from snippets.part4.dropout import seeded_dropout4x
 from snippets.part5 import fusion as f
 
 CPU_DTYPES = [torch.float32, torch.float16]  # bf16 only on the GPU: the interpreter has no bf16 arithmetic
 SHAPES = [(1, 1), (3, 17), (7, 123), (2, 1025), (5, 2049), (13, 781)]
-TRITON = {"v2": f.bias_gelu_dropout_residual_unfused, "v3": f.bias_gelu_dropout_residual}
+TRITON = {"v2": f.bias_gelu_dropout_residual_unfused, "v3": f.bias_gelu_dropout_residual,
+          "v4": f.bias_gelu_dropout_residual4x}
+# the reference that reproduces each version's keep bits: v2 and v3 one Philox per element, v4 one per four
+REFERENCE = {"v2": f.bias_gelu_dropout_residual_ref, "v3": f.bias_gelu_dropout_residual_ref,
+             "v4": f.bias_gelu_dropout_residual4x_ref}
 
 
 def _inputs(m, n, dtype, device, p=0.1, seed=1234):
@@ -22,9 +28,9 @@ def _inputs(m, n, dtype, device, p=0.1, seed=1234):
     return x, bias, residual, p, seed
 
 
-def _assert_exact(out, args, dtype):
+def _assert_exact(out, args, dtype, reference=f.bias_gelu_dropout_residual_ref):
     """Within the rounding tolerance of the float64 reference that uses the same keep bits."""
-    ref = f.bias_gelu_dropout_residual_ref(*(a.double() if isinstance(a, torch.Tensor) else a for a in args))
+    ref = reference(*(a.double() if isinstance(a, torch.Tensor) else a for a in args))
     tol = f.tolerance(*args[:3], args[3], dtype)
     assert out.dtype == dtype and out.shape == args[0].shape
     assert not out.isnan().any(), "unwritten (NaN) outputs"
@@ -41,7 +47,7 @@ def _assert_exact(out, args, dtype):
 def test_triton_versions_match_the_reference_mask(version, dtype, m, n, device):
     args = _inputs(m, n, dtype, device)
     poison_allocator(m * n * dtype.itemsize, device)
-    _assert_exact(TRITON[version](*args), args, dtype)
+    _assert_exact(TRITON[version](*args), args, dtype, REFERENCE[version])
 
 
 @pytest.mark.op("bias_gelu_dropout_residual")
@@ -71,6 +77,121 @@ def test_empty_input_gives_empty_output(device):
     x = torch.empty(0, 64, device=device)
     for fn in TRITON.values():
         assert fn(x, torch.zeros(64, device=device), x.clone(), 0.1, 0).shape == (0, 64)
+
+
+# ---------------------------------------------------------------- v4: one Philox evaluation per four elements
+
+# N % 4 == 0 takes v4's path of one tl.rand4x per four columns, any other N the path of one call per element;
+# around one tile (1024 columns), odd M (tiles of 2 rows), one group of four
+V4_SHAPES = [(1, 4), (3, 8), (5, 1028), (3, 2048), (7, 3076), (2, 1022), (9, 18), (4, 4097)]
+V4_SEEDS = [0, 2**31 - 1, 2**40 + 5, 2**62 + 3]  # int32 and int64 seeds, a key with a high word
+
+
+def _positive_chain(m, n, device, dtype=torch.float32):
+    """x + bias >= 1 and residual 0: a kept element is gelu(x + b) / (1 - p) > 0.8, a dropped one exactly
+    0 + 0, so the output's non-zeros are the keep mask."""
+    g = torch.Generator().manual_seed(m * 7 + n)
+    x = (1.0 + torch.rand(m, n, generator=g)).to(device=device, dtype=dtype)
+    bias = torch.rand(n, generator=g).to(device=device, dtype=dtype)
+    return x, bias, torch.zeros_like(x)
+
+
+@pytest.mark.op("bias_gelu_dropout_residual")
+@pytest.mark.parametrize("seed", V4_SEEDS)
+@pytest.mark.parametrize("m, n", V4_SHAPES)
+def test_v4_keep_bits_are_the_numpy_philox_bit_for_bit(m, n, seed, device):
+    """Element i = row * N + col is kept exactly when word i % 4 of the NumPy Philox at counter i // 4 is
+    >= p: a wrong word order, a counter off by a row or a group, would flip some of these bits."""
+    x, bias, residual = _positive_chain(m, n, device)
+    poison_allocator(m * n * 4, device)
+    kept = f.bias_gelu_dropout_residual4x(x, bias, residual, 0.5, seed) != 0
+    assert torch.equal(kept.cpu(), f.keep4x_ref(seed, 0.5, (m, n)))
+
+
+@pytest.mark.op("bias_gelu_dropout_residual")
+@pytest.mark.parametrize("m, n", [(3, 1028), (5, 123)])
+def test_v4_draws_part4_dropout_v3s_stream_not_v3s(m, n, device):
+    """v4's mask is Part 4's dropout v3 applied to the flattened tensor, and not the mask of v3 (which draws
+    one Philox per element): about 2 p (1 - p) of the elements differ."""
+    x, bias, residual = _positive_chain(m, n, device)
+    p, seed = 0.3, 77
+    kept = (f.bias_gelu_dropout_residual4x(x, bias, residual, p, seed) != 0).cpu()
+    dropout_v3 = seeded_dropout4x(torch.ones(m * n, device=device), p, seed) != 0
+    assert torch.equal(kept.view(-1), dropout_v3.cpu())
+    kept_v3 = (f.bias_gelu_dropout_residual(x, bias, residual, p, seed) != 0).cpu()
+    assert (kept != kept_v3).float().mean() > p * (1 - p)  # 2 p (1 - p) = 0.42 expected
+
+
+@pytest.mark.op("bias_gelu_dropout_residual")
+@pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+@pytest.mark.parametrize("m, n", V4_SHAPES)
+def test_v4_matches_its_reference(m, n, dtype, device):
+    args = _inputs(m, n, dtype, device, p=0.2, seed=2**40 + 5)
+    poison_allocator(m * n * dtype.itemsize, device)
+    _assert_exact(f.bias_gelu_dropout_residual4x(*args), args, dtype, f.bias_gelu_dropout_residual4x_ref)
+
+
+@pytest.mark.op("bias_gelu_dropout_residual")
+@pytest.mark.parametrize("p", [0.0, 0.999, 1.0])
+@pytest.mark.parametrize("m, n", [(4, 4096), (3, 4095)])
+def test_v4_at_the_edges_of_p(p, m, n, device):
+    """p = 0 keeps every element, p = 0.999 a dozen or so of 12K (each one where the reference keeps it),
+    p = 1 returns the residual exactly."""
+    args = _inputs(m, n, torch.float32, device, p=p, seed=12345)
+    y = f.bias_gelu_dropout_residual4x(*args)
+    _assert_exact(y, args, torch.float32, f.bias_gelu_dropout_residual4x_ref)
+    kept = f.keep4x_ref(12345, p, (m, n))
+    if p == 0.0:
+        assert kept.all()
+    elif p == 1.0:
+        assert not kept.any() and torch.equal(y, args[2])
+    else:
+        assert 0 < int(kept.sum()) < 60
+        x, bias, residual = _positive_chain(m, n, device)
+        assert torch.equal((f.bias_gelu_dropout_residual4x(x, bias, residual, p, 12345) != 0).cpu(), kept)
+
+
+@pytest.mark.op("bias_gelu_dropout_residual")
+@pytest.mark.parametrize("m, n", [(3, 1028), (2, 8)])
+def test_v4_both_paths_draw_the_same_numbers(m, n, device):
+    """On an N that is a multiple of 4, the one-call-per-element path (the one a ragged N takes) gives the
+    same output bit for bit as the one-call-per-four path."""
+    x, bias, residual, p, seed = _inputs(m, n, torch.float32, device, p=0.4, seed=2**33 + 1)
+    fast = f.bias_gelu_dropout_residual4x(x, bias, residual, p, seed)
+    slow = torch.full_like(x, float("nan"))
+    grid = (triton.cdiv(m, f.BLOCK_M), triton.cdiv(n, f.BLOCK_N))
+    f._bias_gelu_dropout_residual4x_kernel[grid](x, bias, residual, slow, m, n, p, 1 / (1 - p), seed,
+                                                 BLOCK_M=f.BLOCK_M, BLOCK_N=f.BLOCK_N, ROWS_OF_FOURS=False,
+                                                 num_warps=f.NUM_WARPS)
+    assert torch.equal(fast, slow)
+
+
+@pytest.mark.op("bias_gelu_dropout_residual")
+def test_v4_makes_a_quarter_of_v3s_philox_multiplies_on_sm90():
+    """Compiled for sm_90 as the headline launches them (Triton of this machine): v3 forms the high half of a
+    Philox product 16 times per element (a full evaluation is 20; the compiler drops the products only the
+    three unused words need), v4 about 4.4 (one full evaluation per four elements). Neither spills and both
+    keep 16-byte loads and stores; a ragged N costs v4 a full evaluation per element."""
+    for dtype in (torch.float32, torch.bfloat16):
+        rep = f.philox_report(dtype)
+        v3, v4, ragged = rep["v3"], rep["v4"], rep["v4 ragged N"]
+        assert 14 <= v3["philox_per_element"] <= 20, rep
+        assert 4 <= v4["philox_per_element"] <= 5 and 3 * v4["philox_per_element"] < v3["philox_per_element"], rep
+        assert ragged["philox_per_element"] <= 20, rep
+        for r in (v3, v4, ragged):
+            assert r["spill_stores"] == 0, rep
+        assert 128 in v4["widths"]["ld"] and v4["widths"]["st"] == {128}, rep
+        assert v4["registers"] <= v3["registers"], rep
+
+
+def test_philox_high_products_reads_the_multipliers_from_ptx():
+    ptx = """
+        mul.hi.u32 %r5, %r4, -766435501;
+        mul.lo.s32 %r6, %r4, -766435501;
+        mul.wide.u32 %rd3, %r7, -845247145;
+        mul.hi.u32 %r8, %r9, 12345;
+        mul.lo.s64 %rd4, %rd2, 3528531795;"""
+    assert f.philox_high_products(ptx) == 2
 
 
 # ---------------------------------------------------------------- the check used for torch's generator
@@ -249,7 +370,7 @@ def test_whole_row_kernel_spills_on_sm90_and_the_chunked_ones_do_not():
 @pytest.mark.parametrize("m, n", [(3, 17), (37, 8192), (1000, 1823)])
 def test_bf16_matches_the_reference_mask_on_gpu(version, m, n):
     args = _inputs(m, n, torch.bfloat16, "cuda")
-    _assert_exact(TRITON[version](*args), args, torch.bfloat16)
+    _assert_exact(TRITON[version](*args), args, torch.bfloat16, REFERENCE[version])
 
 
 @pytest.mark.gpu
@@ -263,7 +384,8 @@ def test_torch_compile_passes_the_check_on_gpu(dtype):
 def test_fused_allocates_only_its_output_on_gpu():
     args = _inputs(1024, 4096, torch.bfloat16, "cuda")
     out_bytes = 1024 * 4096 * 2
-    for fn, most in ((f.bias_gelu_dropout_residual, out_bytes), (f.bias_gelu_dropout_residual_unfused, 4 * out_bytes)):
+    for fn, most in ((f.bias_gelu_dropout_residual, out_bytes), (f.bias_gelu_dropout_residual4x, out_bytes),
+                     (f.bias_gelu_dropout_residual_unfused, 4 * out_bytes)):
         fn(*args)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -275,3 +397,13 @@ def test_fused_allocates_only_its_output_on_gpu():
     before = torch.cuda.memory_allocated()
     f.bias_gelu_dropout_residual_unfused(*args)
     assert torch.cuda.max_memory_allocated() - before >= 2 * out_bytes  # intermediates were materialized
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("m, n", [(1024, 8192), (513, 1822)])
+def test_v4_keep_bits_are_the_numpy_philox_on_gpu(dtype, m, n):
+    """The compiled kernel (both paths, 16-byte vectors) keeps exactly the reference's elements."""
+    x, bias, residual = _positive_chain(m, n, "cuda", dtype)
+    kept = f.bias_gelu_dropout_residual4x(x, bias, residual, 0.1, 2**40 + 5) != 0
+    assert torch.equal(kept.cpu(), f.keep4x_ref(2**40 + 5, 0.1, (m, n)))

@@ -16,6 +16,11 @@ never renumbered):
 - v3  Triton, fused: one kernel reads x, residual and the bias once, keeps every intermediate in
       registers in fp32 and writes y once. The keep bits are the same as v2's: element
       ``i = row * N + col`` is kept when ``tl.rand(seed, i) >= p``.
+- v4  Triton, like v3 but one ``tl.rand4x`` call draws the random numbers of four neighbouring
+      elements (Part 4's dropout v3): element ``i`` takes word ``i % 4`` of Philox at counter
+      ``i // 4``, a quarter of v3's Philox evaluations when ``N % 4 == 0`` (when it is not, a group
+      of four straddles two rows and each element makes its own call for the same word). Another
+      mask than v3's: its reference is :func:`bias_gelu_dropout_residual4x_ref`.
 
 Versions of ``fusion_counterexample`` (row standardization ``y = (x - mean) / sqrt(var + eps)`` of
 an (M, N) tensor, LayerNorm without weights: a row reduction whose result every element of the
@@ -41,6 +46,7 @@ Cost models: ``bias_gelu_dropout_residual`` must read x, residual and the bias a
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -278,6 +284,132 @@ def bias_gelu_dropout_residual(x, bias, residual, p, seed):
                                                  num_warps=NUM_WARPS)
     return y
 # --8<-- [end:fused]
+
+
+# --------------------------------------------------------------------------------------------------
+# v4: one fused kernel, one Philox evaluation per four elements
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:reference4x]
+def keep4x_ref(seed: int, p: float, shape: tuple[int, int]) -> torch.Tensor:
+    """v4's keep bits, Part 4's dropout v3 stream on the flattened tensor: element
+    i = row * N + col takes word i % 4 of Philox at counter i // 4 and is kept when that uniform
+    number is >= p. A bool tensor of ``shape`` on the CPU."""
+    return torch.from_numpy(keep_ref(seed, p, math.prod(shape), per_call=4)).view(shape)
+
+
+def bias_gelu_dropout_residual4x_ref(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
+                                     p: float, seed: int) -> torch.Tensor:
+    """The reference of v4: the same chain as bias_gelu_dropout_residual_ref (exact GELU), with v4's
+    keep bits (keep4x_ref) instead of v3's."""
+    keep = keep4x_ref(seed, p, tuple(x.shape)).to(x.device)
+    g = F.gelu(x + bias)
+    scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
+    return residual + torch.where(keep, g * scale, torch.zeros_like(g))
+# --8<-- [end:reference4x]
+
+
+# --8<-- [start:fused4x]
+@triton.jit
+def _bias_gelu_dropout_residual4x_kernel(x_ptr, bias_ptr, res_ptr, y_ptr, M, N, p, scale, seed,
+                                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                         ROWS_OF_FOURS: tl.constexpr):
+    tl.static_assert(BLOCK_N % 4 == 0, "a tile's row is whole groups of four columns")
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    offs = rows[:, None] * N + cols[None, :]  # (BLOCK_M, BLOCK_N): element i of the flat tensor
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    b = tl.load(bias_ptr + cols, mask=cols < N).to(tl.float32)
+    r = tl.load(res_ptr + offs, mask=mask).to(tl.float32)
+    h = x + b[None, :]
+    g = 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))   # exact GELU, as v3
+    # element i takes word i % 4 of Philox at counter i // 4 (Part 4's dropout v3)
+    if ROWS_OF_FOURS:  # N % 4 == 0: every group of four lies in one row of the tile
+        groups = tl.program_id(1) * (BLOCK_N // 4) + tl.arange(0, BLOCK_N // 4)
+        counters = rows[:, None] * (N // 4) + groups[None, :]   # (BLOCK_M, BLOCK_N // 4)
+        u0, u1, u2, u3 = tl.rand4x(seed, counters)
+        # join puts (u0, u2) at [.., 0, :] and (u1, u3) at [.., 1, :] of a last axis of 2; read
+        # row-major, [m, j, :, :] is u0, u1, u2, u3 of counter j, the columns 4j .. 4j + 3
+        u = tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), (BLOCK_M, BLOCK_N))
+    else:  # a group straddles two rows: one Philox per element, the same words
+        u0, u1, u2, u3 = tl.rand4x(seed, offs // 4)
+        word = offs % 4
+        u = tl.where(word == 0, u0, tl.where(word == 1, u1, tl.where(word == 2, u2, u3)))
+    y = r + tl.where(u >= p, g * scale, 0.0)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def bias_gelu_dropout_residual4x(x, bias, residual, p, seed):
+    """v4: like v3, but one tl.rand4x call gives the random numbers of four neighbouring elements
+    (when N % 4 == 0; otherwise one call per element picks the same word): a quarter of v3's Philox
+    evaluations, and a different mask (keep4x_ref)."""
+    refuse_grad("bias_gelu_dropout_residual4x", x, bias, residual,
+                instead="bias_gelu_dropout_residual_torch")
+    p, scale, seed = _check_args(x, bias, residual, p, seed, triton_device())
+    _check_grid(x)
+    m, n = x.shape
+    y = torch.empty_like(x)
+    if x.numel():
+        grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
+        _bias_gelu_dropout_residual4x_kernel[grid](x, bias, residual, y, m, n, p, scale, seed,
+                                                   BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                                                   ROWS_OF_FOURS=n % 4 == 0,
+                                                   num_warps=NUM_WARPS)
+    return y
+# --8<-- [end:fused4x]
+
+
+# --8<-- [start:philox_count]
+# Philox-4x32's two round multipliers (snippets.common.dropout), as PTX prints an immediate: signed
+# 32-bit in a 32-bit multiply, unsigned in a 64-bit one, or hex
+PHILOX_MULTIPLIERS = tuple(str(c) for k in (0xD2511F53, 0xCD9E8D57)
+                           for c in (k, k - 2**32, hex(k), f"0x{k:08X}"))
+
+
+def philox_high_products(ptx: str) -> int:
+    """The multiplies in ``ptx`` that form the high half of a Philox round's product
+    (``mul.hi.u32``, or ``mul.wide.u32`` for both halves at once) by one of the round
+    multipliers: two per round and Philox evaluation, fewer where the compiler dropped a product
+    whose word is never used."""
+    count = 0
+    for line in ptx.splitlines():
+        op = line.split(None, 1)
+        if op and re.match(r"(mul|mad)\.(hi|wide)\.u32$", op[0]):
+            if any(re.search(rf"(?<![\w-]){re.escape(c)}\b", line) for c in PHILOX_MULTIPLIERS):
+                count += 1
+    return count
+
+
+def philox_report(dtype: torch.dtype = torch.float32) -> dict[str, dict]:
+    """Compile v3's and v4's fused kernels for sm_90 (no GPU needed) as the headline launches them
+    (N a multiple of 16; v4 also for a ragged N, its one-call-per-element path) and return, per
+    kernel, the Philox high products per element, the registers and spills per thread, and the
+    widths of the global loads and stores."""
+    from snippets.common.introspect import TRITON_TYPES, compile_many, load_store_widths
+
+    t = TRITON_TYPES[dtype]
+    sig = {"x_ptr": f"*{t}", "bias_ptr": f"*{t}", "res_ptr": f"*{t}", "y_ptr": f"*{t}",
+           "M": "i32", "N": "i32", "p": "fp32", "scale": "fp32", "seed": "i32"}
+    tile = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N}
+    pointers = ["x_ptr", "bias_ptr", "res_ptr", "y_ptr"]
+    headline = {"num_warps": NUM_WARPS, "divisible": pointers + ["N"]}  # N = 8192
+    jobs = {
+        "v3": (_bias_gelu_dropout_residual_kernel, sig, tile, headline),
+        "v4": (_bias_gelu_dropout_residual4x_kernel, sig, {**tile, "ROWS_OF_FOURS": True},
+               headline),
+        "v4 ragged N": (_bias_gelu_dropout_residual4x_kernel, sig,
+                        {**tile, "ROWS_OF_FOURS": False},
+                        {"num_warps": NUM_WARPS, "divisible": pointers}),
+    }
+    per_thread = BLOCK_M * BLOCK_N // (32 * NUM_WARPS)   # elements each thread computes
+    out = {}
+    for name, c in zip(jobs, compile_many(jobs.values())):
+        out[name] = dict(philox_per_element=philox_high_products(c.ptx) / per_thread,
+                         registers=c.registers, spill_stores=c.spill_stores,
+                         widths=load_store_widths(c.ptx))
+    return out
+# --8<-- [end:philox_count]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -638,6 +770,9 @@ fused_op.add(Impl("v2", bias_gelu_dropout_residual_unfused, "Triton", "four kern
                   device="any"))
 fused_op.add(Impl("v3", bias_gelu_dropout_residual, "Triton", "one fused kernel, fp32 in registers",
                   (_bias_gelu_dropout_residual_kernel, *SOURCES), device="any"))
+fused_op.add(Impl("v4", bias_gelu_dropout_residual4x, "Triton",
+                  "like v3, tl.rand4x: one Philox per 4 elements",
+                  (_bias_gelu_dropout_residual4x_kernel, *SOURCES), device="any"))
 
 
 def _counter_inputs(size, dtype, device, gen):
