@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Nsight Compute counters behind measured puzzles (transpose v1-v7, reduce_sum v1-v4, strided_copy
-# past stride 8, hopper_gemm v1-v7), captured on the GPU runner into OUTDIR as ncu_counters_<group>.txt,
+# past stride 8, hopper_gemm v1-v7; and, for issue 17, "gemms" and "rows": the missed goals beside their library
+# versions), captured on the GPU runner into OUTDIR as ncu_counters_<group>.txt,
 # each with its record
 # (commit them as benchmarks/results/outputs/<gpu>/; `<!-- bench:output ncu_counters_transpose -->` renders one).
 #

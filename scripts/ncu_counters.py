@@ -83,6 +83,27 @@ GROUPS: dict[str, tuple[str, tuple[Counted, ...]]] = {
         "Why is v2 (four stages) slower than v1 (one), and what do v5-v7 change?",
         tuple(Counted(v, "hopper_gemm", v, f"^hopper_gemm_{v}$")
               for v in ("v1", "v2", "v3", "v4", "v5", "v6", "v7"))),
+    # issue 17's missed goals: each book version beside the library one it is judged against
+    # (a library call's first kernel: "." matches any name)
+    "gemms": (
+        "Where do the book's SGEMM, TF32 and fp16 GEMMs lose to cuBLAS?",
+        (Counted("sgemm v0", "sgemm", "v0", "."),
+         Counted("sgemm v12", "sgemm", "v12", "^sgemm_t_"),
+         Counted("tf32 v0", "tf32_gemm", "v0", "."),
+         Counted("tf32 v2", "tf32_gemm", "v2", "matmul_kernel"),
+         Counted("wmma v0", "wmma_gemm", "v0", "."),
+         Counted("wmma v4", "wmma_gemm", "v4", "matmul_kernel"))),
+    "rows": (
+        "Where do the book's scan, LayerNorm and fused epilogue lose to the library versions?",
+        (Counted("scan v0", "scan", "v0", "DeviceScanKernel"),
+         Counted("scan v5", "scan", "v5", "^scan_lookback_f32$"),
+         Counted("scan v6", "scan", "v6", "^scan_lookback_warp_f32$"),
+         Counted("layernorm v0", "layernorm", "v0", "layer_norm"),
+         Counted("layernorm v3", "layernorm", "v3", "_layernorm_fwd_kernel"),
+         Counted("layernorm v4", "layernorm", "v4", "^layernorm_fwd_"),
+         Counted("fused v1", "bias_gelu_dropout_residual", "v1", "^triton_"),
+         Counted("fused v3", "bias_gelu_dropout_residual", "v3",
+                 "_bias_gelu_dropout_residual_kernel"))),
 }
 
 
