@@ -19,8 +19,8 @@ from snippets.part3 import wmma as w
 
 HALF = (torch.float16, torch.bfloat16)
 WMMA_VERSIONS = {"v0": w.wmma_cublas, "v1": w.wmma_naive, "v2": w.wmma_smem, "v3": w.wmma_async,
-                 "v4": w.wmma_triton}
-TF32_VERSIONS = {"v0": w.tf32_cublas, "v1": w.tf32_wmma, "v2": w.tf32_triton}
+                 "v4": w.wmma_triton, "v5": w.wmma_triton_wide}
+TF32_VERSIONS = {"v0": w.tf32_cublas, "v1": w.tf32_wmma, "v2": w.tf32_triton, "v3": w.tf32_kmajor}
 CUDA_HALF = {"v1": w.wmma_naive, "v2": w.wmma_smem, "v3": w.wmma_async}
 
 # (M, N, K) that v1 takes (all multiples of 16): one fragment, partial 32 x 32 blocks (M or N = 16 mod 32),
@@ -71,6 +71,7 @@ def test_registry_matches_the_ladder():
     # Triton runs bf16 only on a GPU: the interpreter's tl.dot cannot multiply bf16.
     expected = (torch.float16,) if triton_interpreting() else HALF
     assert w.wmma_gemm.impls["v4"].dtypes == expected == w.triton_half_dtypes()
+    assert w.wmma_gemm.impls["v5"].dtypes == expected
 
 
 @pytest.mark.op("wmma_gemm")
@@ -127,8 +128,8 @@ def test_check_operands_returns_sizes():
 @pytest.mark.op("wmma_gemm")
 @pytest.mark.op("tf32_gemm")
 @pytest.mark.parametrize("version, fn, dtype",
-                         [(v, f, torch.float16) for v, f in WMMA_VERSIONS.items() if v != "v4"]
-                         + [(v, f, torch.float32) for v, f in TF32_VERSIONS.items() if v != "v2"])
+                         [(v, f, torch.float16) for v, f in WMMA_VERSIONS.items() if v not in ("v4", "v5")]
+                         + [(v, f, torch.float32) for v, f in TF32_VERSIONS.items() if v not in ("v2", "v3")])
 def test_cpu_tensors_refused(version, fn, dtype):
     """CPU tensors are refused with a ValueError naming the device, before any GPU is needed."""
     a, b = _operands(16, 16, 16, "cpu", dtype)
@@ -326,7 +327,7 @@ def test_versions_whole_tiles(version, dtype, m, n, k):
 @pytest.mark.gpu
 @pytest.mark.op("wmma_gemm")
 @pytest.mark.parametrize("dtype", HALF, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("version", ["v0", "v2", "v3", "v4"])
+@pytest.mark.parametrize("version", ["v0", "v2", "v3", "v4", "v5"])
 @pytest.mark.parametrize("m, n, k", RAGGED_SHAPES)
 def test_versions_ragged(version, dtype, m, n, k):
     a, b = _operands(m, n, k, "cuda", dtype, seed=_seed(m, n, k))

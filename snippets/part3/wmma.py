@@ -12,6 +12,8 @@ the CUDA kernels are in ``csrc/part3/wmma_gemm.cu``:
 - v3  CUDA WMMA, like v2 with two shared-memory stages filled by ``cp.async``: copies overlap
   the MMAs.
 - v4  Triton, ``tl.dot`` on 128 x 128 x 64 blocks with grouped program order.
+- v5  Triton, v4's kernel and launch with a 128 x 256 x 64 tile: the config that Part 4's autotuning
+      sweep of this kernel found fastest at 4096^3 on the H100 and the H200.
 
 Versions of ``tf32_gemm`` (fp32 inputs and output, products in TF32, sums in fp32):
 
@@ -19,6 +21,9 @@ Versions of ``tf32_gemm`` (fp32 inputs and output, products in TF32, sums in fp3
   the call.
 - v1  CUDA WMMA with ``wmma::precision::tf32`` (m16n16k8), the structure of ``wmma_gemm`` v2.
 - v2  Triton, ``tl.dot(..., input_precision="tf32")``.
+- v3  Triton, like v2 with B copied once to K-major order (B^T, N x K) and read so: Hopper's TF32
+      ``wgmma`` reads both operands K-major from shared memory, and with B K-major in global memory
+      too every copy into shared memory is a 16-byte ``cp.async`` instead of 4-byte ones.
 
 A is M x K and B is K x N, both row-major (contiguous). The cost is 2 * M * N * K FLOPs; the fewest
 bytes are (M * K + K * N + M * N) * itemsize. ``wmma_gemm`` is compared with cuBLAS fp16
@@ -29,20 +34,26 @@ that runs anywhere.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import triton
+import triton.language as tl
 
 from snippets import cuda
-from snippets._checks import refuse_grad, triton_device
+from snippets._checks import refuse_grad, triton_device, triton_interpreting
 from snippets.common.gemm import (
+    GROUP_M,
     HALF_TYPES,
+    INTERPRET,
     check_operands,
     gemm_flops,
     make_operands,
     matmul_kernel,
+    prune_configs,
+    tile_coords,
     tolerance_for,
     triton_half_dtypes,
 )
@@ -216,14 +227,26 @@ TRITON_CONFIGS = {
 }
 
 
-def _triton_gemm(a: torch.Tensor, b: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
-    m, n, k = check_operands(a, b, dtypes, device=triton_device())
-    cfg = TRITON_CONFIGS[a.element_size()]
-    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
-    matmul_kernel[grid](a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0),
-                        INPUT_PRECISION="tf32", **cfg)
+def _launch_triton(kernel, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                   config: dict) -> torch.Tensor:
+    """The one launcher of the Triton versions: one program per tile of C. ``kernel`` is a
+    ``@triton.jit`` kernel with its blocks, warps and stages in ``config``, or an autotuner with
+    ``config = {}`` (the autotuner picks them). ``b`` is B (K x N) for matmul_kernel, B^T (N x K)
+    for matmul_kmajor_kernel: either way its rows are b.stride(0) apart."""
+    (m, k), n = a.shape, c.shape[1]
+    grid = lambda meta: (  # noqa: E731
+        triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+    kernel[grid](a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0),
+                 INPUT_PRECISION="tf32", **config)
     return c
+
+
+def _triton_gemm(a: torch.Tensor, b: torch.Tensor, dtypes: tuple[torch.dtype, ...],
+                 config: dict | None = None) -> torch.Tensor:
+    """matmul_kernel with ``config``, by default the fixed config of the input width."""
+    m, n, k = check_operands(a, b, dtypes, device=triton_device())
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    return _launch_triton(matmul_kernel, a, b, c, config or TRITON_CONFIGS[a.element_size()])
 # --8<-- [end:triton]
 
 
@@ -241,6 +264,96 @@ def tf32_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     and passes the same tolerance.)"""
     refuse_grad("tf32_triton", a, b, instead="a @ b")
     return _triton_gemm(a, b, (torch.float32,))
+
+
+# --8<-- [start:wide]
+# v5: v4's kernel and launch with the config that Part 4's autotuning sweep of matmul_kernel found
+# fastest at 4096^3 in bf16 on the H100 and the H200 (benchmarks/results/outputs/*/
+# autotune_matmul.json, best_config; fp16 runs at the same tensor-core rate). A 128 x 256 tile of C
+# per program: per 64-deep step 2 * 128 * 256 * 64 FLOPs for (128 + 256) * 64 * 2 bytes of A and B,
+# 85 FLOPs per byte against 64 for 128 x 128; 3 stages of them are 144 KiB of shared memory (of
+# 227), and the fp32 accumulator is 128 registers of each of the 256 threads.
+WIDE_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+# --8<-- [end:wide]
+
+
+def wmma_triton_wide(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v5: like v4 (the same kernel and launch), with 128 x 256 x 64 blocks, 8 warps, 3 stages: the
+    config Part 4's autotuner chose for this kernel at 4096^3. Only the tile changes, so the
+    difference from v4 is what a larger tile buys: more FLOPs per byte copied into shared
+    memory, and per wgmma (m64n256k16 instead of m64n128k16)."""
+    refuse_grad("wmma_triton_wide", a, b, instead="a @ b")
+    return _triton_gemm(a, b, triton_half_dtypes(), WIDE_CONFIG)
+
+
+# --8<-- [start:kmajor_kernel]
+@triton.jit
+def matmul_kmajor_kernel(a_ptr, bt_ptr, c_ptr, M, N, K, stride_am, stride_bn, stride_cm,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    # matmul_kernel with B given K-major: bt_ptr is B^T, N x K with rows stride_bn apart, so the
+    # K values of one column of B are contiguous. Only the pointers to B and their step change.
+    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    # (BLOCK_M, BLOCK_K), K contiguous
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+    # (BLOCK_K, BLOCK_N), K contiguous: element (k, n) of B is element (n, k) of B^T
+    b_ptrs = bt_ptr + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < K - k0), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < K - k0) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K  # the next BLOCK_K columns of B^T
+    c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+# --8<-- [end:kmajor_kernel]
+
+
+# --8<-- [start:kmajor_configs]
+# tf32_gemm v3's configs: 8 warps (two warpgroups), BLOCK_K = 32 floats = 128 bytes (one row of the
+# 128-byte swizzle, as BLOCK_K = 64 is for fp16), and tiles of 128 x 256 (the fp16 sweep's best
+# shape, 144 KiB at 3 stages), 256 x 128, or 128 x 128 with a fourth stage. Every one compiles for
+# sm_90 within 227 KiB and without spills (tests/test_part3_tf32_layout.py); the autotuner keeps the
+# fastest per (M, N, K).
+KMAJOR_CONFIGS = [
+    triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=32, GROUP_M=GROUP_M), num_warps=8,
+                  num_stages=stages)
+    for bm, bn, stages in ((128, 256, 3), (256, 128, 3), (128, 128, 4), (128, 256, 4))]
+
+
+@functools.lru_cache(maxsize=None)
+def kmajor_autotuned():
+    """matmul_kmajor_kernel under triton.autotune, built on first use (a GPU launch; under the CPU
+    interpreter nothing can be timed and INTERPRET's one config runs instead)."""
+    return triton.autotune(configs=KMAJOR_CONFIGS, key=["M", "N", "K"],
+                           prune_configs_by={"early_config_prune": prune_configs})(
+        matmul_kmajor_kernel)
+# --8<-- [end:kmajor_configs]
+
+
+# --8<-- [start:kmajor]
+def tf32_kmajor(a: torch.Tensor, b: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+    """v3 of tf32_gemm: like v2, but B is first copied to K-major order, B^T as an N x K contiguous
+    tensor (K * N * 4 bytes read and as many written, inside the timed call), and the kernel reads
+    it so. Hopper's TF32 wgmma takes both operands from shared memory K-major; v2's B is N-major in
+    global memory, and the compiler transposes it on the way in with one 4-byte cp.async per
+    element. Here every copy is a 16-byte cp.async. ``config`` fixes the blocks, warps and stages
+    (a dict like KMAJOR_CONFIGS' entries); by default the autotuner picks among KMAJOR_CONFIGS."""
+    refuse_grad("tf32_kmajor", a, b, instead="a @ b")
+    m, n, k = check_operands(a, b, (torch.float32,), device=triton_device())
+    bt = b.t().contiguous()  # (N, K)
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if config is None and triton_interpreting():
+        config = INTERPRET
+    if config is None:
+        return _launch_triton(kmajor_autotuned(), a, bt, c, {})
+    return _launch_triton(matmul_kmajor_kernel, a, bt, c, config)
+# --8<-- [end:kmajor]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -299,7 +412,9 @@ WMMA_TEST_SIZES = [{"m": m, "n": n, "k": k}
 TF32_TEST_SIZES = [{"m": m, "n": n, "k": k} for m, n, k in ((1, 4, 4), (17, 36, 20), (64, 64, 64),
                                                            (130, 136, 68))]
 SOURCES = (cuda.source_path(CU_FILE), _launch_wmma, check_operands, check_supported)
-TRITON_SOURCES = (matmul_kernel, _triton_gemm, check_operands)
+TRITON_SOURCES = (matmul_kernel, _triton_gemm, _launch_triton, check_operands)
+KMAJOR_SOURCES = (matmul_kmajor_kernel, tf32_kmajor, _launch_triton, prune_configs,
+                  check_operands)
 
 wmma_gemm = register(Op(
     name="wmma_gemm", part=3, chapter="part3/tensor-cores.md", title="Tensor-core GEMM (fp16/bf16)",
@@ -316,6 +431,8 @@ wmma_gemm.add(Impl("v2", wmma_smem, "CUDA", "WMMA, 128x128 tile, shared memory, 
 wmma_gemm.add(Impl("v3", wmma_async, "CUDA", "like v2, cp.async double buffering", SOURCES))
 wmma_gemm.add(Impl("v4", wmma_triton, "Triton", "tl.dot, 128x128x64, 3 stages", TRITON_SOURCES,
                    device="any", dtypes=triton_half_dtypes()))
+wmma_gemm.add(Impl("v5", wmma_triton_wide, "Triton", "like v4, 128x256x64 (Part 4's tuned config)",
+                   TRITON_SOURCES, device="any", dtypes=triton_half_dtypes()))
 
 tf32_gemm = register(Op(
     name="tf32_gemm", part=3, chapter="part3/tensor-cores.md", title="TF32 GEMM",
@@ -329,3 +446,5 @@ tf32_gemm.add(Impl("v0", tf32_cublas, "PyTorch", "cuBLAS via torch.matmul, TF32 
 tf32_gemm.add(Impl("v1", tf32_wmma, "CUDA", "WMMA tf32 m16n16k8, shared-memory tiles", SOURCES))
 tf32_gemm.add(Impl("v2", tf32_triton, "Triton", "tl.dot, input_precision=tf32", TRITON_SOURCES,
                    device="any"))
+tf32_gemm.add(Impl("v3", tf32_kmajor, "Triton", "like v2, B copied K-major: 16-byte cp.async",
+                   KMAJOR_SOURCES, device="any"))
