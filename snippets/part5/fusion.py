@@ -368,14 +368,20 @@ PHILOX_MULTIPLIERS = tuple(str(c) for k in (0xD2511F53, 0xCD9E8D57)
 
 
 def philox_high_products(ptx: str) -> int:
-    """The multiplies in ``ptx`` that form the high half of a Philox round's product
-    (``mul.hi.u32``, or ``mul.wide.u32`` for both halves at once) by one of the round
-    multipliers: two per round and Philox evaluation, fewer where the compiler dropped a product
-    whose word is never used."""
+    """The multiplies in ``ptx`` that form the high half of a 32 x 32-bit product: every
+    ``mul.hi.u32`` (only Philox needs one in these kernels; Triton 3.6 keeps the multiplier in a
+    register, 3.9 writes it as an immediate), and the 64-bit products by a round multiplier
+    (``mul.wide.u32``, or ``mul.lo.s64`` of a zero-extended word), which give both halves at once.
+    Two per round and Philox evaluation, fewer where the compiler dropped a product whose word is
+    never used."""
     count = 0
     for line in ptx.splitlines():
         op = line.split(None, 1)
-        if op and re.match(r"(mul|mad)\.(hi|wide)\.u32$", op[0]):
+        if not op:
+            continue
+        if op[0] == "mul.hi.u32":
+            count += 1
+        elif op[0] in ("mul.wide.u32", "mul.lo.s64"):
             if any(re.search(rf"(?<![\w-]){re.escape(c)}\b", line) for c in PHILOX_MULTIPLIERS):
                 count += 1
     return count
