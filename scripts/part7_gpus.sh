@@ -30,7 +30,10 @@ step() {  # step NAME SECONDS COMMAND...
   echo "$name: rc $? in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
 step sweep 200 $RUN -m snippets.part7.sweep --out "$OUT/sweep.json"
-step fast_allreduce 200 $RUN -m snippets.part7.fast_allreduce --profile --out "$OUT/fast_allreduce.json"
+# the one-kernel one-shot alone first: a kernel that hangs or is wrong costs this step, not the timings
+step fused_smoke 60 $RUN -m snippets.part7.fast_allreduce --smoke-fused --out /dev/null
+FUSED=$(grep -q "^fused_smoke: rc 0 " "$OUT/steps.txt" 2>/dev/null && echo --fused)
+step fast_allreduce 200 $RUN -m snippets.part7.fast_allreduce --profile $FUSED --out "$OUT/fast_allreduce.json"
 step pipeline 45 $RUN -m snippets.part7.pipeline --micro-batches 8
 # the bubble with stages whose compute dominates: 8 blocks of width 2048 per GPU, micro-batches of
 # 4 x 512 tokens in float32: about 1.7 TFLOP per stage and micro-batch forward, three times that

@@ -15,9 +15,12 @@ alike); a GPU run is untouched. The cost is a min/max over each pointer block.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
-_STATE = {"installed": False, "kernel": "?", "ranges": []}  # ranges: (lo, hi, argument name)
+# ranges: (lo, hi, argument name); reachable: the same for tensors declared with :func:`reachable`
+_STATE = {"installed": False, "kernel": "?", "ranges": [], "reachable": []}
 
 
 def version_problem() -> str | None:
@@ -36,6 +39,20 @@ def version_problem() -> str | None:
 
 class OutOfBounds(IndexError):
     """A kernel under the interpreter touched memory outside every tensor it was given."""
+
+
+@contextlib.contextmanager
+def reachable(*tensors):
+    """Within the block, kernels may also touch ``tensors``: memory a kernel reaches through
+    addresses it loads (a table of pointers to other ranks' buffers, as symmetric memory hands out)
+    rather than through its arguments."""
+    extra = _ranges([f"reachable[{i}]" for i in range(len(tensors))], tensors)
+    _STATE["reachable"].extend(extra)
+    try:
+        yield
+    finally:
+        for r in extra:
+            _STATE["reachable"].remove(r)
 
 
 def _ranges(names, args) -> list[tuple[int, int, str]]:
@@ -132,7 +149,8 @@ def install() -> bool:
         args_hst, kwargs_hst = init_args(self, args_dev, kwargs)
         _STATE["kernel"] = getattr(self.fn, "__name__", "kernel")
         _STATE["ranges"] = (_ranges(self.arg_names, args_hst)
-                            + _ranges(list(kwargs_hst), list(kwargs_hst.values())))
+                            + _ranges(list(kwargs_hst), list(kwargs_hst.values()))
+                            + _STATE["reachable"])
         return args_hst, kwargs_hst
 
     builder.create_masked_load = create_masked_load

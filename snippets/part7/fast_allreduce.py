@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import triton
+import triton.language as tl
 
 from snippets.part7.collectives import SUM_DTYPES, agree, describe_input
 from snippets.part7.cost import algorithm_bandwidth, bus_bandwidth
@@ -140,6 +142,102 @@ class OneShotAllReduce:
 # --8<-- [end:one_shot]
 
 
+# --8<-- [start:fused_kernel]
+@triton.jit
+def one_shot_kernel(x_ptr, out_ptr, buf_ptrs, flag_ptrs, n, rank, turn_offset,
+                    WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """One call of the fused one-shot all-reduce, on one rank. Program ``b`` owns elements
+    [b * BLOCK, (b + 1) * BLOCK): it copies them into this rank's symmetric buffer, tells every
+    peer's program ``b`` that they are there, waits until every peer's program ``b`` has said the
+    same, and sums the slices of all the buffers. ``buf_ptrs`` and ``flag_ptrs`` hold every rank's
+    buffer and flag addresses (int64); flag ``b * WORLD + r`` of rank q is "rank r's slice b has
+    landed on rank r's buffer": 1 set by r, taken back to 0 by q."""
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    dtype = x_ptr.dtype.element_ty
+    # symmetric buffers start on allocation boundaries: tell the compiler, so copies are 16-byte
+    mine = tl.multiple_of(tl.load(buf_ptrs + rank).to(tl.pointer_type(dtype)), 16) + turn_offset
+    tl.store(mine + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+    tl.debug_barrier()                   # every thread's store is done before the signal
+    for r in tl.static_range(WORLD):
+        if r != rank:
+            slot = tl.load(flag_ptrs + r).to(tl.pointer_type(tl.int32)) + pid * WORLD + rank
+            # 0 -> 1 once the peer has taken the previous call's signal; release: the stores
+            # above are visible on every GPU before the flag is
+            while tl.atomic_cas(slot, 0, 1, sem="release", scope="sys") != 0:
+                pass
+    flags = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32)) + pid * WORLD
+    for r in tl.static_range(WORLD):
+        if r != rank:
+            # 1 -> 0: take rank r's signal; acquire: its slice is visible after this
+            while tl.atomic_cas(flags + r, 1, 0, sem="acquire", scope="sys") != 1:
+                pass
+    tl.debug_barrier()                   # no thread reads before the signals are in
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for r in tl.static_range(WORLD):
+        peer = tl.multiple_of(tl.load(buf_ptrs + r).to(tl.pointer_type(dtype)), 16) + turn_offset
+        acc += tl.load(peer + offs, mask=mask, other=0.0, cache_modifier=".cv").to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(dtype), mask=mask)
+# --8<-- [end:fused_kernel]
+
+
+# --8<-- [start:fused]
+class FusedOneShotAllReduce:
+    """The one-shot all-reduce as one kernel per call (:func:`one_shot_kernel`): the copy, the
+    signals and the sum, with no barrier kernel and no host work between them. Each block of
+    ``block`` elements meets the same block of the other ranks through flags in symmetric
+    memory, so no rank waits for a whole grid. Two buffers in turn, as OneShotAllReduce: a rank can
+    only be one call ahead of another (its signals wait until the peer took the previous ones)."""
+
+    def __init__(self, max_numel: int, dtype: torch.dtype, group=None, block: int = 4096):
+        if not torch.cuda.is_available():
+            raise RuntimeError("FusedOneShotAllReduce: needs GPUs with peer-to-peer access")
+        if dtype not in SUM_DTYPES:
+            raise TypeError(f"FusedOneShotAllReduce: dtype {dtype} is not one the sums take")
+        if not isinstance(max_numel, int) or max_numel < 1:
+            raise ValueError("FusedOneShotAllReduce: max_numel must be a positive int, got "
+                             f"{max_numel!r}")
+        if not isinstance(block, int) or block < 128 or block & (block - 1):
+            raise ValueError(f"FusedOneShotAllReduce: block must be a power of two >= 128, got "
+                             f"{block!r}")
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group = group or dist.group.WORLD
+        self.p, self.rank, self.dtype = dist.get_world_size(group), dist.get_rank(group), dtype
+        self.max_numel, self.block, self.calls = max_numel, block, 0
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        blocks = triton.cdiv(max_numel, block)
+        self.buf = symm_mem.empty(2 * max_numel, dtype=dtype, device=self.device)
+        self.flags = symm_mem.empty(blocks * self.p, dtype=torch.int32, device=self.device)
+        self.flags.zero_()
+        handles = [symm_mem.rendezvous(t, group.group_name) for t in (self.buf, self.flags)]
+        self.buf_ptrs, self.flag_ptrs = (
+            torch.tensor(list(h.buffer_ptrs), dtype=torch.int64, device=self.device)
+            for h in handles)
+        torch.cuda.synchronize(self.device)
+        dist.barrier(group)                   # every rank's flags are zero before any signal
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dtype != self.dtype or x.device != self.device:
+            raise ValueError(f"FusedOneShotAllReduce: expected a {self.dtype} tensor on "
+                             f"{self.device}, got {getattr(x, 'dtype', type(x).__name__)} on "
+                             f"{getattr(x, 'device', '?')}")
+        n = x.numel()
+        if n > self.max_numel:
+            raise ValueError(f"FusedOneShotAllReduce: {n} elements, built for at most "
+                             f"{self.max_numel}")
+        turn = self.calls % 2
+        self.calls += 1
+        src = x.reshape(-1).contiguous()
+        out = torch.empty_like(src)
+        one_shot_kernel[(triton.cdiv(n, self.block),)](
+            src, out, self.buf_ptrs, self.flag_ptrs, n, self.rank, turn * self.max_numel,
+            WORLD=self.p, BLOCK=self.block, num_warps=8)
+        return out.view(x.shape)
+# --8<-- [end:fused]
+
+
 def _library_one_shot(x: torch.Tensor, group_name: str):
     """PyTorch's own one-shot all-reduce kernel on symmetric memory (a library baseline), or None
     when this torch has none."""
@@ -157,11 +255,12 @@ def _library_one_shot(x: torch.Tensor, group_name: str):
 def measure(big: list[int], small: list[int], iters: int, warmup: int,
             dtype: torch.dtype = torch.bfloat16,
             pieces: tuple[int, ...] = (1, 4), timings: tuple[str, ...] = ("eager",),
-            repeats: int = 1) -> dict[str, Any]:
+            repeats: int = 1, fused: bool = False) -> dict[str, Any]:
     """Time NCCL's all-reduce, the ring (``big`` sizes, bytes; once per count of ``pieces``) and
-    the one-shot (``small``) in one run, checking each result against NCCL's first. Each is timed
-    once per timing of ``timings`` (``sweep.timed``: eager calls, or the calls replayed from a CUDA
-    graph), each record saying which."""
+    the one-shot (``small``; with ``fused``, the one-kernel one-shot too) in one run, checking
+    each result against NCCL's first. Each is timed once per timing of ``timings``
+    (``sweep.timed``: eager calls, or the calls replayed from a CUDA graph), each record saying
+    which."""
     if any(t not in TIMINGS for t in timings) or not timings:
         raise ValueError(f"measure: timings must be some of {TIMINGS}, got {timings!r}")
     if "graph" in timings and iters % 2:
@@ -207,6 +306,13 @@ def measure(big: list[int], small: list[int], iters: int, warmup: int,
         y = x.clone()
         record("nccl", "library", nbytes, lambda y=y: dist.all_reduce(y))
         record("one_shot", "book", nbytes, lambda one=one, x=x: one(x))
+        if fused:
+            one = FusedOneShotAllReduce(x.numel(), dtype)
+            for _ in range(3):
+                if not torch.equal(one(x), want):
+                    raise AssertionError(f"FusedOneShotAllReduce differs from NCCL at {nbytes} "
+                                         "bytes")
+            record("fused_one_shot", "book", nbytes, lambda one=one, x=x: one(x))
         try:
             lib = _library_one_shot(x, dist.group.WORLD.group_name)
         except Exception as exc:           # noqa: BLE001 - a baseline this torch cannot run
@@ -218,6 +324,27 @@ def measure(big: list[int], small: list[int], iters: int, warmup: int,
         else:
             record("torch_one_shot", "library", nbytes, lib)
     return {"records": records}
+
+
+def smoke_fused(sizes: list[int], calls: int = 20, dtype: torch.dtype = torch.bfloat16) -> None:
+    """The fused one-shot checked against NCCL at each size over ``calls`` calls (both buffers,
+    flags reused many times), with a ragged size too: run alone before any timing, so that a kernel
+    that hangs or is wrong costs this step only."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    rank = dist.get_rank()
+    esize = torch.tensor([], dtype=dtype).element_size()
+    one = FusedOneShotAllReduce(max(sizes) // esize, dtype)
+    for nbytes in sizes:
+        for numel in (nbytes // esize, nbytes // esize - 3):
+            g = torch.Generator(device=device).manual_seed(rank + numel)
+            x = torch.randint(-8, 8, (numel,), generator=g, device=device).to(dtype)
+            want = x.clone()
+            dist.all_reduce(want)
+            for i in range(calls):
+                if not torch.equal(one(x), want):
+                    raise AssertionError(f"FusedOneShotAllReduce differs from NCCL at {numel} "
+                                         f"elements, call {i}")
+    torch.cuda.synchronize(device)
 
 
 def profile_ring(nbytes: int, pieces: int, calls: int = 10,
@@ -251,11 +378,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--pieces", default="1,2,4,8", help="the ring's piece counts to time")
     ap.add_argument("--timing", default="eager,graph", help="eager, graph or both")
+    ap.add_argument("--fused", action="store_true", help="time the one-kernel one-shot too")
+    ap.add_argument("--smoke-fused", action="store_true",
+                    help="only check the one-kernel one-shot against NCCL, then exit")
     ap.add_argument("--repeats", type=int, default=3, help="separate timed runs per size")
     ap.add_argument("--profile", action="store_true",
                     help="first print where a 1 MiB ring all-reduce spends its time")
     args = ap.parse_args(argv)
     rank, world = init_from_env(timeout_s=600)
+    if args.smoke_fused:
+        smoke_fused(sizes_between(1 << 10, 1 << 21))
+        dist.destroy_process_group()
+        if rank == 0:
+            print("FusedOneShotAllReduce equals NCCL at every size", flush=True)
+        return 0
     if args.profile:
         table = profile_ring(1 << 20, pieces=4)
         if rank == 0:
@@ -263,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(sizes_between(1 << 20, 1 << 30), sizes_between(1 << 10, 1 << 21),
                      args.iters, args.warmup,
                      pieces=tuple(int(k) for k in args.pieces.split(",") if k),
-                     timings=tuple(t for t in args.timing.split(",") if t), repeats=args.repeats)
+                     timings=tuple(t for t in args.timing.split(",") if t), repeats=args.repeats,
+                     fused=args.fused)
     result["provenance"] = provenance(dist.get_backend(), world)
     dist.destroy_process_group()
     if rank == 0:
