@@ -125,6 +125,8 @@ PRODUCERS: dict[str, Producer] = {
     "ncu_counters_reduce": Producer(NCU_COUNTERS, impls=_param_impls),
     "ncu_counters_strided": Producer(NCU_COUNTERS, impls=_param_impls),
     "ncu_counters_hopper": Producer(NCU_COUNTERS, impls=_param_impls),
+    "ncu_counters_gemms": Producer(NCU_COUNTERS, impls=_param_impls),
+    "ncu_counters_rows": Producer(NCU_COUNTERS, impls=_param_impls),
     "cublas_sgemm": Producer(("scripts/capture_cublas.sh",), files=("csrc/standalone/cublas_sgemm.cu",)),
     "nsys_stream_overlap": Producer(NSYS_STREAMS, impls=_stream_overlap),
 }
@@ -137,6 +139,8 @@ def producer(name: str, root: Path = REPO_ROOT) -> Producer | None:
         return PRODUCERS[name]
     if name.startswith("inductor_"):
         return Producer(("scripts/capture_inductor.py",))
+    if name.startswith("capstone_"):  # Part 8's decode-step profiles
+        return Producer(("scripts/capture_part8.sh",), modules=("snippets.part8.capstone",))
     if name.startswith("ncu_summary"):  # KM_NCU_SUMMARY may name it ncu_summary_part5
         return Producer(PROFILES, impls=_ncu_summary)
     if name.startswith("ncu_"):
