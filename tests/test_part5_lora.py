@@ -7,12 +7,16 @@ are marked ``gpu``."""
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+
 import pytest
 import torch
 import triton
 from helpers import assert_close_within, compile_script_results
 
 from conftest import DEVICE, HAS_GPU, poison_allocator
+from snippets.common.introspect import layouts, parse_ptxas, ptxas_report
 from snippets.part5 import lora as lo
 
 FWD = {"v2": lo.lora_linear_two_kernels, "v3": lo.lora_linear_fused}
@@ -301,6 +305,100 @@ def test_gemm_kernel_compiles_to_wgmma_for_sm90():
         assert "m64n256k16" in res["shapes"] and not res["spills"], res
         assert ("m64n16k16" in res["shapes"]) == res["in_loop"], res
         assert res["shared"] == lo.gemm_smem_bytes(cfg, 16, 2, res["in_loop"]), res
+
+
+# ---------------------------------------------------------------- why the fused GEMM is slower: compile-time facts
+
+# Part 3's tensor-core kernel (snippets.common.gemm.matmul_kernel: B = K x N, N contiguous, no low-rank step) and
+# this chapter's kernel as the forward launches it (B = W^T, a view: K contiguous), U given (v2) and U in the K
+# loop (v3), bf16, r = 16, compiled for sm_90 with the same tiles, warps and stages.
+FACTS_SCRIPT = r"""
+import json
+import torch
+import triton.language as tl
+from snippets.common.gemm import GROUP_M, matmul_kernel
+from snippets.common.introspect import triton_compile
+from snippets.part5 import lora as lo
+out = []
+for bm, bn, warps, stages in CONFIGS:
+    sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16",
+           **{n: "i32" for n in ("M", "N", "K", "stride_am", "stride_bk", "stride_cm")}}
+    consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, GROUP_M=GROUP_M, INPUT_PRECISION="ieee")
+    built = {"matmul_kernel": triton_compile(matmul_kernel, sig, consts, list(sig), num_warps=warps,
+                                             num_stages=stages)}
+    for v in ("v2", "v3"):
+        built[v] = lo.compile_for_hopper(torch.bfloat16, u_in_loop=v == "v3", r=16, block_m=bm, block_n=bn,
+                                         num_warps=warps, num_stages=stages)
+    for name, ck in built.items():
+        out.append(dict(config=[bm, bn, warps, stages], kernel=name, ptx=ck.asm["ptx"], ttgir=ck.asm["ttgir"],
+                        shared=ck.metadata.shared, entry=ck.metadata.name))
+print(json.dumps(out))
+"""
+# The headline's likely pick (the largest tile, 3 stages) and the one-warpgroup config of the space.
+FACTS_CONFIGS = [(128, 256, 8, 3), (128, 128, 4, 4)]
+
+
+def _k_loop(ptx: str) -> list[str]:
+    """The instructions of the innermost loop of ``ptx``: from the label a later branch jumps back to, to that
+    branch (the K loop of these kernels)."""
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"(\$L__BB\w+):", ln))}
+    loops = [(labels[m.group(1)], i) for i, ln in enumerate(lines)
+             if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\w+);", ln)) and labels.get(m.group(1), i) < i]
+    assert loops, "no loop found in the PTX"
+    start, end = min(loops, key=lambda se: se[1] - se[0])
+    return [ln for ln in lines[start + 1:end + 1] if ln and not ln.startswith(("$", "//", ".", "{", "}"))]
+
+
+def _facts(res: dict) -> dict:
+    """What the build does with its operand tiles: bytes per cp.async copy (global -> shared) and how many; the
+    nvmma_shared layouts (swizzle bytes, transposed = stored K-major for B); the wgmma shapes with B's transpose
+    flag (imm-trans-b); shared memory, registers, spills; in the K loop, its instructions, its wgmma and any
+    read of shared memory by the threads (ld.shared, ldmatrix), which operands fed to wgmma from shared memory
+    do not need."""
+    ptx, ttgir = res["ptx"], res["ttgir"]
+    copies = Counter(int(s, 0) for s in re.findall(
+        r"cp\.async\.\w+\.shared\.global\S*\s+\[[^\]]+\],\s*\[[^\]]+\],\s*(0x[0-9a-fA-F]+|\d+)", ptx))
+    shared_layouts = {(int(w), t == "true") for v in layouts(ttgir).values()
+                      for w, t in re.findall(r"nvmma_shared<\{swizzlingByteWidth = (\d+), transposed = (\w+)", v)}
+    wgmma = Counter(f"{shape} trans-b {tb}" for shape, tb in re.findall(
+        r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.[^;]*,\s*\d,\s*\d,\s*\d,\s*(\d);", ptx))
+    loop = _k_loop(ptx)
+    ptxas = parse_ptxas(ptxas_report(ptx)).get(res["entry"], {})
+    return dict(copies=copies, shared_layouts=shared_layouts, wgmma=wgmma, shared=res["shared"],
+                registers=ptxas.get("registers"), spills=ptxas.get("spill_store_bytes"), loop=len(loop),
+                loop_wgmma=sum("wgmma.mma_async" in ln for ln in loop),
+                loop_shared_reads=sum(bool(re.search(r"\b(ld\.shared|ldmatrix)", ln)) for ln in loop))
+
+
+@pytest.mark.op("lora_linear")
+def test_w_transposed_costs_no_narrow_copies_and_no_shared_round_trip_on_sm90():
+    """The suspicion that W read as a K-major B (x @ W^T) makes the GEMM slow, checked in the sm_90 build: x's
+    and W's tiles arrive in 16-byte cp.async copies, as many as in Part 3's kernel with an N-major B; W's tile is
+    stored K-major (nvmma_shared transposed) and wgmma reads it with trans-b 0, its native form for B (Part 3's
+    kernel uses trans-b 1); no K loop reads shared memory from the threads; v2 needs the same shared memory as
+    Part 3's kernel and v3 only its A^T tile more. What v3 adds to the loop is one narrow wgmma (n16, x A^T) per
+    wide one."""
+    script = FACTS_SCRIPT.replace("CONFIGS", repr(FACTS_CONFIGS))
+    by = {(tuple(r["config"]), r["kernel"]): _facts(r) for r in compile_script_results(script)}
+    for bm, bn, warps, stages in FACTS_CONFIGS:
+        cfg = (bm, bn, warps, stages)
+        mm, v2, v3 = (by[cfg, k] for k in ("matmul_kernel", "v2", "v3"))
+        n_wide = f"m64n{bn}k16"
+        assert set(mm["copies"]) == set(v2["copies"]) == {16} and v2["copies"] == mm["copies"], (cfg, mm, v2)
+        # v3: the same 16-byte copies of x and W, plus the 64 x 16 tile of A^T (2 KiB a stage), which 8 warps
+        # copy in 8-byte pieces and 4 warps in 16-byte ones
+        assert v3["copies"][16] >= mm["copies"][16] and set(v3["copies"]) <= {16, 8}, (cfg, v3)
+        assert (128, True) in v2["shared_layouts"] and (128, True) in v3["shared_layouts"], (cfg, v2)
+        assert mm["shared_layouts"] == {(128, False)}, (cfg, mm)
+        assert set(mm["wgmma"]) == {f"{n_wide} trans-b 1"}, (cfg, mm)
+        assert set(v2["wgmma"]) == {f"{n_wide} trans-b 0"}, (cfg, v2)
+        assert set(v3["wgmma"]) == {f"{n_wide} trans-b 0", "m64n16k16 trans-b 0"}, (cfg, v3)
+        for f in (mm, v2, v3):
+            assert f["loop_shared_reads"] == 0 and f["spills"] == 0, (cfg, f)
+        assert v2["loop_wgmma"] == mm["loop_wgmma"] and v3["loop_wgmma"] == 2 * mm["loop_wgmma"], (cfg, mm, v3)
+        assert v2["shared"] == mm["shared"], (cfg, mm, v2)
+        assert v3["shared"] - v2["shared"] == stages * 64 * 16 * 2, (cfg, v2, v3)
 
 
 # ---------------------------------------------------------------- GPU: bf16, autotuned launches
