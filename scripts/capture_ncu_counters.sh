@@ -34,7 +34,7 @@ while IFS=$'\t' read -r group name regex; do
   cmd=(ncu --clock-control none --profile-from-start off --kernel-name-base demangled
        --kernel-name "regex:$regex" --launch-count 1
        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
-       --section SchedulerStats --section MemoryWorkloadAnalysis_Tables
+       --section SchedulerStats --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis
        --metrics "$METRICS"
        --export "$TMP/$group/$name" --force-overwrite
        "${CNT[@]}" --kernel "$name")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +176,22 @@ ROWS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 # What the shell script passes to ncu --metrics (the sections add the warp stall reasons).
 METRICS = tuple(dict.fromkeys(m for _, ms, _ in ROWS for m in ms))
+# Rows found by name in what the sections collected (ComputeWorkloadAnalysis: the pipes' use): the
+# largest value among the metrics that match, so no exact name has to be known in advance (they
+# differ between Nsight Compute versions), and the names that matched are listed under the table.
+PATTERN_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("tensor pipe, % of peak", r"^sm__(inst_executed_)?pipe_tensor\w*\.avg\.pct_of_peak_sustained_"
+     r"active$", "f1"),
+)
+
+
+def _matching(metrics: dict, pattern: str) -> list[str]:
+    return sorted(n for n in metrics if re.match(pattern, n) and _value(metrics, n) is not None)
+
+
+def _pattern_cell(metrics: dict, pattern: str, fmt: str) -> str:
+    names = _matching(metrics, pattern)
+    return _cell(metrics, (max(names, key=lambda n: _value(metrics, n)),), fmt) if names else "-"
 STALL_ROWS = 6
 
 
@@ -221,6 +238,8 @@ def text(group: str, folder: Path, command: str) -> str:
     header = ["counter", *[c.label for c in counted]]
     rows = [[label, *[_cell(by_label[c.label], names, fmt) for c in counted]]
             for label, names, fmt in ROWS]
+    rows += [[label, *[_pattern_cell(by_label[c.label], pattern, fmt) for c in counted]]
+             for label, pattern, fmt in PATTERN_ROWS]
     rows.insert(0, ["kernel", *[kernels[c.label] for c in counted]])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
@@ -236,6 +255,9 @@ def text(group: str, folder: Path, command: str) -> str:
         out.append(f"  {c.label:<10} " + (", ".join(f"{r} {v:.2f}" for r, v in top) or "-"))
     out += ["", "Metrics, in table order:"]
     out += [f"  {label}: {' / '.join(names)}" for label, names, _ in ROWS]
+    for label, pattern, _ in PATTERN_ROWS:
+        found = sorted({n for c in counted for n in _matching(by_label[c.label], pattern)})
+        out.append(f"  {label}: the largest of {', '.join(found) or '(none collected)'}")
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -33,3 +33,17 @@ def test_every_profiled_launch_names_a_real_version():
             re.compile(c.kernel)
             size = mod._size(c)
             assert set(size) <= set(op.headline) | {k for s in op.sweep for k in s}, (group, c)
+
+
+def test_the_tensor_pipe_row_takes_the_largest_matching_metric():
+    """The tensor pipe's use is found by name among what the sections collected: the largest of
+    the metrics that match (gmma and hmma pipes alike), never another pipe's."""
+    mod = _module()
+    gmma = "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"
+    hmma = "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active"
+    alu = "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active"
+    metrics = {gmma: (71.5, "%"), hmma: (3.0, "%"), alu: (90.0, "%")}
+    (label, pattern, fmt), = mod.PATTERN_ROWS
+    assert mod._matching(metrics, pattern) == sorted([gmma, hmma])
+    assert mod._pattern_cell(metrics, pattern, fmt) == "71.5"
+    assert mod._pattern_cell({alu: (90.0, "%")}, pattern, fmt) == "-"
