@@ -18,6 +18,15 @@ Versions of ``int4_gemm`` (never renumbered):
       each program writes an fp32 partial sum and one deterministic sum over the splits follows.
 - v3  PyTorch, dequantise then matmul: the weight is rebuilt in memory (a write and a read of N * K
       half-precision values) and then multiplied; the naive way to run a quantised checkpoint.
+- v4  Triton, a GEMV for M <= 8 on CUDA cores, no tl.dot: v2's compiled code at M = 1 reads the
+      packed weight one byte per load instruction and moves it through shared memory into the
+      tensor cores' operand layout at every K step, with 15 of the MMA's 16 rows padding. v4's
+      program owns 128 rows of the weight and one range of K; a thread loads 16 bytes of a row
+      (32 codes) at once as int32 words, turns each code into a float with an AND-OR into the
+      mantissa of a power of two and one subtraction, and multiplies by x, loaded straight into
+      the same register layout; every row of x reuses the dequantised weight. Split-K as in v2,
+      the fp32 partials summed in a fixed order by a second small kernel. More rows than 8, or K
+      not a multiple of 8: v2.
 
 Layout: x (M, K) fp16/bf16 (fp32 is accepted for tests under the interpreter), packed (N, K / 2)
 uint8 (byte j of row n holds the codes of k = 2j in its low nibble and 2j + 1 in its high one, as
@@ -236,6 +245,206 @@ def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
 
 
 # --------------------------------------------------------------------------------------------------
+# v4: a GEMV for M <= 8, no tensor cores
+# --------------------------------------------------------------------------------------------------
+
+GEMV_MAX_M = 8  # past this many rows of x the FMAs, not the bytes, set the time (the model)
+
+
+# --8<-- [start:gemv_unpack]
+@triton.jit
+def _nibble(words, J: tl.constexpr, offset):
+    """Code J (0..7) of every int32 word, minus ``offset``, as float32, with no integer-to-float
+    conversion (a slow instruction on a GPU): the code, in bits 4i..4i+3 of a half-word (i = J mod
+    4), is ORed into the mantissa of the float 2^(23 - 4i), whose lowest mantissa bit is worth
+    2^-4i, so that bit 4i is worth 1 and the float is 2^(23 - 4i) + code, exactly; one subtraction
+    leaves the code. An AND-OR and a subtraction per code, a shift per four."""
+    half = words if J < 4 else words >> 16
+    bits = (half & (0xF << (4 * (J % 4)))) | ((127 + 23 - 4 * (J % 4)) << 23)
+    return bits.to(tl.float32, bitcast=True) - ((1 << (23 - 4 * (J % 4))) + offset)
+
+
+@triton.jit
+def _unpack_words(words, offset):
+    """(ROWS, W) int32 words -> (ROWS, 8 W) float32 codes minus ``offset``, in k order. Word w of
+    a row holds k = 8w .. 8w + 7 (little-endian bytes, low nibble first), and the joins are nested
+    so that the flattened index 4a + 2b + c of (a, b, c) is the code's position in its word."""
+    ev = tl.join(tl.join(_nibble(words, 0, offset), _nibble(words, 4, offset)),
+                 tl.join(_nibble(words, 2, offset), _nibble(words, 6, offset)))
+    od = tl.join(tl.join(_nibble(words, 1, offset), _nibble(words, 5, offset)),
+                 tl.join(_nibble(words, 3, offset), _nibble(words, 7, offset)))
+    return tl.reshape(tl.join(ev, od), (words.shape[0], 8 * words.shape[1]))
+# --8<-- [end:gemv_unpack]
+
+
+# --8<-- [start:gemv_kernel]
+@triton.jit
+def _gemv_step(acc, x_ptr, stride_xm, M, w_rows, s_rows, z_rows, k0, k_hi,
+               GROUP_SIZE: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_K: tl.constexpr, MASKED: tl.constexpr):
+    """One BLOCK_K slice of K for BLOCK_N weight rows and every row of x: acc (BLOCK_N, BLOCK_M)."""
+    # words along a row are contiguous from a multiple of BLOCK_K / 8: vector loads (16 bytes when
+    # a thread holds 4 words or more of a row)
+    word = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BLOCK_K // 8), BLOCK_K // 8),
+                             BLOCK_K // 8)
+    kk = tl.max_contiguous(tl.multiple_of(k0 + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+    if MASKED:  # the last, partial slice of the range: K is a multiple of 8, so whole words
+        words = tl.load(w_rows + word[None, :], mask=(8 * word < k_hi)[None, :], other=0)
+    else:  # rows past N were clamped to N - 1 by the caller: no mask at all
+        words = tl.load(w_rows + word[None, :])                        # (BLOCK_N, WORDS)
+    if GROUP_SIZE % BLOCK_K == 0:
+        # one group per slice: one scale (and zero) per row; the codes minus the zero are exact
+        # small integers, the sum over the slice is scaled once
+        group = k0 // GROUP_SIZE
+        scale = tl.load(s_rows + group).to(tl.float32)                  # (BLOCK_N, 1)
+        if HAS_ZEROS:
+            zero = tl.load(z_rows + group).to(tl.float32)
+        else:
+            zero = 8.0  # symmetric codes: 0..15 stand for -8..7
+        w = _unpack_words(words, zero)                                  # (BLOCK_N, BLOCK_K)
+    else:
+        # a slice spans several groups: scale (and zero) per element, by group index
+        group = (kk // GROUP_SIZE)[None, :]
+        # every position of the last slice reads a scale: those past the range read group 0
+        group = tl.where((kk < k_hi)[None, :], group, 0) if MASKED else group
+        if HAS_ZEROS:
+            zero = tl.load(z_rows + group).to(tl.float32)
+        else:
+            zero = 8.0
+        w = (_unpack_words(words, 0.0) - zero) * tl.load(s_rows + group).to(tl.float32)
+        scale = 1.0
+    cols = tl.arange(0, BLOCK_M)[None, :]
+    for m in tl.static_range(BLOCK_M):
+        # row m of x, loaded straight into the layout of w's columns (every row of the tile
+        # multiplies the same slice of x); rows past M re-read row M - 1 and are never stored
+        if MASKED:
+            xm = tl.load(x_ptr + tl.minimum(m, M - 1) * stride_xm + kk, mask=kk < k_hi, other=0.0)
+        else:
+            xm = tl.load(x_ptr + tl.minimum(m, M - 1) * stride_xm + kk)
+        part = tl.sum(w * xm.to(tl.float32)[None, :], axis=1)[:, None] * scale  # (BLOCK_N, 1)
+        acc = tl.where(cols == m, acc + part, acc)
+    return acc
+
+
+@triton.jit
+def _int4_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+                      stride_xm, stride_wn, stride_sn, stride_ys, stride_ym,
+                      GROUP_SIZE: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[:, n] for BLOCK_N rows n of the weight over one range of K. w_ptr: the packed codes as
+    int32 words (8 codes each), stride_wn in words."""
+    tl.static_assert(BLOCK_K % 8 == 0)  # whole int32 words of codes per row
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(offs_n, N - 1)[:, None].to(tl.int64)  # clamped: loads need no row mask
+    w_rows = w_ptr + rows * stride_wn                        # (BLOCK_N, 1)
+    s_rows = s_ptr + rows * stride_sn                        # zeros: the same layout
+    z_rows = z_ptr + rows * stride_sn
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+    k_full = k_lo + (k_hi - k_lo) // BLOCK_K * BLOCK_K  # the whole slices of the range
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_lo, k_full, BLOCK_K):
+        acc = _gemv_step(acc, x_ptr, stride_xm, M, w_rows, s_rows, z_rows, k0, k_hi,
+                         GROUP_SIZE, HAS_ZEROS, BLOCK_M, BLOCK_K, False)
+    if k_full < k_hi:
+        acc = _gemv_step(acc, x_ptr, stride_xm, M, w_rows, s_rows, z_rows, k_full, k_hi,
+                         GROUP_SIZE, HAS_ZEROS, BLOCK_M, BLOCK_K, True)
+    offs_m = tl.arange(0, BLOCK_M)[None, :]
+    y_ptrs = y_ptr + pid_k * stride_ys + offs_m.to(tl.int64) * stride_ym + offs_n[:, None]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M) & (offs_n[:, None] < N))
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, y_ptr, SPLITS, MN, BLOCK: tl.constexpr):
+    """y = the sum of the SPLITS fp32 partial results, in split order (deterministic), rounded
+    once to y's dtype: one launch instead of a sum and a copy."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(SPLITS):
+        total += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
+    tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=ok)
+# --8<-- [end:gemv_kernel]
+
+
+# --8<-- [start:gemv_config]
+def gemv_config(m: int, n: int, k: int, g: int) -> dict:
+    """v4's blocks. BLOCK_K is the largest of 128, 64, 32, 16, 8 codes that divides G, so that a
+    slice lies in one group (the scale-once path); for G not a multiple of 8 (a word of codes would
+    straddle two groups) 32, with a scale per element. A thread loads up to 16 bytes (32 codes) of
+    a row per slice, BLOCK_K / 32 threads share a row and the rest of the 256 stack rows: BLOCK_N
+    is at least the rows one pass of the threads covers (no thread idle or duplicated), two per
+    thread at BLOCK_K = 128. x's slice, BLOCK_K values, is then smaller than the program's thread
+    count, and the compiler loads it straight into the layout the product needs instead of
+    converting it through shared memory (checked in the tests). Under the interpreter: 64-deep
+    slices and 16 rows, so that small tests cross slice and row edges and run both scale paths."""
+    if triton_interpreting():
+        return dict(BLOCK_N=16, BLOCK_K=64, num_warps=4)
+    return gemv_gpu_config(g)
+
+
+def gemv_gpu_config(g: int) -> dict:
+    """gemv_config's choice on a GPU (also what the compile tests build on a CPU)."""
+    block_k = next((b for b in (128, 64, 32, 16, 8) if g % b == 0), 32)
+    return dict(BLOCK_N=128 if block_k >= 64 else 256, BLOCK_K=block_k, num_warps=8)
+
+
+def gemv_split_k(n: int, k: int, config: dict) -> int:
+    """K ranges for v4: double until there are four programs per SM (so that an SM has other
+    programs' loads in flight while one computes), keeping at least two slices per range."""
+    sms = INTERPRET_SMS if triton_interpreting() else num_sms(torch.cuda.current_device())
+    tiles = triton.cdiv(n, config["BLOCK_N"])
+    steps = triton.cdiv(k, config["BLOCK_K"])
+    split = 1
+    while tiles * split < 4 * sms and steps >= 4 * split:
+        split *= 2
+    return split
+# --8<-- [end:gemv_config]
+
+
+# --8<-- [start:gemv_launch]
+def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+              zeros: torch.Tensor | None = None, split_k: int | None = None) -> torch.Tensor:
+    """v4: y = x @ dequantised(w).T for M <= 8 rows of x, on CUDA cores (no tl.dot). The weight is
+    read once for all M rows, as int32 words of 8 codes: K must be a multiple of 8 (it is whenever
+    G is). ``split_k``: an int >= 1 or None (``gemv_split_k``'s choice)."""
+    m, n, k, g = check_int4_gemm(x, packed, scales, zeros, fn="int4_gemv")
+    refuse_grad("int4_gemv", x, scales, instead="int4_gemm_ref")
+    if m > GEMV_MAX_M:
+        raise ValueError(f"int4_gemv: M = {m} rows of x; the GEMV takes M <= {GEMV_MAX_M} (use "
+                         "int4_gemm, the tensor-core kernel, for more)")
+    if k % 8:
+        raise ValueError(f"int4_gemv: K = {k} must be a multiple of 8 (rows of int32 words of 8 "
+                         "codes); use int4_gemm")
+    if packed.storage_offset() % 4:
+        raise ValueError("int4_gemv: packed must start on a 4-byte boundary (it is read as int32 "
+                         f"words); got storage offset {packed.storage_offset()}")
+    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int)
+                                or split_k < 1):
+        raise ValueError(f"int4_gemv: split_k must be an int >= 1 or None, got {split_k!r}")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    config = gemv_config(m, n, k, g)
+    split = gemv_split_k(n, k, config) if split_k is None else split_k
+    k_per_split = triton.cdiv(triton.cdiv(k, config["BLOCK_K"]), split) * config["BLOCK_K"]
+    out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    words = packed.view(torch.int32)  # (N, K / 8): byte 4w + i of a row is byte i of word w
+    grid = (triton.cdiv(n, config["BLOCK_N"]), split)
+    _int4_gemv_kernel[grid](
+        x, words, scales, zeros if zeros is not None else packed, out, m, n, k, k_per_split,
+        x.stride(0), words.stride(0), scales.stride(0), out.stride(0) if split > 1 else 0,
+        out.stride(-2), GROUP_SIZE=g, HAS_ZEROS=zeros is not None,
+        BLOCK_M=triton.next_power_of_2(m), **config)
+    if split > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](out, y, split, m * n, BLOCK=block)
+    return y
+# --8<-- [end:gemv_launch]
+
+
+# --------------------------------------------------------------------------------------------------
 # Baselines
 # --------------------------------------------------------------------------------------------------
 
@@ -307,6 +516,17 @@ def int4_linear_splitk(x, packed, scales, dense=None):
     return int4_gemm(x, packed, scales, split_k=None)
 
 
+def int4_linear_gemv(x, packed, scales, dense=None):
+    """v4 with the registry's arguments: int4_gemv (CUDA cores, the weight read once for all rows)
+    for M <= 8 and K a multiple of 8; otherwise v2 (``int4_gemm`` with split-K), since at more
+    rows the GEMV's FMAs, not its bytes, set the time (the chapter's model). So at the headline
+    M = 16 and at M = 64 the v4 rows of the tables are v2's kernel."""
+    refuse_grad("int4_linear_gemv", dense, instead="int4_gemm_ref")   # forward-only
+    if x.shape[0] <= GEMV_MAX_M and x.shape[-1] % 8 == 0:
+        return int4_gemv(x, packed, scales)
+    return int4_gemm(x, packed, scales, split_k=None)
+
+
 def dequant_linear(x, packed, scales, dense=None):
     """v3 with the registry's arguments: dequant_matmul(x, packed, scales)."""
     return dequant_matmul(x, packed, scales)
@@ -346,4 +566,10 @@ int4_gemm_op.add(Impl("v2", int4_linear_splitk, "Triton",
                       device="any", dtypes=_triton_dtypes()))
 int4_gemm_op.add(Impl("v3", dequant_linear, "PyTorch", "dequantise to memory, then torch.matmul",
                       (dequant_matmul, check_int4_gemm), origin="library"))
+int4_gemm_op.add(Impl("v4", int4_linear_gemv, "Triton",
+                      "GEMV on CUDA cores for M <= 8 (v2 for more), 16-byte loads",
+                      (*SOURCES, auto_split_k, _int4_gemv_kernel, _gemv_step, _unpack_words,
+                       _nibble, _sum_splits_kernel, gemv_config, gemv_gpu_config, gemv_split_k,
+                       int4_gemv),
+                      device="any", dtypes=_triton_dtypes()))
 # --8<-- [end:register]
