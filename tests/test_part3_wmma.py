@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from helpers import cancelling_operands
@@ -19,9 +20,9 @@ from snippets.part3 import wmma as w
 
 HALF = (torch.float16, torch.bfloat16)
 WMMA_VERSIONS = {"v0": w.wmma_cublas, "v1": w.wmma_naive, "v2": w.wmma_smem, "v3": w.wmma_async,
-                 "v4": w.wmma_triton, "v5": w.wmma_triton_wide}
+                 "v4": w.wmma_triton, "v5": w.wmma_triton_wide, "v6": w.wmma_mma}
 TF32_VERSIONS = {"v0": w.tf32_cublas, "v1": w.tf32_wmma, "v2": w.tf32_triton, "v3": w.tf32_kmajor}
-CUDA_HALF = {"v1": w.wmma_naive, "v2": w.wmma_smem, "v3": w.wmma_async}
+CUDA_HALF = {"v1": w.wmma_naive, "v2": w.wmma_smem, "v3": w.wmma_async, "v6": w.wmma_mma}
 
 # (M, N, K) that v1 takes (all multiples of 16): one fragment, partial 32 x 32 blocks (M or N = 16 mod 32),
 # several K steps, and many blocks.
@@ -146,6 +147,8 @@ UNSUPPORTED = [
     ("v2", 16, 16, 20, "K = 20 is not a multiple of 8"),
     ("v3", 5, 8, 4, "K = 4 is not a multiple of 8"),
     ("v3", 5, 30, 8, "N = 30 is not a multiple of 8"),
+    ("v6", 5, 8, 12, "K = 12 is not a multiple of 8"),
+    ("v6", 5, 20, 8, "N = 20 is not a multiple of 8"),
     ("tf32", 3, 6, 4, "N = 6 is not a multiple of 4"),
     ("tf32", 3, 4, 10, "K = 10 is not a multiple of 4"),
 ]
@@ -166,7 +169,8 @@ def test_unsupported_sizes_refused(name, m, n, k, words):
 
 
 @pytest.mark.op("wmma_gemm")
-@pytest.mark.parametrize("name, align", [("v1", 32), ("v2", 16), ("v3", 16), ("tf32", 16)])
+@pytest.mark.parametrize("name, align", [("v1", 32), ("v2", 16), ("v3", 16), ("v6", 16),
+                                         ("tf32", 16)])
 def test_misaligned_views_refused(name, align):
     """A contiguous view that starts a few elements into a buffer is not aligned for the kernel's loads."""
     cfg = _config(name)
@@ -311,6 +315,184 @@ def test_tf32_error_scales_like_its_unit_roundoff(k):
     assert not torch.allclose(exact + err_tf32, exact, rtol=rtol32, atol=atol32)
 
 
+# ---------------------------------------------------------------- CPU: v6's swizzle and index math
+
+V6 = w.CONFIGS["v6"]
+V6_BM, V6_BN = V6.tile
+V6_BK, V6_NT, V6_STAGES = w.MMA_BK, V6.threads, w.MMA_STAGES
+V6_CA, V6_CB = V6_BK // 8, V6_BN // 8  # 16-byte chunks per row of the A and B tiles
+V6_WM = V6_WN = 64  # each warp's part of the block tile (csrc/part3/wmma_gemm.cu, mma_tiled)
+V6_WARPS_N = V6_BN // V6_WN
+LANES = np.arange(32)
+
+
+def _v6_warp_origin(warp):
+    return (warp // V6_WARPS_N) * V6_WM, (warp % V6_WARPS_N) * V6_WN
+
+
+def _ldmatrix_offsets(warp, kk, swizzle=w.mma_swizzle):
+    """{(operand, index): the 32 lanes' chunk offsets} of one 16-deep step, as mma_tiles computes
+    them: lane l addresses row l % 16 of a 16-row slab, at chunk l / 16 of the step's two."""
+    wm0, wn0 = _v6_warp_origin(warp)
+    out = {}
+    for i in range(V6_WM // 16):
+        out["a", i] = [swizzle(wm0 + i * 16 + l % 16, 2 * kk + l // 16, V6_CA) for l in LANES]
+    for j in range(V6_WN // 16):
+        out["b", j] = [swizzle(16 * kk + l % 16, (wn0 + j * 16) // 8 + l // 16, V6_CB)
+                       for l in LANES]
+    return out
+
+
+def _copy_offsets(i, tid, operand):
+    """The shared chunk that copy i of thread tid writes (load_tiles), and its (row, chunk)."""
+    per_row = V6_CA if operand == "a" else V6_CB
+    idx = tid + i * V6_NT
+    r, c = idx // per_row, idx % per_row
+    return w.mma_swizzle(r, c, per_row), r, c
+
+
+@pytest.mark.op("wmma_gemm")
+@pytest.mark.parametrize("per_row", [8, 16])
+def test_v6_swizzle_permutes_each_128_byte_line(per_row):
+    """No two chunks of a tile share a place, and each stays in its own 128-byte line (so the
+    offsets of a row are those of the unswizzled row, permuted)."""
+    for row in range(64):
+        got = [w.mma_swizzle(row, c, per_row) for c in range(per_row)]
+        assert sorted(got) == list(range(row * per_row, (row + 1) * per_row))
+        assert all(o // 8 == (row * per_row + c) // 8 for c, o in enumerate(got))
+
+
+@pytest.mark.op("wmma_gemm")
+def test_v6_ldmatrix_phases_hit_8_bank_groups():
+    """ldmatrix reads 8 rows of 16 bytes per phase (lanes 8p .. 8p + 7): with the swizzle they fall
+    in 8 different groups of 4 banks (offset % 8) for every warp, step, A and B slab; without it,
+    all 8 in one group (an 8-way conflict)."""
+    for warp in range(V6_NT // 32):
+        for kk in range(V6_BK // 16):
+            for key, offsets in _ldmatrix_offsets(warp, kk).items():
+                for p in range(4):
+                    phase = offsets[8 * p:8 * p + 8]
+                    assert len({o % 8 for o in phase}) == 8, (warp, kk, key, p, phase)
+            plain = _ldmatrix_offsets(warp, kk, swizzle=lambda r, c, n: r * n + c)
+            for key, offsets in plain.items():
+                assert len({o % 8 for o in offsets[:8]}) == 1, key
+
+
+@pytest.mark.op("wmma_gemm")
+@pytest.mark.parametrize("operand", ["a", "b"])
+def test_v6_copies_fill_each_tile_once_without_conflicts(operand):
+    """Every chunk of a stage is written by exactly one copy, and the 8 threads of each 128-byte
+    phase of a warp's cp.async write 8 different bank groups."""
+    rows = V6_BM if operand == "a" else V6_BK
+    per_row = V6_CA if operand == "a" else V6_CB
+    copies = rows * per_row // V6_NT
+    written = []
+    for i in range(copies):
+        offs = [_copy_offsets(i, tid, operand)[0] for tid in range(V6_NT)]
+        written += offs
+        for p in range(0, V6_NT, 8):
+            assert len({o % 8 for o in offs[p:p + 8]}) == 8, (operand, i, p)
+    assert sorted(written) == list(range(rows * per_row))
+
+
+def _ldmatrix(tile, offsets, trans):
+    """ldmatrix.x4 (trans: .x4.trans) on a tile of 16-byte chunks (tile[o] = 8 values): registers
+    (32 lanes, 4, 2). Matrix i's rows are the chunks lanes 8i .. 8i + 7 address."""
+    mats = tile[np.asarray(offsets)].reshape(4, 8, 8)  # (matrix, row, column)
+    g, t = LANES // 4, LANES % 4
+    regs = np.empty((32, 4, 2))
+    for i in range(4):
+        for e in range(2):
+            regs[:, i, e] = mats[i, 2 * t + e, g] if trans else mats[i, g, 2 * t + e]
+    return regs
+
+
+def _mma(acc, a, b):
+    """mma.sync.m16n8k16.row.col with fp32 sums (in float64 here): the fragments of all 32 lanes
+    put together by the PTX ISA's layouts, multiplied, and the result handed back by C's layout."""
+    g, t = LANES // 4, LANES % 4
+    A, B = np.zeros((16, 16)), np.zeros((16, 8))
+    for e in range(2):
+        A[g, 2 * t + e], A[g + 8, 2 * t + e] = a[:, 0, e], a[:, 1, e]
+        A[g, 8 + 2 * t + e], A[g + 8, 8 + 2 * t + e] = a[:, 2, e], a[:, 3, e]
+        B[2 * t + e, g], B[8 + 2 * t + e, g] = b[:, 0, e], b[:, 1, e]
+    D = A @ B
+    acc[:, 0] += D[g, 2 * t]
+    acc[:, 1] += D[g, 2 * t + 1]
+    acc[:, 2] += D[g + 8, 2 * t]
+    acc[:, 3] += D[g + 8, 2 * t + 1]
+
+
+def _v6_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """v6 run on the CPU, one block and one warp at a time, with the kernel's own index arithmetic
+    (copies, swizzle, ldmatrix addresses, fragment registers, epilogue) and the PTX semantics of
+    ldmatrix and mma.sync. C is returned in float64 (unrounded); unwritten entries are NaN."""
+    (m, k), n = a.shape, b.shape[1]
+    c = np.full((m, n), np.nan)
+    tiles = -(-k // V6_BK)
+    for row0 in range(0, m, V6_BM):
+        for col0 in range(0, n, V6_BN):
+            sA = np.full((V6_STAGES, V6_BM * V6_CA, 8), np.nan)
+            sB = np.full((V6_STAGES, V6_BK * V6_CB, 8), np.nan)
+
+            def load_tiles(s, k0):
+                for i in range(V6_BM * V6_CA // V6_NT):
+                    for tid in range(V6_NT):
+                        o, r, ch = _copy_offsets(i, tid, "a")
+                        inside = row0 + r < m and k0 + ch * 8 < k
+                        sA[s, o] = a[row0 + r, k0 + ch * 8:k0 + ch * 8 + 8] if inside else 0
+                for i in range(V6_BK * V6_CB // V6_NT):
+                    for tid in range(V6_NT):
+                        o, r, ch = _copy_offsets(i, tid, "b")
+                        inside = k0 + r < k and col0 + ch * 8 < n
+                        sB[s, o] = b[k0 + r, col0 + ch * 8:col0 + ch * 8 + 8] if inside else 0
+
+            acc = np.zeros((V6_NT // 32, V6_WM // 16, V6_WN // 8, 32, 4))
+            for s in range(V6_STAGES - 1):
+                if s < tiles:
+                    load_tiles(s, s * V6_BK)
+            for t in range(tiles):
+                nxt = t + V6_STAGES - 1
+                if nxt < tiles:
+                    load_tiles(nxt % V6_STAGES, nxt * V6_BK)
+                s = t % V6_STAGES
+                for warp in range(V6_NT // 32):
+                    for kk in range(V6_BK // 16):
+                        offs = _ldmatrix_offsets(warp, kk)
+                        fa = [_ldmatrix(sA[s], offs["a", i], False) for i in range(V6_WM // 16)]
+                        fb = [_ldmatrix(sB[s], offs["b", j], True) for j in range(V6_WN // 16)]
+                        for i in range(V6_WM // 16):
+                            for j in range(V6_WN // 8):
+                                bj = fb[j // 2][:, 2 * (j % 2):2 * (j % 2) + 2]
+                                _mma(acc[warp, i, j], fa[i], bj)
+            g, t4 = LANES // 4, LANES % 4
+            for warp in range(V6_NT // 32):
+                wm0, wn0 = _v6_warp_origin(warp)
+                for i in range(V6_WM // 16):
+                    for j in range(V6_WN // 8):
+                        for lane in LANES:
+                            col = col0 + wn0 + j * 8 + 2 * t4[lane]
+                            for h in range(2):
+                                row = row0 + wm0 + i * 16 + g[lane] + 8 * h
+                                if row < m and col < n:
+                                    c[row, col:col + 2] = acc[warp, i, j, lane, 2 * h:2 * h + 2]
+    return c
+
+
+@pytest.mark.op("wmma_gemm")
+@pytest.mark.parametrize("m, n, k", [(8, 8, 8), (130, 136, 200), (40, 264, 72)])
+def test_v6_index_math_emulated(m, n, k):
+    """The kernel's index arithmetic with the PTX semantics of its instructions, run on the CPU:
+    every entry of C written, and equal to the exact product of fp16 inputs (float64 sums: only
+    the order differs). Shapes cut the 128 x 128 tile, leave K a partial 64-deep step, and use
+    more than one block along N."""
+    ah, bh = _operands(m, n, k, "cpu", torch.float16, seed=_seed(m, n, k))
+    a, b = ah.double().numpy(), bh.double().numpy()
+    c = _v6_emulated(a, b)
+    assert not np.isnan(c).any()
+    np.testing.assert_allclose(c, a @ b, rtol=1e-12, atol=1e-12)
+
+
 # ---------------------------------------------------------------- GPU: every version
 
 @pytest.mark.gpu
@@ -327,12 +509,24 @@ def test_versions_whole_tiles(version, dtype, m, n, k):
 @pytest.mark.gpu
 @pytest.mark.op("wmma_gemm")
 @pytest.mark.parametrize("dtype", HALF, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("version", ["v0", "v2", "v3", "v4", "v5"])
+@pytest.mark.parametrize("version", ["v0", "v2", "v3", "v4", "v5", "v6"])
 @pytest.mark.parametrize("m, n, k", RAGGED_SHAPES)
 def test_versions_ragged(version, dtype, m, n, k):
     a, b = _operands(m, n, k, "cuda", dtype, seed=_seed(m, n, k))
     poison_allocator(m * n * 2, "cuda")
     _check(WMMA_VERSIONS[version](a, b), a, b, f"{version} {dtype} {m}x{n}x{k}")
+
+
+@pytest.mark.gpu
+@pytest.mark.op("wmma_gemm")
+@pytest.mark.parametrize("dtype", HALF, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m, n, k", [(4096, 4096, 4096), (1000, 2048, 4104), (128, 128, 64)])
+def test_v6_at_full_size(dtype, m, n, k):
+    """v6 across many 64-deep steps (the 3-stage ring wraps around dozens of times), a K that ends
+    in a partial step, and exactly one block with exactly one step."""
+    a, b = _operands(m, n, k, "cuda", dtype, seed=_seed(m, n, k))
+    poison_allocator(m * n * 2, "cuda")
+    _check(w.wmma_mma(a, b), a, b, f"v6 {dtype} {m}x{n}x{k}")
 
 
 @pytest.mark.gpu
@@ -378,7 +572,7 @@ def test_gpu_unsupported_sizes_refused(name, m, n, k, words):
 @pytest.mark.gpu
 @pytest.mark.op("wmma_gemm")
 @pytest.mark.op("tf32_gemm")
-@pytest.mark.parametrize("name", ["v1", "v2", "v3", "tf32"])
+@pytest.mark.parametrize("name", ["v1", "v2", "v3", "v6", "tf32"])
 def test_gpu_misaligned_view_refused(name):
     fn = w.tf32_wmma if name == "tf32" else CUDA_HALF[name]
     dtype = torch.float32 if name == "tf32" else torch.float16

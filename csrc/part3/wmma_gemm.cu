@@ -12,6 +12,9 @@
 // wmma_v3_*   like v2 with two shared-memory stages filled by cp.async: the next tile is copied
 //             from global to shared memory while the tensor cores work on the current one, with no
 //             staging registers
+// mma_v6_*    no WMMA: PTX mma.sync.aligned.m16n8k16 fed by ldmatrix (.x4, and .trans for the
+//             row-major B) from XOR-swizzled shared memory (no padding), MMA_STAGES stages filled
+//             by cp.async, 4 warps of 64 x 64; C written straight from the accumulator registers
 //
 // v2 and v3 take any M; N and K must be multiples of one 16-byte vector (8 halves or 4 floats), and
 // A and B must start on a 16-byte boundary, so every 16-byte piece of a row is either wholly inside
@@ -36,6 +39,16 @@ using namespace nvcuda;
 #define TILED_M 128
 #define TILED_N 128
 #define TILED_THREADS 256
+#endif
+
+// v6's block tile, K step (elements), threads and pipeline depth (CONFIGS["v6"] in wmma.py; the
+// launcher sizes the grid and the dynamic shared memory from the same numbers).
+#ifndef MMA_BM
+#define MMA_BM 128
+#define MMA_BN 128
+#define MMA_BK 64
+#define MMA_THREADS 128
+#define MMA_STAGES 3
 #endif
 
 // --8<-- [start:types]
@@ -349,3 +362,207 @@ WMMA_KERNEL(wmma_v2_tf32, float, 1, false)  // tf32_gemm v1: the v2 structure on
 WMMA_KERNEL(wmma_v3_f16, __half, 2, true)   // v3: two stages filled by cp.async
 WMMA_KERNEL(wmma_v3_bf16, __nv_bfloat16, 2, true)
 // --8<-- [end:instances]
+
+// --8<-- [start:mma_ptx]
+// v6 talks to the tensor cores in PTX. The fragment layouts are the PTX ISA's ("Matrix Fragments
+// for mma.m16n8k16"), with g = lane / 4 and t = lane % 4, (row, columns) per register:
+//   A (16 x 16, 4 registers of 2 halves): a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..2t+1),
+//                                          a2 = (g, 8+2t..8+2t+1), a3 = (g + 8, 8+2t..8+2t+1)
+//   B (16 x 8, 2 registers):               b0 = (k = 2t..2t+1, n = g), b1 = (k = 8+2t.., n = g)
+//   C (16 x 8 fp32, 4 registers):          c0, c1 = (g, 2t), (g, 2t + 1); c2, c3 = row g + 8
+// ldmatrix.x4 loads four 8 x 8 matrices of 16-bit values: lanes 8i .. 8i + 7 give the addresses of
+// the 8 rows (16 bytes each) of matrix i, and each lane gets register i = (row g, columns 2t and
+// 2t + 1) of matrix i; with .trans it gets (rows 2t and 2t + 1, column g) instead.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+// d += a @ b for one m16n8k16 step, fp32 sums; and two fp32 sums packed into the output type.
+template <typename T>
+struct MmaSync;
+
+template <>
+struct MmaSync<__half> {
+    __device__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+    __device__ static __half2 pack(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+};
+
+template <>
+struct MmaSync<__nv_bfloat16> {
+    __device__ static void mma(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+    __device__ static __nv_bfloat162 pack(float lo, float hi) {
+        return __floats2bfloat162_rn(lo, hi);
+    }
+};
+// --8<-- [end:mma_ptx]
+
+// --8<-- [start:swizzle]
+// Shared-memory tiles without padding: a row of the A tile is BK = 64 halves = 128 bytes, a row of
+// the B tile BN = 128 halves = 256 bytes, both whole 128-byte lines, in 16-byte chunks of 8 halves.
+// Unswizzled, chunk c of every row sits in the same 4 banks, and the 8 rows an ldmatrix phase reads
+// (same chunk, 8 consecutive rows) would hit one bank group 8 times. Chunk c of row r is stored at
+// chunk c ^ (r % 8) instead: the XOR permutes the 8 chunks of each 128-byte line, so 8 consecutive
+// rows put a given chunk in 8 different bank groups. The cp.async writes, 8 consecutive chunks of
+// one row per 8 threads, stay conflict-free too (a permutation of one line). snippets/part3/wmma.py
+// (mma_swizzle) models this offset, and tests/test_part3_wmma.py checks both access patterns.
+__device__ __forceinline__ int swizzle(int row, int chunk, int chunks_per_row) {
+    return row * chunks_per_row + (chunk ^ (row % 8));  // in chunks of 16 bytes
+}
+// --8<-- [end:swizzle]
+
+// --8<-- [start:mma_v6]
+template <typename T>
+__device__ __forceinline__ void mma_tiled(const T* __restrict__ A, const T* __restrict__ B,
+                                          T* __restrict__ C, int M, int N, int K) {
+    constexpr int BM = MMA_BM, BN = MMA_BN, BK = MMA_BK, NT = MMA_THREADS, STAGES = MMA_STAGES;
+    constexpr int WM = 64, WN = 64, WARPS_N = BN / WN;  // 2 x 2 warps of 64 x 64
+    constexpr int MI = WM / 16, NI = WN / 8;            // 4 x 8 m16n8 tiles per warp
+    constexpr int V = 8;                                // halves per 16-byte chunk
+    constexpr int CA = BK / V, CB = BN / V;             // chunks per row: 8 (A), 16 (B)
+    constexpr int A_COPIES = BM * CA / NT, B_COPIES = BK * CB / NT;  // per thread per stage
+    static_assert(sizeof(T) == 2, "16-bit inputs: mma.m16n8k16 and ldmatrix.b16");
+    static_assert((BM / WM) * WARPS_N * 32 == NT, "one warp per 64 x 64 part of the tile");
+    static_assert(CA == 8 && CB % 8 == 0, "rows of whole 128-byte lines: the XOR swizzle's period");
+    static_assert(A_COPIES * NT == BM * CA && B_COPIES * NT == BK * CB, "whole copies per thread");
+    static_assert(STAGES >= 2, "a pipeline needs two stages at least");
+
+    // Dynamic shared memory (the launcher passes its size and opts in above 48 KB): STAGES tiles of
+    // A, then STAGES tiles of B, each in 16-byte chunks.
+    extern __shared__ __align__(128) uint4 smem[];
+    uint4* sA = smem;                         // (STAGES, BM * CA) chunks
+    uint4* sB = smem + STAGES * BM * CA;      // (STAGES, BK * CB) chunks
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const int wm0 = (warp / WARPS_N) * WM, wn0 = (warp % WARPS_N) * WN;
+
+    // One BK step of A (BM x BK) and B (BK x BN) into stage s; consecutive threads take consecutive
+    // chunks of a row. Chunks outside the matrices are zero-filled (src-size 0).
+    auto load_tiles = [&](int s, int k0) {
+#pragma unroll
+        for (int i = 0; i < A_COPIES; ++i) {
+            const int idx = tid + i * NT, r = idx / CA, c = idx % CA;
+            const bool inside = row0 + r < M && k0 + c * V < K;
+            const T* src = inside ? A + (size_t)(row0 + r) * K + k0 + c * V : A;
+            cp_async16(sA + s * BM * CA + swizzle(r, c, CA), src, inside);
+        }
+#pragma unroll
+        for (int i = 0; i < B_COPIES; ++i) {
+            const int idx = tid + i * NT, r = idx / CB, c = idx % CB;
+            const bool inside = k0 + r < K && col0 + c * V < N;
+            const T* src = inside ? B + (size_t)(k0 + r) * N + col0 + c * V : B;
+            cp_async16(sB + s * BK * CB + swizzle(r, c, CB), src, inside);
+        }
+    };
+
+    float acc[MI][NI][4];  // (4, 8, 4): this warp's 64 x 64 fp32 sums, 128 registers
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+    // The MMAs on stage s: BK / 16 steps, each 4 ldmatrix.x4 for A, 4 ldmatrix.x4.trans for B and
+    // 4 x 8 mma.sync. Lane l addresses row l % 16 of a 16-row slab, at chunk l / 16 of the step's
+    // two: lanes 0-7, 8-15, 16-23, 24-31 give the rows of the four 8 x 8 matrices in the order of
+    // A's registers a0..a3 (top left, bottom left, top right, bottom right), and of B's b0, b1 for
+    // columns n .. n + 7, then b0, b1 for n + 8 .. n + 15.
+    auto mma_tiles = [&](int s) {
+        const uint4* tA = sA + s * BM * CA;
+        const uint4* tB = sB + s * BK * CB;
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            unsigned a[MI][4];      // (4, 4): rows wm0 + 16i .. +15, columns 16kk .. +15
+            unsigned b[NI / 2][4];  // (4, 4): rows 16kk .. +15, columns wn0 + 16j .. +15
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+                ldmatrix_x4(a[i], tA + swizzle(wm0 + i * 16 + lane % 16, 2 * kk + lane / 16, CA));
+#pragma unroll
+            for (int j = 0; j < NI / 2; ++j)
+                ldmatrix_x4_trans(b[j], tB + swizzle(16 * kk + lane % 16,
+                                                     (wn0 + j * 16) / V + lane / 16, CB));
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NI; ++j) {
+                    const unsigned bj[2] = {b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]};
+                    MmaSync<T>::mma(acc[i][j], a[i], bj);
+                }
+        }
+    };
+
+    // The pipeline: STAGES - 1 tiles in flight before the loop; at step t wait for tile t (at most
+    // STAGES - 2 newer groups pending), then refill the stage that step t - 1 read with tile
+    // t + STAGES - 1. One commit per step, empty near the end, keeps "group t = tile t".
+    const int tiles = (K + BK - 1) / BK;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < tiles) load_tiles(s, s * BK);
+        cp_async_commit();
+    }
+    for (int t = 0; t < tiles; ++t) {
+        cp_async_wait<STAGES - 2>();  // this thread's copies of tile t have landed ...
+        __syncthreads();  // ... and every thread's; and every warp is done with step t - 1's stage
+        const int next = t + STAGES - 1;
+        if (next < tiles) load_tiles(next % STAGES, next * BK);
+        cp_async_commit();
+        mma_tiles(t % STAGES);
+    }
+
+    // Epilogue straight from the registers: lane (g, t) holds columns 2t, 2t + 1 of rows g and
+    // g + 8 of each m16n8 tile, written as one 4-byte pair. N is a multiple of 8, so a pair is
+    // wholly inside C or wholly outside.
+    const int g = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j) {
+            const int col = col0 + wn0 + j * 8 + 2 * t4;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = row0 + wm0 + i * 16 + g + 8 * h;
+                if (row < M && col < N)
+                    *reinterpret_cast<decltype(MmaSync<T>::pack(0.f, 0.f))*>(
+                        C + (size_t)row * N + col) =
+                        MmaSync<T>::pack(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+        }
+}
+// --8<-- [end:mma_v6]
+
+// --8<-- [start:mma_instances]
+// MMA_THREADS threads with up to 255 registers each (two blocks of 128 per SM still fit the
+// register file); the 128 accumulators, 16 A and 16 B registers per k16 step need about 170.
+#define MMA_KERNEL(NAME, T)                                                                       \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2)                                  \
+        NAME(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C, int M, int N,   \
+             int K) {                                                                             \
+        mma_tiled<T>(A, B, C, M, N, K);                                                           \
+    }
+
+MMA_KERNEL(mma_v6_f16, __half)
+MMA_KERNEL(mma_v6_bf16, __nv_bfloat16)
+// --8<-- [end:mma_instances]

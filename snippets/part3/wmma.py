@@ -14,6 +14,9 @@ the CUDA kernels are in ``csrc/part3/wmma_gemm.cu``:
 - v4  Triton, ``tl.dot`` on 128 x 128 x 64 blocks with grouped program order.
 - v5  Triton, v4's kernel and launch with a 128 x 256 x 64 tile: the config that Part 4's autotuning
       sweep of this kernel found fastest at 4096^3 on the H100 and the H200.
+- v6  CUDA without WMMA: PTX ``mma.sync.aligned.m16n8k16`` fed by ``ldmatrix`` (``.x4``, and
+      ``.trans`` for the row-major B) from XOR-swizzled shared memory (no padding), three stages
+      filled by ``cp.async``, 4 warps of 64 x 64 each; the epilogue writes C from the registers.
 
 Versions of ``tf32_gemm`` (fp32 inputs and output, products in TF32, sums in fp32):
 
@@ -117,7 +120,8 @@ class WmmaConfig:
     ``tile`` = (rows, columns) of C; the kernel name gets the dtype's suffix (``wmma_v2`` ->
     ``wmma_v2_f16``). ``multiple``: M, N and K must be multiples of these; ``align``: A and B must
     start on a multiple of this many bytes (load_matrix_sync from global memory needs 32, the
-    16-byte copies 16)."""
+    16-byte copies 16). ``smem``: bytes of dynamic shared memory per block (v6; the others declare
+    theirs statically)."""
 
     kernel: str
     tile: tuple[int, int]
@@ -125,8 +129,11 @@ class WmmaConfig:
     multiple: tuple[int, int, int]
     align: int
     why: str  # the reason for the size rule, for the error message
+    smem: int = 0
 
 
+# v6's block tile of C, K step (elements: one 128-byte row of its A tile) and pipeline depth
+MMA_TILE, MMA_BK, MMA_STAGES = (128, 128), 64, 3
 CONFIGS = {
     "v1": WmmaConfig("wmma_v1", tile=(32, 32), threads=128, multiple=(16, 16, 16), align=32,
                      why="v1 loads whole 16 x 16 fragments from global memory, with no bounds "
@@ -135,6 +142,11 @@ CONFIGS = {
                      why="rows are copied in 16-byte pieces of 8 elements"),
     "v3": WmmaConfig("wmma_v3", tile=(128, 128), threads=256, multiple=(1, 8, 8), align=16,
                      why="rows are copied in 16-byte pieces of 8 elements"),
+    # MMA_STAGES stages of a 128 x MMA_BK tile of A and an MMA_BK x 128 tile of B, 2 bytes each:
+    # 96 KiB, so two blocks fit an SM's 227 KiB
+    "v6": WmmaConfig("mma_v6", tile=MMA_TILE, threads=128, multiple=(1, 8, 8), align=16,
+                     why="rows are copied in 16-byte pieces of 8 elements",
+                     smem=MMA_STAGES * (MMA_TILE[0] + MMA_TILE[1]) * MMA_BK * 2),
 }
 TF32_CONFIG = WmmaConfig("wmma_v2", tile=(128, 128), threads=256, multiple=(1, 4, 4), align=16,
                          why="rows are copied in 16-byte pieces of 4 floats")
@@ -142,7 +154,10 @@ TF32_CONFIG = WmmaConfig("wmma_v2", tile=(128, 128), threads=256, multiple=(1, 4
 # v2's kernel template): the numbers are written only here
 CU_OPTIONS = cuda.defines(CU_FILE, NAIVE_TILE=CONFIGS["v1"].tile[0],
                           NAIVE_THREADS=CONFIGS["v1"].threads, TILED_M=CONFIGS["v2"].tile[0],
-                          TILED_N=CONFIGS["v2"].tile[1], TILED_THREADS=CONFIGS["v2"].threads)
+                          TILED_N=CONFIGS["v2"].tile[1], TILED_THREADS=CONFIGS["v2"].threads,
+                          MMA_BM=CONFIGS["v6"].tile[0], MMA_BN=CONFIGS["v6"].tile[1],
+                          MMA_BK=MMA_BK, MMA_THREADS=CONFIGS["v6"].threads,
+                          MMA_STAGES=MMA_STAGES)
 
 
 def check_supported(cfg: WmmaConfig, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -172,8 +187,11 @@ def _launch_wmma(a: torch.Tensor, b: torch.Tensor, cfg: WmmaConfig,
         raise ValueError(f"{cfg.kernel}: {grid[1]} tiles along gridDim.y exceed CUDA's limit of "
                          f"{GRID_Y_MAX} (a is {m} x {k})")
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    cuda.launch(cuda.kernel(CU_FILE, f"{cfg.kernel}_{SUFFIX[a.dtype]}", CU_OPTIONS), grid,
-                cfg.threads, (a, b, c, np.int32(m), np.int32(n), np.int32(k)))
+    fn = cuda.kernel(CU_FILE, f"{cfg.kernel}_{SUFFIX[a.dtype]}", CU_OPTIONS)
+    if fn.max_dynamic_shared_size_bytes < cfg.smem:
+        fn.max_dynamic_shared_size_bytes = cfg.smem  # above 48 KB needs the opt-in
+    cuda.launch(fn, grid, cfg.threads, (a, b, c, np.int32(m), np.int32(n), np.int32(k)),
+                shared_mem=cfg.smem)
     return c
 # --8<-- [end:cuda_launch]
 
@@ -200,6 +218,28 @@ def wmma_async(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     current one."""
     refuse_grad("wmma_async", a, b, instead="a @ b")
     return _launch_wmma(a, b, CONFIGS["v3"], HALF_TYPES)
+
+
+# --8<-- [start:mma_swizzle]
+def mma_swizzle(row: int, chunk: int, chunks_per_row: int) -> int:
+    """Where v6 stores 16-byte chunk ``chunk`` of row ``row`` of a shared tile, in chunks from the
+    tile's start (csrc/part3/wmma_gemm.cu, swizzle): rows are whole 128-byte lines (8 chunks, or
+    16 for B's 256-byte rows), and the chunk index is XORed with row % 8, which permutes the chunks
+    of each line. Shared memory has 32 banks of 4 bytes, so a chunk at offset o (in chunks) lies in
+    bank group o % 8 (banks 4 (o % 8) .. 4 (o % 8) + 3)."""
+    return row * chunks_per_row + (chunk ^ (row % 8))
+# --8<-- [end:mma_swizzle]
+
+
+def wmma_mma(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v6: like v3 (a 128 x 128 block tile, cp.async into shared memory), without WMMA: PTX
+    mma.sync.aligned.m16n8k16 whose fragments ldmatrix loads (.x4: four 8 x 8 matrices per
+    instruction; .trans for B, which is row-major), shared tiles XOR-swizzled instead of padded,
+    three stages in flight, 4 warps of 64 x 64 (twice v3's FLOPs per byte read from shared memory),
+    and C written from the accumulator registers, whose layout PTX specifies. Any M; N, K
+    multiples of 8."""
+    refuse_grad("wmma_mma", a, b, instead="a @ b")
+    return _launch_wmma(a, b, CONFIGS["v6"], HALF_TYPES)
 
 
 def tf32_wmma(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -433,6 +473,8 @@ wmma_gemm.add(Impl("v4", wmma_triton, "Triton", "tl.dot, 128x128x64, 3 stages", 
                    device="any", dtypes=triton_half_dtypes()))
 wmma_gemm.add(Impl("v5", wmma_triton_wide, "Triton", "like v4, 128x256x64 (Part 4's tuned config)",
                    TRITON_SOURCES, device="any", dtypes=triton_half_dtypes()))
+wmma_gemm.add(Impl("v6", wmma_mma, "CUDA", "mma.sync m16n8k16 + ldmatrix, swizzled, 3 stages",
+                   SOURCES))
 
 tf32_gemm = register(Op(
     name="tf32_gemm", part=3, chapter="part3/tensor-cores.md", title="TF32 GEMM",
