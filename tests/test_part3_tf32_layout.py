@@ -1,8 +1,8 @@
 """tf32_gemm v3 and wmma_gemm v5 on the CPU: what the compiler makes of them for sm_90 (no GPU
 needed), and their results under the interpreter.
 
-The compile-time facts the tensor-core chapter states (docs/part3/tensor-cores.md, "Why TF32 v2 is
-slow"), each a count read from the PTX or the TTGIR:
+The compile-time facts the tensor-core chapter states (docs/part3/tensor-cores.md, "TF32 v3: the
+order of B in memory"), each a count read from the PTX or the TTGIR:
 
 - v2 (matmul_kernel on fp32, B row-major, so N-major) copies A with 16-byte cp.async and B with
   4-byte ones: Hopper's TF32 wgmma reads B from shared memory K-major only, so the compiler
