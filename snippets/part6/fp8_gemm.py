@@ -12,6 +12,13 @@ Versions of ``fp8_gemm`` (one fp32 scale per operand: C = (A @ B^T) * a_s * b_s)
 - v1  Triton: one program per tile of C in grouped order, 128-deep K steps whose tensor-core sums
       are promoted into one fp32 accumulator (as cuBLAS does by default), and the two scales
       applied once per element of C, in the epilogue.
+- v2  CUDA (csrc/fp8/fp8_gemm.cu, built for sm_90a with nvcc): DeepGEMM's design. A producer
+      warpgroup loads 128-deep K-blocks of A and B with TMA (128-byte swizzle) into 6 stages; two
+      consumer warpgroups own 64 rows each of a 128 x 128 tile and sum each K-block with four
+      wgmma m64n128k32 e4m3 into a temporary that is then added into the fp32 accumulator (the
+      promotion every 128 of K, as v1 and cuBLAS compute); the scales in the epilogue; persistent,
+      tiles in grouped order. 128 columns: the accumulator and the temporary are 128 registers a
+      consumer thread, of the 232 that setmaxnreg gives it.
 
 Versions of ``fp8_gemm_blockscaled`` (A scaled per 1 x 128 block: a_scales is M x K/128; B per
 128 x 128 block: b_scales is ceil(N/128) x K/128):
@@ -23,6 +30,9 @@ Versions of ``fp8_gemm_blockscaled`` (A scaled per 1 x 128 block: a_scales is M 
       narrow accumulator.
 - v2  dequantise A and B to bf16 in PyTorch, then cuBLAS bf16 (what a framework without a
       block-scaled kernel does: an upper bound on the cost of not having one).
+- v3  CUDA: fp8_gemm v2's kernel with the promotion multiplying each 128-deep sum by
+      a_scale[m, kb] * b_scale[n // 128, kb] (a 128-column tile has one scale of B per K-block),
+      the scales read from global memory one K-block ahead of their use.
 
 The cost: 2 * M * N * K FLOPs on (M*K + N*K) bytes of fp8, (M + N/128) * K/128 * 4 bytes of block
 scales and M*N*2 bytes of bf16 C.
@@ -30,13 +40,19 @@ scales and M*N*2 bytes of bf16 C.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import shutil
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
+from snippets import cuda
 from snippets._checks import refuse_grad, triton_device, triton_interpreting
+from snippets.common.cubin import SM90A_FLAGS, Cubin
 from snippets.common.gemm import (
     GROUP_M,
     INT32_MAX,
@@ -45,6 +61,7 @@ from snippets.common.gemm import (
     tolerance_for,
 )
 from snippets.part6.fp8 import E4M3, dequantize_blocks, quantize_blocks, quantize_per_tensor
+from snippets.part6.hopper import TensorMapSpec
 from snippets.registry import Impl, Op, device_generator, register, register_ceiling
 
 BLOCK = 128  # the scale block along K (and along N for B): DeepSeek-V3's 1 x 128 and 128 x 128
@@ -409,6 +426,218 @@ def fp8_gemm_blockscaled_dequant(a, a_scales, b, b_scales):
 
 
 # --------------------------------------------------------------------------------------------------
+# The CUDA versions (csrc/fp8/fp8_gemm.cu): TMA, a producer and two consumer warpgroups, wgmma e4m3
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:cuda_config]
+CU_FILE = "fp8/fp8_gemm.cu"
+CUBIN = Cubin(CU_FILE, SM90A_FLAGS, name="fp8_gemm")
+
+
+@dataclass(frozen=True)
+class CudaConfig:
+    """The constants of csrc/fp8/fp8_gemm.cu, mirrored for the launcher (a CPU test compares):
+    a block of a producer and ``consumers`` warpgroups computes a ``block_m`` x ``block_n`` tile
+    of C, ``stages`` K-blocks of ``block_k`` fp8 values (128 bytes, one 128B-swizzled row) in
+    flight."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = BLOCK
+    stages: int = 6
+    consumers: int = 2
+    group_m: int = 8
+    producer_regs: int = 40
+    consumer_regs: int = 232
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.consumers)
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.block_m + self.block_n) * self.block_k  # one byte per e4m3 value
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory: the stages, 1024 bytes of alignment slack (tiles start on the
+        swizzle's 1024-byte repeat), a full and an empty mbarrier (8 bytes each) per stage."""
+        return self.stages * self.stage_bytes + 1024 + 2 * 8 * self.stages
+
+    @property
+    def accumulator_registers(self) -> int:
+        """fp32 registers a consumer thread holds for acc and the wgmma temporary together: two
+        64 x block_n tiles over the warpgroup's 128 threads."""
+        return 2 * 64 * self.block_n // 128
+
+
+CUDA_CONFIG = CudaConfig()
+KERNELS = {False: "fp8_gemm_tensor", True: "fp8_gemm_block"}  # by BLOCKWISE
+# --8<-- [end:cuda_config]
+
+
+# --8<-- [start:cuda_checks]
+def needs_fp8_sm90() -> str | None:
+    """For the CUDA versions: an sm_90 GPU (the kernels are built for sm_90a: wgmma, setmaxnreg),
+    nvcc on PATH to build them, and CuPy to load them."""
+    reason = needs_fp8_cuda()
+    if reason:
+        return reason
+    cap = torch.cuda.get_device_capability()
+    if cap != (9, 0):
+        return f"the fp8 CUDA kernels are compiled for sm_90a (H100, H200); this GPU is {cap}"
+    if shutil.which("nvcc") is None:
+        return "needs nvcc on PATH to compile the sm_90a kernels"
+    try:
+        cuda.cupy_module()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def tma_specs(name: str, a: torch.Tensor, b: torch.Tensor,
+              cfg: CudaConfig = CUDA_CONFIG) -> tuple[TensorMapSpec, TensorMapSpec]:
+    """What TMA adds to check_fp8_operands (run it first): A and B on one device, 16-byte aligned
+    starts, row strides a multiple of 16 bytes (K % 16 == 0 for contiguous rows), and a tile count
+    that fits 32-bit ints. Returns the two tensor maps' specs: dimensions innermost first (K, rows),
+    boxes of 128 (K) x block rows, the 128B swizzle; TMA fills rows and columns outside A and B
+    with zeros, so ragged M, N and K need nothing else."""
+    if a.device != b.device:
+        raise ValueError(f"{name}: a is on {a.device}, b on {b.device}")
+    tiles = -(-a.shape[0] // cfg.block_m) * -(-b.shape[0] // cfg.block_n)
+    if tiles > INT32_MAX:
+        raise ValueError(f"{name}: {tiles} tiles of C do not fit the kernel's 32-bit tile index")
+    specs = []
+    for arg, t, rows in (("a", a, cfg.block_m), ("b", b, cfg.block_n)):
+        try:
+            specs.append(TensorMapSpec(1, (t.shape[1], t.shape[0]), (t.stride(0),),
+                                       (cfg.block_k, rows), swizzle="128B",
+                                       global_address=t.data_ptr()).validate())
+        except ValueError as exc:
+            raise ValueError(f"{name}: {arg} cannot be read by TMA (its rows must start 16-byte "
+                             f"aligned, K % 16 == 0 when contiguous): {exc}") from None
+    return specs[0], specs[1]
+# --8<-- [end:cuda_checks]
+
+
+# --8<-- [start:cuda_tensor_map]
+CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0  # CUtensorMapDataType (cuda.h): TMA copies fp8 as bytes
+CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3
+CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0  # out-of-bounds elements arrive as zeros
+
+
+@functools.lru_cache(maxsize=None)
+def encode_tiled():
+    """The driver's cuTensorMapEncodeTiled (libcuda, through ctypes)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise RuntimeError("the fp8 CUDA kernels encode TMA tensor maps through the CUDA driver, "
+                           f"and libcuda.so.1 cannot be loaded: {exc}") from None
+    fn = lib.cuTensorMapEncodeTiled
+    u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p,
+                   u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def encode_fp8_tensor_map(spec: TensorMapSpec) -> bytes:
+    """The 128-byte CUtensorMap of an e4m3 operand (as UINT8: TMA moves bytes, wgmma reads them as
+    e4m3), from a spec tma_specs validated."""
+    raw = ctypes.create_string_buffer(128 + 64)  # CUtensorMap is declared 64-byte aligned
+    addr = (ctypes.addressof(raw) + 63) & ~63
+    rank = spec.rank
+    dims = (ctypes.c_uint64 * rank)(*spec.global_shape)
+    strides = (ctypes.c_uint64 * max(1, rank - 1))(*spec.global_strides)
+    box = (ctypes.c_uint32 * rank)(*spec.box_shape)
+    elem = (ctypes.c_uint32 * rank)(*spec.element_strides)
+    err = encode_tiled()(addr, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, spec.global_address, dims,
+                         strides, box, elem, spec.interleave.tensor_map_interleave,
+                         spec.swizzle.tensor_map_swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err:
+        raise RuntimeError(f"cuTensorMapEncodeTiled returned CUresult {err} for {spec}")
+    return ctypes.string_at(addr, 128)
+
+
+# (device, specs) -> the maps on that device: a map depends only on its spec (address, shape,
+# strides, box), so a hit is right even for a new tensor at a freed one's address.
+TENSOR_MAPS: dict[tuple, torch.Tensor] = {}
+
+
+def device_fp8_tensor_maps(specs: tuple[TensorMapSpec, ...], device) -> torch.Tensor:
+    """A's and B's tensor maps, 128 bytes each, in one tensor on ``device``; encoded and copied once
+    per spec (a timing loop does neither)."""
+    key = (str(device), *specs)
+    maps = TENSOR_MAPS.get(key)
+    if maps is None:
+        host = bytearray(b"".join(encode_fp8_tensor_map(spec) for spec in specs))
+        maps = torch.frombuffer(host, dtype=torch.uint8).to(device)  # 256-byte aligned
+        if len(TENSOR_MAPS) > 256:
+            TENSOR_MAPS.clear()
+        TENSOR_MAPS[key] = maps
+    return maps
+# --8<-- [end:cuda_tensor_map]
+
+
+# --8<-- [start:cuda_launch]
+def cuda_grid(m: int, n: int, sms: int, cfg: CudaConfig = CUDA_CONFIG) -> int:
+    """Persistent: one block per SM (__launch_bounds__(384, 1) and ~194 KiB of shared memory allow
+    no second), never more blocks than tiles."""
+    return min(sms, -(-m // cfg.block_m) * -(-n // cfg.block_n))
+
+
+def launch_cuda(name: str, a: torch.Tensor, b: torch.Tensor, specs, blockwise: bool,
+                scale_args: tuple) -> torch.Tensor:
+    """The one launcher of both CUDA versions (operands and scales already checked)."""
+    reason = needs_fp8_sm90()
+    if reason:
+        raise RuntimeError(f"{name}: {reason}")
+    cfg = CUDA_CONFIG
+    (m, k), n = a.shape, b.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    index = a.device.index if a.device.index is not None else 0
+    tmaps = device_fp8_tensor_maps(specs, a.device)
+    fn = CUBIN.kernel(KERNELS[blockwise], index)
+    if fn.max_dynamic_shared_size_bytes < cfg.smem_bytes:
+        fn.max_dynamic_shared_size_bytes = cfg.smem_bytes  # above 48 KiB needs the opt-in
+    with torch.cuda.device(a.device):
+        sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+        cuda.launch(fn, cuda_grid(m, n, sms), cfg.threads,
+                    (tmaps, c, np.int32(m), np.int32(n), np.int32(k), np.int64(n), *scale_args),
+                    shared_mem=cfg.smem_bytes)
+    return c
+
+
+def fp8_gemm_cuda(a, b, a_s, b_s):
+    """fp8_gemm v2: csrc/fp8/fp8_gemm.cu's fp8_gemm_tensor. TMA loads by a producer warpgroup, two
+    consumer warpgroups of wgmma m64n128k32 e4m3 whose 128-deep sums are promoted into an fp32
+    accumulator, the scales in the epilogue, persistent over 128 x 128 tiles in grouped order."""
+    name = "fp8_gemm_cuda"
+    refuse_grad(name, a, b, a_s, b_s, instead="fp8_gemm_ref")
+    check_fp8_operands(name, a, b, "cuda")
+    check_tensor_scales(name, a_s, b_s, a.device)
+    specs = tma_specs(name, a, b)
+    return launch_cuda(name, a, b, specs, False, (a_s, b_s))
+
+
+def fp8_gemm_blockscaled_cuda(a, a_scales, b, b_scales):
+    """fp8_gemm_blockscaled v3: the same kernel (fp8_gemm_block) with each 128-deep sum multiplied
+    by a_scales[m, kb] * b_scales[n // 128, kb] as it is promoted; the scales are read one K-block
+    ahead, any strides."""
+    name = "fp8_gemm_blockscaled_cuda"
+    refuse_grad(name, a, a_scales, b, b_scales, instead="fp8_gemm_blockscaled_ref")
+    m, n, k = check_fp8_operands(name, a, b, "cuda")
+    check_block_scales(name, m, n, k, a_scales, b_scales, a.device)
+    specs = tma_specs(name, a, b)
+    strides = (*a_scales.stride(), *b_scales.stride())
+    return launch_cuda(name, a, b, specs, True,
+                       (a_scales, b_scales, *(np.int64(s) for s in strides)))
+# --8<-- [end:cuda_launch]
+
+
+# --------------------------------------------------------------------------------------------------
 # The ceiling: cuBLAS fp8 with per-tensor scales at 8192^3
 # --------------------------------------------------------------------------------------------------
 
@@ -471,6 +700,9 @@ TOLERANCES = {E4M3: tolerance_for(MAX_K, torch.bfloat16)}
 SOURCES = (_fp8_gemm_kernel, tile_coords, _launch, fp8_configs, autotuned, prune_configs,
            check_fp8_operands)
 
+CUDA_SOURCES = (cuda.source_path(CU_FILE), CUBIN.build, launch_cuda, tma_specs, check_fp8_operands,
+                encode_fp8_tensor_map, device_fp8_tensor_maps, cuda_grid, needs_fp8_sm90)
+
 fp8_gemm = register(Op(
     name="fp8_gemm", part=6, chapter="part6/fp8-gemm.md",
     title="FP8 GEMM (e4m3, per-tensor scales)", reference=fp8_gemm_ref,
@@ -483,6 +715,9 @@ fp8_gemm.add(Impl("v0", fp8_gemm_cublas, "PyTorch", "cuBLAS via torch._scaled_mm
                   origin="library"))
 fp8_gemm.add(Impl("v1", fp8_gemm_triton, "Triton", "promoted every K step, scales in the epilogue",
                   (*SOURCES, check_tensor_scales), device="any", requires=needs_fp8_triton))
+fp8_gemm.add(Impl("v2", fp8_gemm_cuda, "CUDA",
+                  "TMA producer + 2 wgmma consumers, promoted every 128, persistent",
+                  (*CUDA_SOURCES, check_tensor_scales), requires=needs_fp8_sm90))
 
 fp8_gemm_blockscaled = register(Op(
     name="fp8_gemm_blockscaled", part=6, chapter="part6/fp8-gemm.md",
@@ -501,10 +736,16 @@ fp8_gemm_blockscaled.add(Impl(
 fp8_gemm_blockscaled.add(Impl(
     "v2", fp8_gemm_blockscaled_dequant, "PyTorch", "dequantise to bf16, then cuBLAS bf16",
     (check_fp8_operands, check_block_scales), requires=needs_fp8_cuda, origin="library"))
+fp8_gemm_blockscaled.add(Impl(
+    "v3", fp8_gemm_blockscaled_cuda, "CUDA", "v2 of fp8_gemm with block scales at each promotion",
+    (*CUDA_SOURCES, check_block_scales), requires=needs_fp8_sm90))
 
 
 __all__ = [
-    "BLOCK", "BS_HEADLINE", "CEILING", "HEADLINE", "check_block_scales", "check_fp8_operands",
+    "BLOCK", "BS_HEADLINE", "CEILING", "CUBIN", "CUDA_CONFIG", "CU_FILE", "CudaConfig", "HEADLINE",
+    "KERNELS", "cuda_grid", "device_fp8_tensor_maps", "encode_fp8_tensor_map",
+    "fp8_gemm_blockscaled_cuda", "fp8_gemm_cuda", "launch_cuda", "needs_fp8_sm90", "tma_specs",
+    "check_block_scales", "check_fp8_operands",
     "check_tensor_scales", "fp8_configs", "fp8_gemm", "fp8_gemm_blockscaled",
     "fp8_gemm_blockscaled_cublas", "fp8_gemm_blockscaled_dequant", "fp8_gemm_blockscaled_ref",
     "fp8_gemm_blockscaled_triton", "fp8_gemm_cublas", "fp8_gemm_ref", "fp8_gemm_triton",
