@@ -27,6 +27,14 @@ Versions of ``paged_decode_attention`` (never renumbered):
       kernel merges the chunks. For small batches, where v1 has too few programs to keep every SM
       reading (Flash-Decoding, Dao et al., 2023). Where the default count is one chunk, v2 is v1.
 
+Versions of ``paged_decode_attention_fp8`` (the same cache stored in FP8 e4m3, one fp32 scale per
+(block, kv head) for K and for V; see :func:`quantize_kv_blocks`):
+
+- v0  the cache's values (dequantised) stored in bf16/fp16, read by v2 above: the bf16 cache.
+- v1  v2's kernels reading the e4m3 cache: each K and V tile converted to q's type in registers,
+      K's scales applied to the scores and V's to the probabilities, so no multiply per element.
+      Half the bytes of v0 for the same values: the goal is close to 2x v0 at long contexts.
+
 Cost model: decode attention must read K and V of every cached token, read q and write o; its
 FLOPs are 4 * Hq * D per cached token (q.k and p*v). With one query row per head the FLOPs per
 byte are 2 * (Hq / Hkv) / itemsize: 4 for Llama-3-8B's heads in bf16, far below any GPU's
@@ -54,6 +62,8 @@ from snippets._checks import (
 from snippets.registry import Impl, Op, device_generator, register
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0                      # e4m3's largest finite value
 HEAD_DIMS = (16, 32, 64, 128, 256)  # powers of two (tl.arange); tl.dot needs K >= 16
 LOG2E = 1.4426950408889634          # exp2 in the kernels: e^x = 2^(x log2 e)
 MAX_GRID_Y = 65535                   # CUDA's limit on gridDim.y and gridDim.z
@@ -86,17 +96,19 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale=None)
 
 # --8<-- [start:checks]
 def check_decode_inputs(name, q, k_cache, v_cache, block_tables, seq_lens, scale=None,
-                        contents=True) -> float:
+                        contents=True, kv_fp8=False) -> float:
     """Shapes, dtypes and devices of a decode-attention call, and (``contents``) the values that
-    decide which memory a kernel reads: every length in [1, max_blocks * block_size], every block
+    which memory a kernel reads: every length in [1, max_blocks * block_size], every block
     id a sequence uses in [0, num_blocks). Returns the softmax scale (1/sqrt(D) unless given).
+    ``kv_fp8``: the cache is float8 e4m3 (its scales are checked by :func:`check_kv_scales`).
 
     The content checks read the tables back from the device: one synchronisation, which a serving
     loop pays once per step for all layers (the tables are the same in every layer), so the timed
     versions below leave it to their caller."""
     check_tensors(("q",), (q,), dtypes=DTYPES, device=triton_device(), allow_empty=False)
-    check_tensors(("k_cache", "v_cache"), (k_cache, v_cache), dtypes=(q.dtype,),
-                  device=triton_device(), allow_empty=False)
+    check_tensors(("k_cache", "v_cache"), (k_cache, v_cache),
+                  dtypes=(FP8,) if kv_fp8 else (q.dtype,), device=triton_device(),
+                  allow_empty=False)
     check_tensors(("block_tables",), (block_tables,), dtypes=(torch.int32,),
                   device=triton_device(), allow_empty=False)
     check_tensors(("seq_lens",), (seq_lens,), dtypes=(torch.int32,), device=triton_device(),
@@ -182,11 +194,15 @@ def paged_attention_sdpa(q, k_cache, v_cache, block_tables, seq_lens):
 # --8<-- [start:inner]
 @triton.jit
 def _attend_tokens(acc, l_i, m_i, q, k_ptr, v_ptr, table_ptr, kv_head, lo, hi, qk_scale,
+                   ks_ptr, vs_ptr,
                    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                   BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr):
+                   BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
+                   KV_FP8: tl.constexpr):
     # Tokens lo .. hi - 1 of one sequence, BLOCK_N at a time, for the (GROUP_PAD, HEAD_DIM) tile q
     # of the query heads that share kv_head. Token t is row (table[t // PAGE] * PAGE + t % PAGE)
-    # of the cache, and within it kv head kv_head: a gather of HEAD_DIM-long rows.
+    # of the cache, and within it kv head kv_head: a gather of HEAD_DIM-long rows. KV_FP8: the
+    # cache is e4m3, K and V tiles are converted to q's type in registers, and the scale of each
+    # token's (block, kv head) multiplies its score (K's) and its probability (V's).
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     for start in range(lo, hi, BLOCK_N):
@@ -196,21 +212,30 @@ def _attend_tokens(acc, l_i, m_i, q, k_ptr, v_ptr, table_ptr, kv_head, lo, hi, q
         row = (block.to(tl.int64) * PAGE + toks % PAGE) * NUM_KV_HEADS + kv_head
         kv_offs = row[:, None] * HEAD_DIM + offs_d[None, :]                 # (BLOCK_N, HEAD_DIM)
         k = tl.load(k_ptr + kv_offs, mask=valid[:, None], other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)
+            scale_at = block * NUM_KV_HEADS + kv_head                      # (BLOCK_N,)
         if USE_DOT:   # tensor cores: (GROUP_PAD, D) x (D, BLOCK_N), fp32 sums
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         else:         # one row per head: multiply and add along D
             s = tl.sum(q[:, None, :].to(tl.float32) * k[None, :, :].to(tl.float32), axis=2)
+        if KV_FP8:
+            s = s * tl.load(ks_ptr + scale_at, mask=valid, other=0.0)[None, :]
         s = tl.where(valid[None, :], s * qk_scale, -float("inf"))         # log2 units
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)                                        # 0 on the first tile
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + kv_offs, mask=valid[:, None], other=0.0)
+        pv = p
+        if KV_FP8:
+            v = v.to(q.dtype)
+            pv = p * tl.load(vs_ptr + scale_at, mask=valid, other=0.0)[None, :]
         if USE_DOT:
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,
+            acc = tl.dot(pv.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,
                          out_dtype=tl.float32)
         else:
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :].to(tl.float32),
+            acc = acc * alpha[:, None] + tl.sum(pv[:, :, None] * v[None, :, :].to(tl.float32),
                                                 axis=1)
         m_i = m_new
     return acc, l_i, m_i
@@ -220,9 +245,10 @@ def _attend_tokens(acc, l_i, m_i, q, k_ptr, v_ptr, table_ptr, kv_head, lo, hi, q
 # --8<-- [start:kernel]
 @triton.jit
 def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, o_ptr, qk_scale,
-                         stride_table, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
-                         GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                         BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr):
+                         stride_table, ks_ptr, vs_ptr, NUM_KV_HEADS: tl.constexpr,
+                         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr,
+                         PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
     # One program per (sequence, kv head): the GROUP query heads of the kv head are the rows of
     # one tile, so K and V are read once for all of them.
     seq = tl.program_id(0)
@@ -237,8 +263,8 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, o_ptr, qk_sc
     l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
     m_i = tl.full((GROUP_PAD,), -float("inf"), dtype=tl.float32)
     acc, l_i, m_i = _attend_tokens(acc, l_i, m_i, q, k_ptr, v_ptr, tables_ptr + seq * stride_table,
-                                   kv_head, 0, seq_len, qk_scale, NUM_KV_HEADS, HEAD_DIM, PAGE,
-                                   BLOCK_N, USE_DOT, PRECISION)
+                                   kv_head, 0, seq_len, qk_scale, ks_ptr, vs_ptr, NUM_KV_HEADS,
+                                   HEAD_DIM, PAGE, BLOCK_N, USE_DOT, PRECISION, KV_FP8)
     o = acc / l_i[:, None]                              # seq_len >= 1: l_i >= 1 on every row
     tl.store(o_ptr + q_offs, o.to(o_ptr.dtype.element_ty), mask=offs_g[:, None] < GROUP)
 # --8<-- [end:kernel]
@@ -247,12 +273,12 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, o_ptr, qk_sc
 # --8<-- [start:split_kernels]
 @triton.jit
 def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_o_ptr,
-                               part_lse_ptr, qk_scale, stride_table,
+                               part_lse_ptr, qk_scale, stride_table, ks_ptr, vs_ptr,
                                NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                                GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                                PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                                NUM_SPLITS: tl.constexpr, USE_DOT: tl.constexpr,
-                               PRECISION: tl.constexpr):
+                               PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
     # One program per (sequence, kv head, chunk). A sequence's chunks are ceil(len / NUM_SPLITS)
     # tokens rounded up to whole tiles, so a short sequence leaves its last chunks empty: they
     # write o = 0 and lse = -inf, which the merge weighs by 2^-inf = 0.
@@ -273,8 +299,8 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_o
     l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
     m_i = tl.full((GROUP_PAD,), -float("inf"), dtype=tl.float32)
     acc, l_i, m_i = _attend_tokens(acc, l_i, m_i, q, k_ptr, v_ptr, tables_ptr + seq * stride_table,
-                                   kv_head, lo, hi, qk_scale, NUM_KV_HEADS, HEAD_DIM, PAGE,
-                                   BLOCK_N, USE_DOT, PRECISION)
+                                   kv_head, lo, hi, qk_scale, ks_ptr, vs_ptr, NUM_KV_HEADS,
+                                   HEAD_DIM, PAGE, BLOCK_N, USE_DOT, PRECISION, KV_FP8)
     has = l_i > 0
     o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), -float("inf"))   # log2 units
@@ -338,34 +364,38 @@ def default_splits(batch: int, kv_heads: int, capacity: int, device: torch.devic
 
 
 # --8<-- [start:host]
-def _consts(q, k_cache, use_dot):
+def _consts(q, k_cache, use_dot, scales=None):
     b, hq, d = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     dot, precision, group_pad, block_n = _launch_config(q.dtype, hq // hkv, use_dot)
     return dict(NUM_KV_HEADS=hkv, GROUP=hq // hkv, GROUP_PAD=group_pad, HEAD_DIM=d, PAGE=page,
-                BLOCK_N=block_n, USE_DOT=dot, PRECISION=precision)
+                BLOCK_N=block_n, USE_DOT=dot, PRECISION=precision, KV_FP8=scales is not None)
 
 
-def _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, use_dot=None):
-    """v1 on checked inputs: one launch, grid (B, Hkv)."""
+def _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, use_dot=None, scales=None):
+    """v1 on checked inputs: one launch, grid (B, Hkv). ``scales``: (k_scale, v_scale) of an e4m3
+    cache, or None."""
     b, hkv = q.shape[0], k_cache.shape[2]
     o = torch.empty_like(q)
+    ks, vs = scales if scales is not None else (seq_lens, seq_lens)   # unread without KV_FP8
     _paged_decode_kernel[(b, hkv)](q, k_cache, v_cache, block_tables, seq_lens, o,
-                                   scale * LOG2E, block_tables.stride(0),
-                                   num_warps=NUM_WARPS, **_consts(q, k_cache, use_dot))
+                                   scale * LOG2E, block_tables.stride(0), ks, vs,
+                                   num_warps=NUM_WARPS, **_consts(q, k_cache, use_dot, scales))
     return o
 
 
-def _decode_split(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, use_dot=None):
+def _decode_split(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, use_dot=None,
+                  scales=None):
     """v2 on checked inputs: the chunks (grid (B, Hkv, num_splits)), then the merge (B x Hq)."""
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
     part_o = torch.empty((b, hq, num_splits, d), device=q.device, dtype=torch.float32)
     part_lse = torch.empty((b, hq, num_splits), device=q.device, dtype=torch.float32)
+    ks, vs = scales if scales is not None else (seq_lens, seq_lens)
     _paged_decode_split_kernel[(b, hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, part_o, part_lse, scale * LOG2E,
-        block_tables.stride(0), NUM_SPLITS=num_splits, num_warps=NUM_WARPS,
-        **_consts(q, k_cache, use_dot))
+        block_tables.stride(0), ks, vs, NUM_SPLITS=num_splits, num_warps=NUM_WARPS,
+        **_consts(q, k_cache, use_dot, scales))
     o = torch.empty_like(q)
     _merge_splits_kernel[(b * hq,)](part_o, part_lse, o, NUM_SPLITS=num_splits,
                                     SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=d)
@@ -415,6 +445,100 @@ def paged_attention_split(q, k_cache, v_cache, block_tables, seq_lens):
         return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
     return _decode_split(q, k_cache, v_cache, block_tables, seq_lens, scale, splits)
 # --8<-- [end:host]
+
+
+# --------------------------------------------------------------------------------------------------
+# An FP8 cache
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:fp8]
+def quantize_kv_blocks(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A paged cache (num_blocks, block_size, Hkv, D) in e4m3 with one fp32 scale per (block, kv
+    head): the block's largest magnitude in that head maps to e4m3's 448. A block belongs to the
+    sequences whose tables list it, so a scale per block never mixes two sequences' ranges (even
+    a block shared by a prefix is quantised once), and a block can be quantised when it fills."""
+    if not isinstance(cache, torch.Tensor):
+        raise TypeError(f"quantize_kv_blocks: cache must be a torch.Tensor, got "
+                        f"{type(cache).__name__}")
+    check_tensors(("cache",), (cache,), dtypes=DTYPES, device=cache.device.type,
+                  allow_empty=False)
+    if cache.dim() != 4:
+        raise ValueError(f"quantize_kv_blocks: cache must be 4-D (num_blocks, block_size, "
+                         f"kv_heads, head_dim), got shape {tuple(cache.shape)}")
+    amax = cache.float().abs().amax(dim=(1, 3))                          # (num_blocks, Hkv)
+    scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (cache.float() / scales[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scales
+
+
+def dequantize_kv_blocks(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The values an e4m3 cache stands for, in fp32."""
+    return q.float() * scales[:, None, :, None]
+
+
+def check_kv_scales(name: str, k_cache: torch.Tensor, k_scale, v_scale) -> None:
+    """One fp32 scale per (block, kv head) of the cache, for K and for V, on its device."""
+    check_tensors(("k_scale", "v_scale"), (k_scale, v_scale), dtypes=(torch.float32,),
+                  device=k_cache.device.type, allow_empty=False)
+    want = (k_cache.shape[0], k_cache.shape[2])
+    for arg, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if tuple(t.shape) != want or not t.is_contiguous():
+            raise ValueError(f"{name}: {arg} must be a contiguous (num_blocks, kv_heads) = {want} "
+                             f"tensor, got shape {tuple(t.shape)}")
+
+
+def paged_decode_attention_fp8(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens,
+                               scale=None, num_splits=None, use_dot=None):
+    """Decode attention over an e4m3 paged cache (:func:`quantize_kv_blocks`): the kernels of
+    :func:`paged_decode_attention`, which convert each K and V tile to q's type in registers and
+    apply the scales to the scores and the probabilities. ``num_splits`` None: the default count."""
+    refuse_grad("paged_decode_attention_fp8", q, k_cache, v_cache, k_scale, v_scale,
+                instead="paged_decode_attention on a dequantised cache")
+    scale = check_decode_inputs("paged_decode_attention_fp8", q, k_cache, v_cache, block_tables,
+                                seq_lens, scale, kv_fp8=True)
+    check_kv_scales("paged_decode_attention_fp8", k_cache, k_scale, v_scale)
+    if num_splits is None:
+        num_splits = default_splits(q.shape[0], k_cache.shape[2],
+                                    block_tables.shape[1] * k_cache.shape[1], q.device)
+    check_int("paged_decode_attention_fp8: num_splits", num_splits, 1)
+    if num_splits > MAX_GRID_Y:
+        raise ValueError(f"paged_decode_attention_fp8: num_splits {num_splits} exceeds "
+                         f"{MAX_GRID_Y}")
+    scales = (k_scale, v_scale)
+    if num_splits == 1:
+        return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, use_dot, scales)
+    return _decode_split(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, use_dot,
+                         scales)
+# --8<-- [end:fp8]
+
+
+def fp8_cache_ref(q, k8, v8, k_scale, v_scale, block_tables, seq_lens, k_values, v_values):
+    """What both versions of ``paged_decode_attention_fp8`` compute: attention over the values the
+    e4m3 cache stands for (``k_values``, ``v_values``: those values in q's type, or float64 when
+    the tests upcast)."""
+    return paged_attention_ref(q, k_values, v_values, block_tables, seq_lens)
+
+
+def decode_bf16_cache(q, k8, v8, k_scale, v_scale, block_tables, seq_lens, k_values, v_values):
+    """v0: the same values stored in q's type (twice e4m3's bytes), read by v2's kernels."""
+    refuse_grad("decode_bf16_cache", q, k8, v8, k_scale, v_scale, k_values, v_values,
+                instead="paged_attention_sdpa on the values")
+    return paged_attention_split(q, k_values, v_values, block_tables, seq_lens)
+
+
+def decode_fp8_cache(q, k8, v8, k_scale, v_scale, block_tables, seq_lens, k_values, v_values):
+    """v1: v2's kernels on the e4m3 cache, as the harness times them (shape checks only)."""
+    refuse_grad("decode_fp8_cache", q, k8, v8, k_scale, v_scale, k_values, v_values,
+                instead="paged_attention_sdpa on the values")
+    scale = check_decode_inputs("decode_fp8_cache", q, k8, v8, block_tables, seq_lens,
+                                contents=False, kv_fp8=True)
+    check_kv_scales("decode_fp8_cache", k8, k_scale, v_scale)
+    splits = default_splits(q.shape[0], k8.shape[2], block_tables.shape[1] * k8.shape[1],
+                            q.device)
+    if splits == 1:
+        return _decode(q, k8, v8, block_tables, seq_lens, scale, scales=(k_scale, v_scale))
+    return _decode_split(q, k8, v8, block_tables, seq_lens, scale, splits,
+                         scales=(k_scale, v_scale))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -469,6 +593,7 @@ HEADLINE = {"b": 32, "ctx": 4096, **LLAMA_HEADS}
 # b = 64, ctx = 32768 the cache is 8 GiB per layer in bf16.
 SWEEP = [{"b": b, "ctx": c, **LLAMA_HEADS} for b in (1, 8, 64) for c in (1024, 4096, 16384, 32768)]
 SWEEP.insert(0, HEADLINE)
+SWEEP.append({"b": 1, "ctx": 65536, **LLAMA_HEADS})   # one user, a long context: issue 22's goal
 # Tiny, for the interpreter: GQA ratios 1, 4 and 8, ragged lengths (1 and non-multiples of the
 # page), pages of 16 and 5 tokens, one sequence of one token.
 TEST_SIZES = [{"b": 3, "ctx": 37, "hq": 4, "hkv": 1, "d": 16, "page": 16, "ragged": True},
@@ -501,3 +626,49 @@ paged_decode.add(Impl("v2", paged_attention_split, "Triton",
                        _decode_split, _paged_decode_kernel, _decode, _consts, _launch_config,
                        default_splits,
                        check_decode_inputs, *SOURCES), device="any"))
+
+
+def _make_fp8_inputs(size, dtype, device, gen):
+    """v2's inputs with K and V quantised per (block, kv head), and the values they stand for in
+    q's type (v0's cache, and what the reference reads)."""
+    q, k, v, tables, lens = _make_inputs(size, dtype, device, gen)
+    (k8, ks), (v8, vs) = quantize_kv_blocks(k), quantize_kv_blocks(v)
+    kd = dequantize_kv_blocks(k8, ks).to(dtype)
+    vd = dequantize_kv_blocks(v8, vs).to(dtype)
+    return q, k8, v8, ks, vs, tables, lens, kd, vd
+
+
+def _fp8_bytes(size, dtype) -> int:
+    # the e4m3 cache (1 byte per value) and its scales (4 bytes per block and kv head, for K and
+    # for V: counted as if every block were full), q read and o written in q's type
+    tokens = sum(seq_lengths(size))
+    blocks = sum(-(-n // size["page"]) for n in seq_lengths(size))
+    return (2 * tokens * size["hkv"] * size["d"] + 2 * 4 * blocks * size["hkv"]
+            + 2 * size["b"] * size["hq"] * size["d"] * dtype.itemsize)
+
+
+# Long contexts, where the cache's bytes decide the step: batch 8 at 32768 tokens is a 512 MiB
+# e4m3 cache per layer (1 GiB in bf16); batch 1 and 32 bracket it.
+FP8_HEADLINE = {"b": 8, "ctx": 32768, **LLAMA_HEADS}
+FP8_SWEEP = [FP8_HEADLINE] + [{"b": b, "ctx": c, **LLAMA_HEADS}
+                              for b in (1, 8, 32) for c in (4096, 16384, 65536)]
+
+paged_decode_fp8 = register(Op(
+    name="paged_decode_attention_fp8", part=8, chapter="part8/decode-attention.md",
+    title="Paged decode attention over an FP8 cache", reference=fp8_cache_ref,
+    make_inputs=_make_fp8_inputs, bytes_moved=_fp8_bytes, flops=_flops, metric="GB/s",
+    ceiling="copy", headline=FP8_HEADLINE, sweep=FP8_SWEEP, dtypes=DTYPES,
+    bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES, tolerances=TOLERANCES,
+    sweep_axis="ctx"))
+paged_decode_fp8.add(Impl("v0", decode_bf16_cache, "Triton",
+                          "the same values stored in bf16, read by paged_decode_attention v2",
+                          (paged_attention_split, _paged_decode_split_kernel, _merge_splits_kernel,
+                           _attend_tokens, _decode_split, _paged_decode_kernel, _decode, _consts,
+                           _launch_config, default_splits, check_decode_inputs, *SOURCES),
+                          device="any"))
+paged_decode_fp8.add(Impl("v1", decode_fp8_cache, "Triton",
+                          "e4m3 cache: tiles converted in registers, scales on scores and P",
+                          (_paged_decode_split_kernel, _merge_splits_kernel, _attend_tokens,
+                           _decode_split, _paged_decode_kernel, _decode, _consts, _launch_config,
+                           default_splits, check_decode_inputs, check_kv_scales,
+                           quantize_kv_blocks, *SOURCES), device="any"))
