@@ -325,8 +325,9 @@ def test_gpu_gemv_benchmark_k(m, dtype):
 @pytest.mark.parametrize("g, k", [(32, 4096), (64, 4096), (48, 48 * 86), (12, 24 * 170),
                                   (256, 4096)])
 def test_gpu_gemv_group_sizes(g, k):
-    """Every slice depth gemv_config picks on a GPU (128, 64, 32, 16 and the scale-per-element
-    path of G = 12), ragged N, a partial last slice (K = 4128 and 4080 against 128)."""
+    """Every slice depth gemv_config picks on a GPU (128, 64, 32, 16, and 32 with a scale per
+    element for G = 12), ragged N (1000 rows against 128 and 256), a partial last slice (G = 12:
+    K = 4080 against 32-deep slices)."""
     x, packed, scales, zeros = _operands(3, 1000, k, g, dtype=torch.bfloat16, zero_point=True)
     _check(ig.int4_gemv(x, packed, scales, zeros), x, packed, scales, zeros, f"GPU G={g} K={k}")
 
