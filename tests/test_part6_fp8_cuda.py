@@ -7,7 +7,9 @@ spills and within setmaxnreg's budget; its SASS holds the fp8 tensor-core instru
 per 128-deep K-block, the first of them starting from zero: the promotion's temporary), TMA loads,
 mbarrier waits, setmaxnreg, and one fp32 add (per tensor) or fma (block-scaled) per accumulator
 register: the promotion; the constants are the launcher's; the helpers copied from hopper_gemm.cu
-are still the same text; the epilogue covers a tile once; bad input is refused before any launch.
+are still the same text; the epilogue covers a tile once; a transcription of the kernel's loops and
+indexing (persistent tiles, K-blocks, promotion, scales read through the launcher's strides)
+matches the references; bad input is refused before any launch.
 On a GPU (marked ``gpu``): both kernels against the float64 references at the op's test sizes,
 ragged M, N and K, odd N (the epilogue's one-element stores), padded rows, many tiles per block,
 the headlines with the error bounds of v1, and per-block scales that differ by powers of two."""
@@ -299,6 +301,88 @@ def test_epilogue_writes_every_element_of_the_tile_once(n_c):
     assert sorted(coords) == [(r, c) for r in range(64) for c in range(cols)]
 
 
+def _kernel_model(a, b, a_s, b_s, strides, blockwise: bool, grid: int) -> torch.Tensor:
+    """fp8_gemm.cu's arithmetic and indexing, transcribed (in float64 where the kernel has fp32,
+    which only changes roundings): each of ``grid`` persistent blocks walks tiles t = block,
+    block + grid, ... in tile_coords's order; each consumer c takes 64 rows of the 128 x 128 tile
+    (zeros outside A and B, as TMA fills them); per K-block the temporary is the 128-deep sum
+    and is promoted into acc, times a_s[min(r, M-1) * s_am + kb * s_ak] * b_s[pn * s_bn +
+    kb * s_bk] when block-scaled (the scales read through the strides the launcher passes);
+    the epilogue multiplies by a_s * b_s per tensor and stores only inside C."""
+    from snippets.part6.gemm import tile_order  # the transcription of the same tile_coords
+
+    (m, k), n = a.shape, b.shape[0]
+    s_am, s_ak, s_bn, s_bk = strides
+    tiles_m, tiles_n = -(-m // 128), -(-n // 128)
+    order = tile_order(tiles_m, tiles_n, CFG.group_m)
+    k_pad = -(-k // 128) * 128
+    a_pad = torch.zeros(tiles_m * 128, k_pad, dtype=torch.float64)
+    b_pad = torch.zeros(tiles_n * 128, k_pad, dtype=torch.float64)
+    a_pad[:m, :k], b_pad[:n, :k] = a.double(), b.double()
+    flat_a = flat_b = None
+    if blockwise:  # the scales as the kernel sees them: a pointer and two strides each
+        flat_a = torch.as_strided(a_s, (a_s.untyped_storage().nbytes() // 4,), (1,), 0)
+        flat_b = torch.as_strided(b_s, (b_s.untyped_storage().nbytes() // 4,), (1,), 0)
+    c_out = torch.full((m, n), float("nan"), dtype=torch.float64)
+    written = torch.zeros((m, n), dtype=torch.int64)
+    for block in range(grid):
+        for t in range(block, tiles_m * tiles_n, grid):
+            pm, pn = order[t]
+            for c in range(CFG.consumers):
+                row0, col0 = pm * 128 + c * 64, pn * 128
+                acc = torch.zeros(64, 128, dtype=torch.float64)
+                for kb in range(k_pad // 128):
+                    ks = slice(kb * 128, kb * 128 + 128)
+                    tmp = a_pad[row0:row0 + 64, ks] @ b_pad[col0:col0 + 128, ks].T
+                    if blockwise:
+                        rows = [min(row0 + r, m - 1) for r in range(64)]
+                        sa = flat_a[[a_s.storage_offset() + r * s_am + kb * s_ak for r in rows]]
+                        sb = flat_b[b_s.storage_offset() + pn * s_bn + kb * s_bk]
+                        acc += tmp * (sa.double() * sb.double())[:, None]
+                    else:
+                        acc += tmp
+                scale = 1.0 if blockwise else float(a_s) * float(b_s)
+                rows, cols = min(64, m - row0), min(128, n - col0)
+                if rows > 0 and cols > 0:
+                    c_out[row0:row0 + rows, col0:col0 + cols] = (acc * scale)[:rows, :cols]
+                    written[row0:row0 + rows, col0:col0 + cols] += 1
+    assert (written == 1).all(), "every element of C is stored exactly once"
+    return c_out
+
+
+@pytest.mark.op("fp8_gemm")
+@pytest.mark.parametrize("m, n, k, grid", [(1, 5, 16, 132), (200, 264, 136, 3),
+                                           (129, 130, 400, 1), (300, 520, 256, 7)])
+def test_kernel_transcription_matches_the_reference_per_tensor(m, n, k, grid):
+    a, b, sa, sb = f.make_per_tensor_inputs({"m": m, "n": n, "k": k}, E4M3, "cpu",
+                                            torch.Generator().manual_seed(m + n + k))
+    c = _kernel_model(a, b, sa, sb, (0, 0, 0, 0), False, f.cuda_grid(m, n, grid))
+    ref = f.fp8_gemm_ref(a, b, sa.double(), sb.double())
+    torch.testing.assert_close(c, ref, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.op("fp8_gemm_blockscaled")
+@pytest.mark.parametrize("m, n, k, grid", [(1, 128, 128, 132), (45, 200, 384, 2),
+                                           (129, 77, 512, 1), (300, 260, 256, 5)])
+@pytest.mark.parametrize("a_layout", ["row-major", "M-major"])
+def test_kernel_transcription_matches_the_reference_blockscaled(m, n, k, grid, a_layout):
+    """With per-block scales spread over 2^-8..2^8 (a wrong block, row or column group is far
+    off) and A's scales in either layout, through the strides the launcher passes."""
+    n_up = -(-n // 128) * 128
+    a, asc, b, bsc = f.make_blockscaled_inputs({"m": m, "n": n_up, "k": k}, E4M3, "cpu",
+                                               torch.Generator().manual_seed(m + n + k))
+    b = b[:n].contiguous()
+    g = torch.Generator().manual_seed(1)
+    asc = asc * 2.0 ** torch.randint(-8, 9, asc.shape, generator=g)
+    bsc = bsc * 2.0 ** torch.randint(-8, 9, bsc.shape, generator=g)
+    if a_layout == "M-major":
+        asc = asc.t().contiguous().t()
+    strides = (*asc.stride(), *bsc.stride())  # the order launch_cuda passes them in
+    c = _kernel_model(a, b, asc, bsc, strides, True, f.cuda_grid(m, n, grid))
+    ref = f.fp8_gemm_blockscaled_ref(a, asc.double(), b, bsc.double())
+    torch.testing.assert_close(c, ref, rtol=1e-12, atol=1e-9 * float(ref.abs().max()))
+
+
 @pytest.mark.op("fp8_gemm")
 @pytest.mark.parametrize("m, n, sms", [(1, 1, 132), (8192, 8192, 132), (128, 256, 132),
                                        (4096, 7168, 114)])
@@ -532,6 +616,21 @@ def test_cubin_loads_on_the_gpu():
         fn = f.CUBIN.kernel(name, 0)
         assert fn.max_dynamic_shared_size_bytes >= 0
         assert f.CUBIN.kernel(name, 0) is fn  # loaded once
+
+
+@pytest.mark.gpu
+@pytest.mark.op("fp8_gemm")
+def test_one_block_per_sm_fits():
+    """The persistent grid launches one block per SM: the driver's occupancy calculator must say
+    that exactly one block of 384 threads and the configured shared memory fits an SM (none
+    would fail every launch; two would mean the grid leaves half the SM's slots idle)."""
+    _skip_unless_sm90()
+    from snippets import cuda
+
+    for name in f.KERNELS.values():
+        fn = f.CUBIN.kernel(name, 0)
+        fn.max_dynamic_shared_size_bytes = CFG.smem_bytes
+        assert cuda.resident_blocks(fn, CFG.threads, CFG.smem_bytes) == 1, name
 
 
 @pytest.mark.gpu
