@@ -150,3 +150,17 @@ def test_fused_one_shot_kernel_handshake_on_two_ranks(dtype):
     assert flags[1].eq(0).all()                         # rank 1 took rank 0's signals
     assert flags[0][1::2].tolist() == [1] * blocks      # and left one for rank 0's next call
     assert flags[0][0::2].eq(0).all()                   # a rank never signals itself
+
+
+def test_one_shot_calls_are_checked_before_any_copy():
+    """The checks both one-shot all-reduces run on every call, without GPUs: the dtype and device
+    they were built for, and no more elements than their buffers hold."""
+    from snippets.part7.fast_allreduce import check_one_shot_call
+
+    cpu = torch.device("cpu")
+    assert check_one_shot_call("f", torch.zeros(4, 3), torch.float32, cpu, 12) == 12
+    for bad, match in ((torch.zeros(4, dtype=torch.float64), "expected a torch.float32"),
+                       ([0.0] * 4, "got list"),
+                       (torch.zeros(13), "13 elements, built for at most 12")):
+        with pytest.raises(ValueError, match=match):
+            check_one_shot_call("f", bad, torch.float32, cpu, 12)

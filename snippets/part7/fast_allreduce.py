@@ -93,6 +93,28 @@ class RingAllReduce:
 # --8<-- [end:ring]
 
 
+def check_one_shot_build(name: str, max_numel, dtype: torch.dtype) -> None:
+    """What both one-shot all-reduces need to be built: GPUs, a dtype the sums take, a size."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{name}: needs GPUs with peer-to-peer access")
+    if dtype not in SUM_DTYPES:
+        raise TypeError(f"{name}: dtype {dtype} is not one the sums take")
+    if not isinstance(max_numel, int) or isinstance(max_numel, bool) or max_numel < 1:
+        raise ValueError(f"{name}: max_numel must be a positive int, got {max_numel!r}")
+
+
+def check_one_shot_call(name: str, x, dtype: torch.dtype, device: torch.device,
+                        max_numel: int) -> int:
+    """A call's input: a tensor of the dtype and device it was built for, not too large; its
+    number of elements."""
+    if not isinstance(x, torch.Tensor) or x.dtype != dtype or x.device != device:
+        raise ValueError(f"{name}: expected a {dtype} tensor on {device}, got "
+                         f"{getattr(x, 'dtype', type(x).__name__)} on {getattr(x, 'device', '?')}")
+    if x.numel() > max_numel:
+        raise ValueError(f"{name}: {x.numel()} elements, built for at most {max_numel}")
+    return x.numel()
+
+
 # --8<-- [start:one_shot]
 class OneShotAllReduce:
     """An all-reduce of up to ``max_numel`` elements in one step over peer-to-peer memory. Two
@@ -102,13 +124,7 @@ class OneShotAllReduce:
     i % 2 without a second barrier."""
 
     def __init__(self, max_numel: int, dtype: torch.dtype, group=None):
-        if not torch.cuda.is_available():
-            raise RuntimeError("OneShotAllReduce: needs GPUs with peer-to-peer access")
-        if dtype not in SUM_DTYPES:
-            raise TypeError(f"OneShotAllReduce: dtype {dtype} is not one the sums take")
-        if not isinstance(max_numel, int) or max_numel < 1:
-            raise ValueError("OneShotAllReduce: max_numel must be a positive int, got "
-                             f"{max_numel!r}")
+        check_one_shot_build("OneShotAllReduce", max_numel, dtype)
         import torch.distributed._symmetric_memory as symm_mem
 
         group = group or dist.group.WORLD
@@ -123,13 +139,7 @@ class OneShotAllReduce:
             self.peers.append([handle.get_buffer(r, (max_numel,), dtype) for r in range(self.p)])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.dtype != self.dtype or x.device != self.device:
-            raise ValueError(f"OneShotAllReduce: expected a {self.dtype} tensor on {self.device}, "
-                             f"got {getattr(x, 'dtype', type(x).__name__)} on "
-                             f"{getattr(x, 'device', '?')}")
-        n = x.numel()
-        if n > self.max_numel:
-            raise ValueError(f"OneShotAllReduce: {n} elements, built for at most {self.max_numel}")
+        n = check_one_shot_call("OneShotAllReduce", x, self.dtype, self.device, self.max_numel)
         turn = self.calls % 2
         self.calls += 1
         peers = [b[:n] for b in self.peers[turn]]
@@ -191,13 +201,7 @@ class FusedOneShotAllReduce:
     only be one call ahead of another (its signals wait until the peer took the previous ones)."""
 
     def __init__(self, max_numel: int, dtype: torch.dtype, group=None, block: int = 4096):
-        if not torch.cuda.is_available():
-            raise RuntimeError("FusedOneShotAllReduce: needs GPUs with peer-to-peer access")
-        if dtype not in SUM_DTYPES:
-            raise TypeError(f"FusedOneShotAllReduce: dtype {dtype} is not one the sums take")
-        if not isinstance(max_numel, int) or max_numel < 1:
-            raise ValueError("FusedOneShotAllReduce: max_numel must be a positive int, got "
-                             f"{max_numel!r}")
+        check_one_shot_build("FusedOneShotAllReduce", max_numel, dtype)
         if not isinstance(block, int) or block < 128 or block & (block - 1):
             raise ValueError(f"FusedOneShotAllReduce: block must be a power of two >= 128, got "
                              f"{block!r}")
@@ -219,14 +223,8 @@ class FusedOneShotAllReduce:
         dist.barrier(group)                   # every rank's flags are zero before any signal
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.dtype != self.dtype or x.device != self.device:
-            raise ValueError(f"FusedOneShotAllReduce: expected a {self.dtype} tensor on "
-                             f"{self.device}, got {getattr(x, 'dtype', type(x).__name__)} on "
-                             f"{getattr(x, 'device', '?')}")
-        n = x.numel()
-        if n > self.max_numel:
-            raise ValueError(f"FusedOneShotAllReduce: {n} elements, built for at most "
-                             f"{self.max_numel}")
+        n = check_one_shot_call("FusedOneShotAllReduce", x, self.dtype, self.device,
+                                self.max_numel)
         turn = self.calls % 2
         self.calls += 1
         src = x.reshape(-1).contiguous()
