@@ -2,10 +2,12 @@
 interpreter at M = 1, 2, 3, 8, every group size (the scale-once path and the scale-per-element
 one, G = 12 with words that straddle groups), with and without zero points, ragged N, K with a
 partial last slice, split-K of 1, 3 and the automatic choice; its refusals before any launch; the
-version's dispatch to v2. Compiled for sm_90 on the CPU (Triton 3.9): what v2's loop does at M = 1
-(byte loads, shared memory, mma.sync) and that v4's loop has 16-byte loads of the weight and no
-layout conversion, shared memory or tensor-core instruction. On a GPU: bf16 and fp16 at the
-benchmark's K, every M the GEMV takes."""
+version's dispatch to v2. v5 (tensor cores, the weight as wgmma's register operand) the same way
+at M = 1 to 64, and its relabelling of rows and k checked against the reshape-permute it undoes.
+Compiled for sm_90 on the CPU (Triton 3.9): what v2's loop does at M = 1 (byte loads, shared
+memory, mma.sync); that v4's loop has 16-byte loads of the weight and no shared memory or
+tensor-core instruction; that v5's dot takes the dequantised tile from registers with no layout
+conversion in the loop. On a GPU: bf16 and fp16 at the benchmark's K."""
 
 from __future__ import annotations
 
@@ -193,6 +195,93 @@ def test_refuses_grad():
         ig.int4_gemv(x.requires_grad_(), packed, scales)
 
 
+# ---------------------------------------------------------------- v5: tensor cores
+
+TC_SHAPES = [(16, 64, 128, 128), (1, 100, 256, 128), (9, 70, 384, 128), (33, 64, 256, 256),
+             (64, 130, 256, 128)]
+
+
+@pytest.mark.op("int4_gemm")
+@pytest.mark.parametrize("m, n, k, g", TC_SHAPES)
+@pytest.mark.parametrize("zero_point", [False, True], ids=["sym", "zeros"])
+def test_tc_matches_reference(m, n, k, g, zero_point):
+    """v5 at M = 1 to 64, N ragged against its 64 rows, one to three 128-deep slices, G = 128 and
+    256, split-K 1, 2 and automatic."""
+    x, packed, scales, zeros = _operands(m, n, k, g, zero_point=zero_point)
+    poison_allocator(4 * m * n * 4, DEVICE)
+    for split in (1, None, 2):
+        _check(ig.int4_tc(x, packed, scales, zeros, split_k=split), x, packed, scales, zeros,
+               f"v5 M={m} N={n} K={k} G={g} zeros={zero_point} split_k={split}")
+
+
+@pytest.mark.op("int4_gemm")
+def test_tc_relabelling_is_the_reshape_permute():
+    """Element (r, k) of the relabelled tile is element (_relabel_rows(r), _relabel_ks(k)) of the
+    tile as unpacked: the maps that index x and y are the inverse of what the kernel does to the
+    weight tile, and both are permutations."""
+    tile = torch.arange(64 * 128).reshape(64, 128)
+    moved = tile.reshape(2, 4, 8, 4, 16, 2).permute(1, 0, 2, 4, 3, 5).reshape(64, 128)
+    rows = ig._relabel_rows.fn(torch.arange(64))
+    ks = ig._relabel_ks.fn(torch.arange(128))
+    assert sorted(rows.tolist()) == list(range(64)) and sorted(ks.tolist()) == list(range(128))
+    assert torch.equal(moved, tile[rows][:, ks])
+
+
+@pytest.mark.op("int4_gemm")
+def test_tc_fp32_activations_agree_to_fp32_rounding():
+    x, packed, scales, zeros = _operands(20, 64, 256, 128, dtype=torch.float32, zero_point=True)
+    y = ig.int4_tc(x, packed, scales, zeros)
+    ref = ig.int4_gemm_ref(x.double(), packed, scales.double(), zeros)
+    if HAS_GPU:  # fp32 operands go through the tensor cores in TF32
+        rtol, atol = tolerance_for(256, torch.float32)
+    else:
+        rtol, atol = 1e-5, 1e-4
+    torch.testing.assert_close(y.double(), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.op("int4_gemm")
+@pytest.mark.parametrize("m, g", [(65, 128), (16, 64), (4, 32)], ids=["M=65", "G=64", "G=32"])
+def test_v5_hands_what_the_tc_kernel_refuses_to_v2(m, g):
+    x, packed, scales, _ = _operands(m, 24, 256, g)
+    y = ig.int4_gemm_op.impls["v5"].fn(x, packed, scales)
+    assert torch.equal(y, ig.int4_gemm(x, packed, scales, split_k=None))
+
+
+def _tc_bad_inputs():
+    x, packed, scales, zeros = _operands(4, 32, 256, 128, zero_point=True)
+    x65, _, _, _ = _operands(65, 32, 256, 128)
+    x64, packed64, scales64, _ = _operands(2, 8, 256, 64)
+    offset = torch.zeros(32 * 128 + 2, dtype=torch.uint8, device=DEVICE)[2:].view(32, 128)
+    return [
+        ("M = 65", (x65, packed, scales), ValueError, "M <= 64"),
+        ("G = 64", (x64, packed64, scales64), ValueError, "multiple of 128"),
+        ("packed not word-aligned", (x, offset, scales), ValueError, "4-byte boundary"),
+        ("split_k 0", (x, packed, scales, None, 0), ValueError, "split_k"),
+        ("scales dtype", (x, packed, scales.float()), TypeError, "scales must have x's dtype"),
+        ("zeros shape", (x, packed, scales, zeros[:, :1].contiguous()), ValueError,
+         "zeros must have"),
+    ]
+
+
+TC_BAD = _tc_bad_inputs()
+
+
+@pytest.mark.op("int4_gemm")
+@pytest.mark.parametrize("label, args, exc, words", TC_BAD, ids=[b[0] for b in TC_BAD])
+def test_tc_refuses_before_launch(label, args, exc, words, monkeypatch):
+    monkeypatch.setattr(ig, "_int4_tc_kernel", _NoLaunch())
+    monkeypatch.setattr(ig, "_sum_splits_kernel", _NoLaunch())
+    with pytest.raises(exc, match=words):
+        ig.int4_tc(*args)
+
+
+@pytest.mark.op("int4_gemm")
+def test_tc_refuses_grad():
+    x, packed, scales, _ = _operands(16, 16, 128, 128)
+    with pytest.raises(RuntimeError, match="forward-only"):
+        ig.int4_tc(x.requires_grad_(), packed, scales)
+
+
 # ---------------------------------------------------------------- compiled for sm_90, on the CPU
 
 TRITON_VERSION = tuple(int(v) for v in triton.__version__.split(".")[:2])
@@ -232,12 +321,18 @@ _V2_JOB = (ig._int4_gemm_kernel, _V2_SIG,
            dict(num_warps=4, num_stages=4, divisible=_V2_DIVISIBLE))
 JOBS = {"v2 M=1": _V2_JOB, **{f"v4 M={m} G={g} zeros={z}": (m, g, z)
                               for m, g, z in ((1, 128, False), (8, 128, True), (1, 64, True),
-                                              (4, 32, False))}}
+                                              (4, 32, False))},
+        # v5 as int4_tc launches it: BLOCK_M = 16 for M <= 16, 64 x 128 slices, 4 warps, 3 stages
+        **{f"v5 M={m} zeros={z}": (ig._int4_tc_kernel, _SIG,
+                                   dict(GROUP_SIZE=128, HAS_ZEROS=z, BLOCK_M=max(16, m),
+                                        BLOCK_N=ig.TC_BLOCK_N, BLOCK_K=ig.TC_BLOCK_K),
+                                   dict(num_warps=4, num_stages=3, divisible=_DIVISIBLE))
+           for m, z in ((16, False), (64, True))}}
 
 
 @pytest.fixture(scope="module")
 def built():
-    jobs = [job if name.startswith("v2") else _gemv_job(*job) for name, job in JOBS.items()]
+    jobs = [_gemv_job(*job) if name.startswith("v4") else job for name, job in JOBS.items()]
     return dict(zip(JOBS, ins.compile_many(jobs)))
 
 
@@ -253,17 +348,18 @@ def _loop_body(ttgir: str) -> str:
 
 
 def _ptx_loop(ptx: str) -> str:
-    """The PTX of the first loop: from a label to the first branch back to it."""
+    """The PTX of the main loop: the longest stretch from a label to a branch back to it."""
     lines = ptx.splitlines()
-    seen = {}
+    seen, loops = {}, []
     for i, line in enumerate(lines):
         label = re.match(r"^(\$L__\w+):", line.strip())
         if label:
             seen[label.group(1)] = i
         back = re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+);", line)
         if back and back.group(1) in seen:
-            return "\n".join(lines[seen[back.group(1)]:i + 1])
-    raise AssertionError("no loop in the PTX")
+            loops.append(lines[seen[back.group(1)]:i + 1])
+    assert loops, "no loop in the PTX"
+    return "\n".join(max(loops, key=len))
 
 
 @needs_checked_triton
@@ -307,6 +403,29 @@ def test_v4_loop_reads_16_byte_vectors_and_stays_in_registers(built, name):
     assert k.spill_stores == 0 and k.spill_loads == 0
 
 
+@needs_checked_triton
+@pytest.mark.op("int4_gemm")
+@pytest.mark.parametrize("name", [n for n in JOBS if n.startswith("v5")])
+def test_v5_dot_takes_the_dequantised_tile_from_registers(built, name):
+    """v5's loop: the wgmma's first operand is a register tensor (a dot_op layout, not a shared
+    memory descriptor) and nothing converts the dequantised tile's layout on the way (no
+    convert_layout in the loop, no ldmatrix or stmatrix in its PTX). The packed words reach the
+    registers through the pipeliner's asynchronous 16-byte copies (cp.async.cg ..., 0x10) and one
+    16-byte shared load per thread and word row; x^T, wgmma's second operand, is read from shared
+    memory as wgmma requires."""
+    k = built[name]
+    loop = _loop_body(k.ttgir)
+    dot = re.search(r"ttng\.warp_group_dot (%\S+), (%\S+), .*? : (tensor<64x128x\w+, "
+                    r"#ttg\.dot_op<\{opIdx = 0)", loop)
+    assert dot, ins.excerpt(loop, r"warp_group_dot")
+    assert "ttg.convert_layout" not in loop, ins.excerpt(loop, r"convert_layout")
+    ptx_loop = _ptx_loop(k.ptx)
+    assert re.search(r"wgmma\.mma_async\S*\.bf16\.bf16", ptx_loop)
+    assert not re.search(r"\b(ldmatrix|stmatrix)", ptx_loop)
+    assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], (16|0x10)\b", ptx_loop)
+    assert k.spill_stores == 0 and k.spill_loads == 0
+
+
 # ---------------------------------------------------------------- GPU: bf16/fp16, the benchmark K
 
 @pytest.mark.gpu
@@ -341,3 +460,24 @@ def test_gpu_v4_at_the_sweep_sizes():
         x, packed, scales, dense = ig.make_inputs(size, torch.bfloat16, "cuda", gen)
         y = ig.int4_gemm_op.impls["v4"].fn(x, packed, scales, dense)
         _check(y, x, packed, scales, None, f"GPU v4 {size}")
+
+
+@pytest.mark.gpu
+@pytest.mark.op("int4_gemm")
+@pytest.mark.parametrize("m", [1, 16, 33, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_tc_benchmark_k(m, dtype):
+    x, packed, scales, zeros = _operands(m, 4096, 8192, 128, dtype=dtype, zero_point=True)
+    for split in (1, None):
+        _check(ig.int4_tc(x, packed, scales, zeros, split_k=split), x, packed, scales, zeros,
+               f"GPU v5 M={m} {dtype} split_k={split}")
+
+
+@pytest.mark.gpu
+@pytest.mark.op("int4_gemm")
+def test_gpu_v5_at_the_sweep_sizes():
+    gen = torch.Generator().manual_seed(0)
+    for size in ig.int4_gemm_op.sweep:
+        x, packed, scales, dense = ig.make_inputs(size, torch.bfloat16, "cuda", gen)
+        y = ig.int4_gemm_op.impls["v5"].fn(x, packed, scales, dense)
+        _check(y, x, packed, scales, None, f"GPU v5 {size}")

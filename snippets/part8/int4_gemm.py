@@ -27,6 +27,12 @@ Versions of ``int4_gemm`` (never renumbered):
       the same register layout; every row of x reuses the dequantised weight. Split-K as in v2,
       the fp32 partials summed in a fixed order by a second small kernel. More rows than 8, or K
       not a multiple of 8: v2.
+- v5  Triton, tensor cores for M <= 64 with the weight as the first operand (y^T = W x^T): on
+      Hopper wgmma reads that operand from registers, so the codes, copied asynchronously to
+      shared memory as packed words and read back 16 bytes at a time, are dequantised in
+      registers and multiplied there, no layout conversion between; the tile is relabelled (a
+      reshape and a permute of rows and k, no data moved) into the layout wgmma wants, and x and
+      y are indexed with the same permutation. G a multiple of 128; otherwise v2.
 
 Layout: x (M, K) fp16/bf16 (fp32 is accepted for tests under the interpreter), packed (N, K / 2)
 uint8 (byte j of row n holds the codes of k = 2j in its low nibble and 2j + 1 in its high one, as
@@ -445,6 +451,119 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
 
 
 # --------------------------------------------------------------------------------------------------
+# v5: tensor cores for 16 to 64 rows, the weight as the register operand
+# --------------------------------------------------------------------------------------------------
+
+TC_BLOCK_N, TC_BLOCK_K = 64, 128  # one warpgroup's wgmma rows; the slice the relabelling is for
+
+
+# --8<-- [start:tc_kernel]
+@triton.jit
+def _relabel_rows(r):
+    """The weight row that row r of v5's dot holds: r = 16 b + 8 c + a (a < 8, b < 4, c < 2) holds
+    row 32 c + 8 b + a of its 64 (the inverse of the reshape-permute in _int4_tc_kernel)."""
+    return 32 * ((r // 8) % 2) + 8 * (r // 16) + r % 8
+
+
+@triton.jit
+def _relabel_ks(k):
+    """The k (within a 128-deep slice) that column k of v5's dot holds: k = 8 b + 2 a + c (c < 2,
+    a < 4, b < 16) holds 32 a + 2 b + c."""
+    return 32 * ((k // 2) % 4) + 2 * (k // 8) + k % 2
+
+
+@triton.jit
+def _int4_tc_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+                    stride_xm, stride_wn, stride_sn, stride_ys, stride_ym,
+                    GROUP_SIZE: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y^T = W x^T: the dequantised weight tile is the dot's first operand, which Hopper's wgmma
+    reads from registers, and x^T (small) the second, from shared memory. The weight tile is
+    relabelled (rows and k permuted, a reshape and a permute: no data moves) so that the layout
+    in which the words were loaded and unpacked is the one wgmma wants for its register operand;
+    x^T is loaded with the same k permutation and y stored with the row one, so the products
+    pair the same weights and activations. 64 x 128 slices, G a multiple of 128."""
+    tl.static_assert(BLOCK_N == 64 and BLOCK_K == 128)  # the sizes the relabelling is for
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)              # rows as loaded
+    rows = tl.minimum(offs_n, N - 1)[:, None].to(tl.int64)
+    dot_n = pid_n * BLOCK_N + _relabel_rows(tl.arange(0, BLOCK_N))  # rows as the dot holds them
+    dot_rows = tl.minimum(dot_n, N - 1)[:, None].to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    xt_cols = x_ptr + tl.minimum(offs_m, M - 1)[None, :] * stride_xm  # (1, BLOCK_M)
+    ks = _relabel_ks(tl.arange(0, BLOCK_K))[:, None]                  # (BLOCK_K, 1)
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        word = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BLOCK_K // 8),
+                                                BLOCK_K // 8), BLOCK_K // 8)
+        words = tl.load(w_ptr + rows * stride_wn + word[None, :])       # (64, 16)
+        group = k0 // GROUP_SIZE
+        if HAS_ZEROS:
+            zero = tl.load(z_ptr + rows * stride_sn + group).to(tl.float32)
+        else:
+            zero = 8.0
+        w = _unpack_words(words, zero).to(x_ptr.dtype.element_ty)      # (64, 128), q - z exact
+        # rows 32 c + 8 b + a -> 16 b + 8 c + a; k 32 a + 2 b + c -> 8 b + 2 a + c
+        w = tl.reshape(tl.permute(tl.reshape(w, (2, 4, 8, 4, 16, 2)), (1, 0, 2, 4, 3, 5)),
+                       (BLOCK_N, BLOCK_K))
+        xt = tl.load(xt_cols + k0 + ks)                                 # (128, BLOCK_M)
+        scale = tl.load(s_ptr + dot_rows * stride_sn + group).to(tl.float32)
+        acc += tl.dot(w, xt) * scale                                    # fp32 sums, scaled once
+    y_ptrs = y_ptr + pid_k * stride_ys + offs_m[None, :].to(tl.int64) * stride_ym + dot_n[:, None]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty),
+             mask=(offs_m[None, :] < M) & (dot_n[:, None] < N))
+# --8<-- [end:tc_kernel]
+
+
+# --8<-- [start:tc_launch]
+def int4_tc(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+            zeros: torch.Tensor | None = None, split_k: int | None = None) -> torch.Tensor:
+    """v5: y = x @ dequantised(w).T for M <= 64 on the tensor cores, the dequantised weight in
+    registers as the MMA's first operand (y^T = W x^T). G and K multiples of 128. ``split_k``: an
+    int >= 1 or None (two programs per SM at least, each range whole 128-deep slices)."""
+    m, n, k, g = check_int4_gemm(x, packed, scales, zeros, fn="int4_tc")
+    refuse_grad("int4_tc", x, scales, instead="int4_gemm_ref")
+    if m > 64:
+        raise ValueError(f"int4_tc: M = {m} rows of x; v5 takes M <= 64 (use int4_gemm)")
+    if g % TC_BLOCK_K:
+        raise ValueError(f"int4_tc: the group size {g} must be a multiple of {TC_BLOCK_K} (one "
+                         "scale per row and slice); use int4_gemm")
+    if packed.storage_offset() % 4:
+        raise ValueError("int4_tc: packed must start on a 4-byte boundary (it is read as int32 "
+                         f"words); got storage offset {packed.storage_offset()}")
+    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int)
+                                or split_k < 1):
+        raise ValueError(f"int4_tc: split_k must be an int >= 1 or None, got {split_k!r}")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    steps = k // TC_BLOCK_K
+    if split_k is None:
+        sms = INTERPRET_SMS if triton_interpreting() else num_sms(torch.cuda.current_device())
+        split = 1
+        while triton.cdiv(n, TC_BLOCK_N) * split < 2 * sms and steps >= 4 * split:
+            split *= 2
+    else:
+        split = split_k
+    k_per_split = triton.cdiv(steps, split) * TC_BLOCK_K
+    out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    words = packed.view(torch.int32)
+    _int4_tc_kernel[(triton.cdiv(n, TC_BLOCK_N), split)](
+        x, words, scales, zeros if zeros is not None else packed, out, m, n, k, k_per_split,
+        x.stride(0), words.stride(0), scales.stride(0), out.stride(0) if split > 1 else 0,
+        out.stride(-2), GROUP_SIZE=g, HAS_ZEROS=zeros is not None,
+        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=TC_BLOCK_N, BLOCK_K=TC_BLOCK_K,
+        num_warps=4, num_stages=3)
+    if split > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](out, y, split, m * n, BLOCK=block)
+    return y
+# --8<-- [end:tc_launch]
+
+
+# --------------------------------------------------------------------------------------------------
 # Baselines
 # --------------------------------------------------------------------------------------------------
 
@@ -527,6 +646,17 @@ def int4_linear_gemv(x, packed, scales, dense=None):
     return int4_gemm(x, packed, scales, split_k=None)
 
 
+def int4_linear_tc(x, packed, scales, dense=None):
+    """v5 with the registry's arguments: int4_tc (tensor cores, the weight in registers) for
+    M <= 64 and G a multiple of 128; otherwise v2. At M = 1 and 4 it pads x to 16 rows of the
+    MMA, so the tables compare it with v4's GEMV there."""
+    refuse_grad("int4_linear_tc", dense, instead="int4_gemm_ref")   # forward-only
+    groups = scales.shape[-1]
+    if x.shape[0] <= 64 and groups and x.shape[-1] % (TC_BLOCK_K * groups) == 0:
+        return int4_tc(x, packed, scales)
+    return int4_gemm(x, packed, scales, split_k=None)
+
+
 def dequant_linear(x, packed, scales, dense=None):
     """v3 with the registry's arguments: dequant_matmul(x, packed, scales)."""
     return dequant_matmul(x, packed, scales)
@@ -571,5 +701,10 @@ int4_gemm_op.add(Impl("v4", int4_linear_gemv, "Triton",
                       (*SOURCES, auto_split_k, _int4_gemv_kernel, _gemv_step, _unpack_words,
                        _nibble, _sum_splits_kernel, gemv_config, gemv_gpu_config, gemv_split_k,
                        int4_gemv),
+                      device="any", dtypes=_triton_dtypes()))
+int4_gemm_op.add(Impl("v5", int4_linear_tc, "Triton",
+                      "tensor cores, dequantised weight as wgmma's register operand",
+                      (*SOURCES, auto_split_k, _int4_tc_kernel, _relabel_rows, _relabel_ks,
+                       _unpack_words, _nibble, _sum_splits_kernel, int4_tc),
                       device="any", dtypes=_triton_dtypes()))
 # --8<-- [end:register]
