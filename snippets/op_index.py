@@ -27,6 +27,7 @@ NEW_OP_MODULES = (
     "snippets.part6.fp8_gemm",
     "snippets.part4.spmv",
     "snippets.part4.conv2d",
+    "snippets.part8.capstone",
 )
 
 

@@ -38,13 +38,16 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from snippets._checks import check_int, check_scalar, triton_interpreting
+from snippets._checks import check_int, check_scalar, refuse_grad, triton_interpreting
+from snippets.common.baselines import compiled, needs_gpu
 from snippets.part5 import flash_attention as fa
 from snippets.part5 import rmsnorm as rn
 from snippets.part5 import rope as rp
 from snippets.part5 import swiglu as sw
 from snippets.part8 import decode_attention as da
+from snippets.part8 import decode_model as dm
 from snippets.part8.kv_cache import ContiguousKVCache, OutOfBlocks, PagedKVCache
+from snippets.registry import Impl, Op, register
 
 BACKENDS = ("torch", "book")
 CACHES = ("paged", "contiguous")
@@ -575,6 +578,394 @@ def format_profile(totals: dict[str, float]) -> str:
     lines.append(f"{'step':<10} {whole:9.3f} {1:7.1%}")
     return "\n".join(lines)
 # --8<-- [end:profile]
+
+
+# --------------------------------------------------------------------------------------------------
+# The decode step in a CUDA graph
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:static_cache]
+class StaticDecoder:
+    """A decode step whose every input lives on the device, so that a CUDA graph can replay it.
+
+    :func:`decode_step` keeps the cache's bookkeeping in Python: ``ModelCache.append`` finds each
+    new token's block on the host and the block tables are rebuilt and copied every step. A graph
+    replays kernels, not Python, so none of that can be captured. Here all of it is decided once:
+    the cache has room for ``max_len`` tokens per sequence, every block of every sequence reserved
+    up front (in a scattered order, as a long-running server's allocator hands them out), the block
+    tables a device tensor from the start, and the position of the next token a device tensor
+    ``pos``. A step computes the new token's slot, RoPE's angles and the lengths from ``pos`` on
+    the device, and (unless ``fixed_position``) advances ``pos`` itself.
+
+    ``fixed_position``: every step writes the same slot and attends over the same length, so a
+    step can be called any number of times with the same result (what a benchmark needs).
+    ``length`` is the host's copy of the position (the host never reads ``pos`` back): it refuses
+    a step past ``max_len`` before anything is launched. All sequences of the batch are at one
+    position (prompts of one length, as :func:`generate` takes them)."""
+
+    def __init__(self, model: Llama, batch: int, max_len: int, backend: str = "torch",
+                 fixed_position: bool = False) -> None:
+        self.ops = _check_backend("StaticDecoder", model, backend)
+        cfg, w = model.cfg, model.embed
+        self.batch = check_int("StaticDecoder: batch", batch, 1)
+        self.max_len = check_int("StaticDecoder: max_len", max_len, 1)
+        if max_len > cfg.max_seq:
+            raise ValueError(f"StaticDecoder: max_len {max_len} exceeds max_seq {cfg.max_seq}")
+        if not isinstance(fixed_position, bool):
+            raise TypeError(f"StaticDecoder: fixed_position must be a bool, got {fixed_position!r}")
+        self.model, self.backend, self.fixed_position = model, backend, fixed_position
+        per_seq = -(-max_len // BLOCK_SIZE)
+        order = torch.randperm(batch * per_seq, generator=torch.Generator().manual_seed(0))
+        self.tables = order.view(batch, per_seq).to(device=w.device, dtype=torch.int32)
+        shape = (cfg.n_layers, batch * per_seq, BLOCK_SIZE, cfg.n_kv_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=w.dtype, device=w.device)   # layer l's blocks: k[l]
+        self.v = torch.zeros(shape, dtype=w.dtype, device=w.device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=w.device)   # the next token's position
+        self._length = [0]     # its copy on the host, in a list that with_backend's views share
+        self.graph = None
+        self._views = {backend: self}
+
+    @property
+    def length(self) -> int:
+        """The position of the next token, as the host knows it (tokens cached so far)."""
+        return self._length[0]
+
+    def with_backend(self, backend: str) -> StaticDecoder:
+        """A decoder of ``backend`` over this one's cache, tables and position (shared, not
+        copied: a step of either moves both), with a graph of its own: two backends timed on one
+        prefilled cache."""
+        if backend not in self._views:
+            other = object.__new__(StaticDecoder)
+            other.__dict__.update(self.__dict__)
+            other.ops = _check_backend("StaticDecoder.with_backend", self.model, backend)
+            other.backend, other.graph = backend, None
+            self._views[backend] = other
+        return self._views[backend]
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """K and V (B, T, Hkv, D) of the tokens at positions ``pos`` .. ``pos + T - 1``: each
+        token's block from its sequence's table, its offset in the block, and one indexed write
+        into the whole cache for K and one for V (``index_put_`` with device indices: no host
+        value involved; on the whole cache rather than on the view ``k[layer]``, because
+        torch.compile turns a write into a view of an input into a copy of the whole input,
+        and a write into the input itself into the write alone). The position is advanced by
+        :meth:`prefill` or :meth:`step`, after every layer has written."""
+        t = k.shape[1]
+        positions = self.pos + torch.arange(t, device=self.pos.device)           # (T,)
+        blocks = self.tables.long()[:, positions // BLOCK_SIZE].flatten()         # (B * T,)
+        offsets = (positions % BLOCK_SIZE).repeat(self.batch)                     # (B * T,)
+        where = (torch.full_like(blocks, layer), blocks, offsets)
+        self.k.index_put_(where, k.reshape(-1, *k.shape[2:]))
+        self.v.index_put_(where, v.reshape(-1, *v.shape[2:]))
+# --8<-- [end:static_cache]
+
+    def _check_step(self, name: str, tokens: torch.Tensor, dims: int, check: bool) -> None:
+        """tokens (B,) for a step (``dims`` 1) or (B, S) for a prefill (``dims`` 2): type, shape
+        and device, room for them before ``max_len``, and (``check``) the ids themselves."""
+        if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long:
+            raise TypeError(f"{name}: tokens must be an int64 tensor, got "
+                            f"{getattr(tokens, 'dtype', type(tokens).__name__)}")
+        if tokens.dim() != dims or tokens.shape[0] != self.batch or tokens.numel() == 0:
+            want = "(batch,)" if dims == 1 else "(batch, S), S >= 1,"
+            raise ValueError(f"{name}: tokens must have shape {want} with the decoder's batch "
+                             f"{self.batch}, got {tuple(tokens.shape)}")
+        if tokens.device != self.pos.device:
+            raise ValueError(f"{name}: tokens are on {tokens.device}, the decoder on "
+                             f"{self.pos.device}")
+        n = 1 if dims == 1 else tokens.shape[1]
+        if self.length + n > self.max_len:
+            raise ValueError(f"{name}: position {self.length + n - 1} is past max_len "
+                             f"{self.max_len}")
+        if check:   # reads the ids back: a synchronisation, which the timed step leaves out
+            _check_tokens(name, self.model, tokens, dims)
+
+    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
+        """The prompt (B, S) written to the cache at positions ``pos`` .. ``pos + S - 1`` through
+        the backend's prefill (attention over the prompt only: a first prompt); returns the last
+        position's logits (B, vocab)."""
+        if self.length:
+            raise ValueError(f"StaticDecoder.prefill: the cache already holds {self.length} "
+                             "tokens; prefill starts an empty one")
+        self._check_step("StaticDecoder.prefill", prompt, 2, check=True)
+        with torch.no_grad():
+            logits = _prefill(self.model, prompt, self.ops, self, last_only=True)[:, -1]
+        self.pos += prompt.shape[1]
+        self._length[0] += prompt.shape[1]
+        return logits
+
+    def step(self, tokens: torch.Tensor, check: bool = True) -> torch.Tensor:
+        """One new token per sequence, ``tokens`` (B,): logits (B, vocab). ``check`` also checks
+        the token ids (a read-back from the device; the timed versions leave it to the caller,
+        as decode attention leaves its content checks)."""
+        self._check_step("StaticDecoder.step", tokens, 1, check)
+        with torch.no_grad():
+            logits = self._step(tokens)
+        if not self.fixed_position:
+            self._length[0] += 1
+        return logits
+
+    # --8<-- [start:static_step]
+    def _step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The step on checked inputs: device state only, no Python decision on data."""
+        model, ops, cfg = self.model, self.ops, self.model.cfg
+        b, h, hkv, d = self.batch, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        cos, sin = model.cos.index_select(0, self.pos), model.sin.index_select(0, self.pos)
+        lens = (self.pos + 1).to(torch.int32).repeat(b)                    # (B,), on the device
+        attend = ops["decode_attention"] if self.backend == "book" else da.paged_attention_sdpa
+        x = model.embed[tokens][:, None]                                   # (B, 1, dim)
+        for i, layer in enumerate(model.layers):
+            a = ops["norm"](x, layer.attn_norm)
+            q = (a @ layer.wq.T).view(b, 1, h, d)
+            k = (a @ layer.wk.T).view(b, 1, hkv, d)
+            v = (a @ layer.wv.T).view(b, 1, hkv, d)
+            q, k = ops["rope"](q, k, cos, sin)
+            self.append(i, k, v)
+            o = attend(q[:, 0], self.k[i], self.v[i], self.tables, lens)      # (B, H, D)
+            x = x + o.reshape(b, 1, h * d) @ layer.wo.T
+            m = ops["norm"](x, layer.mlp_norm)
+            x = x + ops["glu"](m @ layer.wg.T, m @ layer.wu.T) @ layer.wd.T
+        if not self.fixed_position:
+            self.pos += 1
+        return (ops["norm"](x, model.norm) @ model.lm_head.T)[:, 0]
+    # --8<-- [end:static_step]
+
+    # --8<-- [start:capture]
+    def capture(self, warmup: int = 2) -> None:
+        """Record one step in a CUDA graph over a static token buffer. ``warmup`` eager steps on a
+        side stream first (Triton's compilation, cuBLAS's and the allocator's first-use work must
+        not happen inside the capture), at a fixed position: they write only the next token's
+        slot, which the first real step writes again, and never move the position. The capture
+        itself runs nothing."""
+        if self.pos.device.type != "cuda":
+            raise ValueError(f"StaticDecoder.capture: CUDA graphs need the model on a CUDA "
+                             f"device, it is on {self.pos.device}")
+        check_int("StaticDecoder.capture: warmup", warmup, 1)
+        if self.length >= self.max_len:
+            raise ValueError(f"StaticDecoder.capture: position {self.length} is past max_len "
+                             f"{self.max_len}")
+        self.tokens = torch.zeros(self.batch, dtype=torch.long, device=self.pos.device)
+        fixed, self.fixed_position = self.fixed_position, True
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side), torch.no_grad():
+                for _ in range(warmup):
+                    self._step(self.tokens)
+        finally:
+            self.fixed_position = fixed
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.no_grad():
+            self.logits = self._step(self.tokens)
+
+    def replay(self, tokens: torch.Tensor) -> torch.Tensor:
+        """:meth:`step` through the captured graph: ``tokens`` copied into the static buffer, one
+        replay. The logits returned are the graph's output buffer, overwritten by the next
+        replay (clone them to keep them). Token ids are not checked (no read-back)."""
+        if self.graph is None:
+            raise ValueError("StaticDecoder.replay: no graph; call capture() first")
+        self._check_step("StaticDecoder.replay", tokens, 1, check=False)
+        self.tokens.copy_(tokens)
+        self.graph.replay()
+        if not self.fixed_position:
+            self._length[0] += 1
+        return self.logits
+    # --8<-- [end:capture]
+
+
+# --------------------------------------------------------------------------------------------------
+# The decode step as an op
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:op_reference]
+def static_decode_ref(decoder: StaticDecoder, tokens: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor) -> torch.Tensor:
+    """The step as written on paper, in the dtype of ``k_cache`` (float64 when the harness calls
+    it): the new token's q, k and v from the weights, its RoPE angles at the position, attention
+    over the ``pos`` cached tokens of each sequence (each position's row found through the
+    sequence's block table) and the new token itself, then the MLP and the head. Reads the cache,
+    writes nothing."""
+    model, cfg, n = decoder.model, decoder.model.cfg, decoder.length
+    b, h, hkv, d = tokens.shape[0], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    dt = k_cache.dtype
+
+    def w(t):
+        return t.to(dt)
+
+    cos, sin = w(model.cos[n:n + 1]), w(model.sin[n:n + 1])
+    at = torch.arange(n, device=tokens.device)                        # the cached positions
+    past = decoder.tables.long()[:, at // BLOCK_SIZE] * BLOCK_SIZE + at % BLOCK_SIZE   # (B, n)
+    x = w(model.embed[tokens])                                        # (B, dim)
+    for i, layer in enumerate(model.layers):
+        a = rn.rmsnorm_ref(x, w(layer.attn_norm), EPS)
+        q = (a @ w(layer.wq).T).view(b, 1, h, d)
+        k = (a @ w(layer.wk).T).view(b, 1, hkv, d)
+        v = (a @ w(layer.wv).T).view(b, 1, hkv, d)
+        q, k = rp.rope_ref(q, k, cos, sin)
+        kf, vf = k_cache[i].flatten(0, 1), v_cache[i].flatten(0, 1)   # (rows, Hkv, D)
+        keys = torch.cat([kf[past], k], dim=1)                        # (B, n + 1, Hkv, D)
+        vals = torch.cat([vf[past], v], dim=1)
+        keys = keys.repeat_interleave(h // hkv, dim=2)                # (B, n + 1, H, D)
+        vals = vals.repeat_interleave(h // hkv, dim=2)
+        p = torch.softmax(torch.einsum("bhd,bnhd->bhn", q[:, 0], keys) / math.sqrt(d), dim=-1)
+        x = x + torch.einsum("bhn,bnhd->bhd", p, vals).reshape(b, h * d) @ w(layer.wo).T
+        m = rn.rmsnorm_ref(x, w(layer.mlp_norm), EPS)
+        x = x + sw.swiglu_ref(m @ w(layer.wg).T, m @ w(layer.wu).T) @ w(layer.wd).T
+    return rn.rmsnorm_ref(x, w(model.norm), EPS) @ w(model.lm_head).T
+# --8<-- [end:op_reference]
+
+
+# --8<-- [start:op_versions]
+def _timed(name: str, decoder, tokens, k_cache, v_cache, backend: str) -> StaticDecoder:
+    """The checks of a timed call (no read-back from the device): a fixed-position decoder,
+    its own cache storage, no input autograd tracks; the decoder of ``backend`` on that cache."""
+    if not isinstance(decoder, StaticDecoder) or not decoder.fixed_position:
+        raise TypeError(f"{name}: decoder must be a StaticDecoder with fixed_position=True, got "
+                        f"{type(decoder).__name__}")
+    refuse_grad(name, k_cache, v_cache, instead="static_decode_ref")
+    for label, t, own in (("k_cache", k_cache, decoder.k), ("v_cache", v_cache, decoder.v)):
+        if not isinstance(t, torch.Tensor) or t.data_ptr() != own.data_ptr():
+            raise ValueError(f"{name}: {label} must be the decoder's own cache storage")
+    decoder._check_step(name, tokens, 1, check=False)
+    return decoder.with_backend(backend)
+
+
+def decode_torch(decoder, tokens, k_cache, v_cache):
+    """v0: the static step with the torch backend's ops, eager: PyTorch's kernels, one launch
+    after another from Python."""
+    return _timed("decode_torch", decoder, tokens, k_cache, v_cache, "torch").step(tokens, False)
+
+
+def _torch_step(decoder: StaticDecoder, tokens: torch.Tensor) -> torch.Tensor:
+    return decoder._step(tokens)
+
+
+_torch_step_compiled = compiled(_torch_step)
+
+
+def decode_torch_compiled(decoder, tokens, k_cache, v_cache):
+    """v1: the torch backend's static step through torch.compile (default mode: Inductor's fused
+    kernels, launched from Python; no CUDA graph)."""
+    d = _timed("decode_torch_compiled", decoder, tokens, k_cache, v_cache, "torch")
+    with torch.no_grad():
+        return _torch_step_compiled(d, tokens)
+
+
+def decode_book(decoder, tokens, k_cache, v_cache):
+    """v2: the static step with the book's kernels (Part 5's norm, RoPE and SwiGLU, Part 8's
+    split-KV decode attention), eager."""
+    return _timed("decode_book", decoder, tokens, k_cache, v_cache, "book").step(tokens, False)
+
+
+def _graphed(name: str, backend: str, decoder, tokens, k_cache, v_cache):
+    d = _timed(name, decoder, tokens, k_cache, v_cache, backend)
+    if d.graph is None:          # captured on the first call: the harness's check, never timed
+        d.capture()
+    return d.replay(tokens)
+
+
+def decode_book_graph(decoder, tokens, k_cache, v_cache):
+    """v3: v2's step captured once in a CUDA graph and replayed: one launch of the whole step."""
+    return _graphed("decode_book_graph", "book", decoder, tokens, k_cache, v_cache)
+
+
+def decode_torch_graph(decoder, tokens, k_cache, v_cache):
+    """v4: v0's step (PyTorch's kernels only) in a CUDA graph: what a graph alone buys."""
+    return _graphed("decode_torch_graph", "torch", decoder, tokens, k_cache, v_cache)
+
+
+def needs_cuda_graphs() -> str | None:
+    """For ``Impl(requires=...)``: why a CUDA graph cannot be captured here, or None."""
+    return None if torch.cuda.is_available() else "CUDA graphs need a CUDA GPU"
+# --8<-- [end:op_versions]
+
+
+# --8<-- [start:op]
+_MODEL: dict = {}   # the last model built by _make_inputs: the versions of one size share it
+
+
+def _make_inputs(size, dtype, device, gen):
+    """A model of ``size["config"]`` with seeded random weights (kept for the next call with the
+    same arguments: an 8B model takes long to draw), a fixed-position decoder of ``b`` sequences
+    with room for ``ctx`` + 1 tokens, a random prompt of ``ctx`` tokens prefilled (torch backend),
+    and the next tokens. Returns (decoder, tokens, its K storage, its V storage)."""
+    key = (size["config"], dtype, str(device), int(torch.randint(2**31, (1,), generator=gen)))
+    if key not in _MODEL:
+        _MODEL.clear()
+        _MODEL[key] = Llama(CONFIGS[size["config"]], seed=key[3], dtype=dtype, device=device)
+    model, b, ctx = _MODEL[key], size["b"], size["ctx"]
+    decoder = StaticDecoder(model, b, ctx + 1, "torch", fixed_position=True)
+    prompt = torch.randint(model.cfg.vocab, (b, ctx), generator=gen).to(device)
+    decoder.prefill(prompt)
+    tokens = torch.randint(model.cfg.vocab, (b,), generator=gen).to(device)
+    return decoder, tokens, decoder.k, decoder.v
+
+
+def decoder_config(size, dtype) -> dm.DecoderConfig:
+    """decode_model's description of the capstone's ``size["config"]`` in ``dtype``."""
+    c = CONFIGS[size["config"]]
+    return dm.DecoderConfig(layers=c.n_layers, hidden=c.dim, heads=c.n_heads,
+                            kv_heads=c.n_kv_heads, head_dim=c.head_dim, ffn=c.ffn_dim,
+                            vocab=c.vocab, dtype_bytes=dtype.itemsize,
+                            kv_dtype_bytes=dtype.itemsize)
+
+
+def _bytes(size, dtype) -> int:
+    # decode_model.decode_step_bytes: every matmul weight once, the batch's embedding rows, each
+    # sequence's ctx cached tokens read and the new token's K and V written
+    return dm.decode_step_bytes(decoder_config(size, dtype), size["b"], size["ctx"])
+
+
+def _flops(size, dtype) -> int:
+    return dm.decode_step_flops(decoder_config(size, dtype), size["b"], size["ctx"])
+
+
+def _compile_is_short(size) -> bool:
+    """v1 is timed on the 1B model only: torch.compile unrolls every block of the step into one
+    graph, and the 8B model's 32 blocks at each shape would spend the run's time compiling."""
+    return size["config"] == "llama_1b"
+
+
+HEADLINE = {"config": "llama_1b", "b": 1, "ctx": 1024}
+SWEEP = [HEADLINE, {"config": "llama_1b", "b": 8, "ctx": 1024},
+         {"config": "llama_1b", "b": 32, "ctx": 1024},
+         {"config": "llama_8b", "b": 1, "ctx": 1024}, {"config": "llama_8b", "b": 1, "ctx": 4096}]
+# Tiny, for the CPU: two sequences at position 5, and one at position 16 (a new block's first
+# slot: the slot arithmetic's boundary).
+TEST_SIZES = [{"config": "tiny", "b": 2, "ctx": 5}, {"config": "tiny", "b": 1, "ctx": 16}]
+# float32: a few roundings of logits of order one. bf16: every activation rounded to 8 bits through
+# the layers; sized from the CPU's bf16 error of 16- and 32-layer models of Llama's widths against
+# this reference, with room for a GPU's summation order and a 128256-token vocabulary's extremes.
+TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (5e-2, 1.5e-1)}
+
+capstone_decode = register(Op(
+    name="capstone_decode", part=8, chapter="part8/capstone.md",
+    title="Capstone decode step (static cache, CUDA graphs)", reference=static_decode_ref,
+    make_inputs=_make_inputs, bytes_moved=_bytes, flops=_flops, metric="GB/s", ceiling="copy",
+    headline=HEADLINE, sweep=SWEEP, dtypes=(torch.bfloat16, torch.float32),
+    bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES, tolerances=TOLERANCES,
+    sweep_axis="b"))
+_STEP = (StaticDecoder, _timed, "snippets/part8/capstone.py")
+capstone_decode.add(Impl("v0", decode_torch, "PyTorch",
+                         "static step, torch ops (gather + SDPA attention), eager",
+                         (*_STEP, da.paged_attention_sdpa), device="any", origin="library"))
+capstone_decode.add(Impl("v1", decode_torch_compiled, "PyTorch",
+                         "v0's step through torch.compile (default mode, no CUDA graph)",
+                         (*_STEP, _torch_step, da.paged_attention_sdpa), requires=needs_gpu,
+                         origin="library", bench_if=_compile_is_short))
+capstone_decode.add(Impl("v2", decode_book, "Triton",
+                         "static step, the book's kernels (split-KV decode attention), eager",
+                         (*_STEP, da.paged_attention_split, rn.rmsnorm_triton, rp.rope_triton,
+                          sw.swiglu_triton), device="any"))
+capstone_decode.add(Impl("v3", decode_book_graph, "Triton",
+                         "v2's step captured in one CUDA graph, replayed",
+                         (*_STEP, da.paged_attention_split, rn.rmsnorm_triton, rp.rope_triton,
+                          sw.swiglu_triton), requires=needs_cuda_graphs))
+capstone_decode.add(Impl("v4", decode_torch_graph, "PyTorch",
+                         "v0's step captured in one CUDA graph (PyTorch's kernels only)",
+                         (*_STEP, da.paged_attention_sdpa), requires=needs_cuda_graphs,
+                         origin="library"))
+# --8<-- [end:op]
 
 
 def main(argv: list[str] | None = None) -> None:
