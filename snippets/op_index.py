@@ -28,6 +28,7 @@ NEW_OP_MODULES = (
     "snippets.part4.spmv",
     "snippets.part4.conv2d",
     "snippets.part8.capstone",
+    "snippets.part6.fp8_attention",
 )
 
 
