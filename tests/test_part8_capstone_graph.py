@@ -211,6 +211,8 @@ def test_bad_input_is_refused(tiny):
         cp.StaticDecoder(model, 2, 6, fixed_position=1)
     with pytest.raises(ValueError, match="batch must be >= 1"):
         cp.StaticDecoder(model, 0, 6)
+    with pytest.raises(TypeError, match="draw_on_device must be a bool"):
+        cp.Llama(cp.TINY, draw_on_device=1)
 
 
 @pytest.mark.op("capstone_decode")

@@ -113,21 +113,25 @@ CONFIGS = {"tiny": TINY, "small": SMALL, "llama_1b": LLAMA_1B, "llama_8b": LLAMA
 class Llama(torch.nn.Module):
     """Random weights from ``seed``: projections with std 1/sqrt(fan_in) (activations stay of
     order one through the blocks), embeddings with std 1, norm gains near one. Drawn in float32
-    on the CPU, so the same seed gives the same model on every device and in every dtype."""
+    on the CPU, so the same seed gives the same model on every device and in every dtype;
+    ``draw_on_device`` draws them where they will live instead (an 8B model in seconds rather
+    than minutes, for a benchmark; the values then depend on that device's generator)."""
 
     def __init__(self, cfg: Config, seed: int = 0, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", draw_on_device: bool = False) -> None:
         super().__init__()
         if not isinstance(cfg, Config):
             raise TypeError(f"Llama: cfg must be a Config, got {type(cfg).__name__}")
         check_int("Llama: seed", seed, 0)
         if dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise TypeError(f"Llama: dtype must be float32, float16 or bfloat16, got {dtype}")
+        if not isinstance(draw_on_device, bool):
+            raise TypeError(f"Llama: draw_on_device must be a bool, got {draw_on_device!r}")
         self.cfg = cfg
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(device if draw_on_device else "cpu").manual_seed(seed)
 
         def param(*shape, std=None, gain=False):
-            t = torch.randn(*shape, generator=gen)
+            t = torch.randn(*shape, generator=gen, device=gen.device)
             t = 1.0 + 0.1 * t if gain else t * (std if std else 1 / math.sqrt(shape[-1]))
             return torch.nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)
 
@@ -881,19 +885,15 @@ def needs_cuda_graphs() -> str | None:
 
 
 # --8<-- [start:op]
-_MODEL: dict = {}   # the last model built by _make_inputs: the versions of one size share it
-
-
 def _make_inputs(size, dtype, device, gen):
-    """A model of ``size["config"]`` with seeded random weights (kept for the next call with the
-    same arguments: an 8B model takes long to draw), a fixed-position decoder of ``b`` sequences
-    with room for ``ctx`` + 1 tokens, a random prompt of ``ctx`` tokens prefilled (torch backend),
-    and the next tokens. Returns (decoder, tokens, its K storage, its V storage)."""
-    key = (size["config"], dtype, str(device), int(torch.randint(2**31, (1,), generator=gen)))
-    if key not in _MODEL:
-        _MODEL.clear()
-        _MODEL[key] = Llama(CONFIGS[size["config"]], seed=key[3], dtype=dtype, device=device)
-    model, b, ctx = _MODEL[key], size["b"], size["ctx"]
+    """A model of ``size["config"]`` with seeded random weights (drawn on ``device``), a
+    fixed-position decoder of ``b`` sequences with room for ``ctx`` + 1 tokens, a random prompt of
+    ``ctx`` tokens prefilled (torch backend), and the next tokens. Returns (decoder, tokens, its K
+    storage, its V storage)."""
+    seed = int(torch.randint(2**31, (1,), generator=gen))
+    model = Llama(CONFIGS[size["config"]], seed=seed, dtype=dtype, device=device,
+                  draw_on_device=True)
+    b, ctx = size["b"], size["ctx"]
     decoder = StaticDecoder(model, b, ctx + 1, "torch", fixed_position=True)
     prompt = torch.randint(model.cfg.vocab, (b, ctx), generator=gen).to(device)
     decoder.prefill(prompt)
