@@ -181,3 +181,32 @@ def assert_gemm_fully_written_and_repeatable(fn, m: int, n: int, k: int) -> None
     assert torch.equal(c1, c2)
     torch.testing.assert_close(c1.double(), a.double() @ b.double().T,
                                **dict(zip(("rtol", "atol"), tolerance_for(k, torch.bfloat16))))
+
+
+def int4_operands(m: int, n: int, k: int, g: int, dtype: torch.dtype, device: str,
+                  zero_point: bool = False, seed: int = 0) -> tuple:
+    """x (M x K) and a weight of N x K quantised to int4 by round-to-nearest with groups of G
+    (packed codes, scales in x's dtype, zeros or None), on ``device``: the W4A16 GEMM tests'
+    operands."""
+    from snippets.part8.quant import pack_int4, rtn_int4
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    w = torch.randn(n, k, generator=gen) * 0.5 + (0.3 if zero_point else 0.0)
+    codes, scales, zeros = rtn_int4(w, g, zero_point)
+    args = (x, pack_int4(codes), scales.to(dtype), zeros)
+    return tuple(None if a is None else a.to(device) for a in args)
+
+
+def assert_int4_matches(y, x, packed, scales, zeros, label: str) -> None:
+    """A W4A16 GEMM's output: its shape and dtype, every element written, and within the GEMM
+    tolerance of K products of the reference computed in float64."""
+    from snippets.common.gemm import tolerance_for
+    from snippets.part8.int4_gemm import int4_gemm_ref
+
+    m, k = x.shape
+    assert y.shape == (m, packed.shape[0]) and y.dtype == x.dtype, label
+    assert not y.isnan().any(), f"{label}: unwritten (NaN) outputs"
+    ref = int4_gemm_ref(x.double(), packed, scales.double(), zeros)
+    rtol, atol = tolerance_for(k, x.dtype)
+    torch.testing.assert_close(y.double(), ref, rtol=rtol, atol=atol, msg=lambda s: f"{label}: {s}")

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_int4_matches, int4_operands
 
 from conftest import DEVICE, HAS_GPU, poison_allocator
-from snippets.common.gemm import tolerance_for
 from snippets.part8 import int4_gemm as ig
-from snippets.part8.quant import pack_int4, rtn_int4
 
 HALF = torch.bfloat16 if HAS_GPU else torch.float16
 # (M, N, K, G): M = 1, ragged M and N, K = 96 and 192 against the interpreter's BLOCK_K = 64 (and
@@ -22,21 +21,10 @@ SHAPES = [(1, 64, 128, 32), (1, 37, 96, 32), (4, 40, 192, 64), (16, 96, 256, 128
 
 
 def _operands(m, n, k, g, dtype=HALF, zero_point=False, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=gen).to(dtype)
-    w = torch.randn(n, k, generator=gen) * 0.5 + (0.3 if zero_point else 0.0)
-    codes, scales, zeros = rtn_int4(w, g, zero_point)
-    args = (x, pack_int4(codes), scales.to(dtype), zeros)
-    return tuple(None if a is None else a.to(DEVICE) for a in args)
+    return int4_operands(m, n, k, g, dtype, DEVICE, zero_point, seed)
 
 
-def _check(y, x, packed, scales, zeros, label):
-    m, k = x.shape
-    assert y.shape == (m, packed.shape[0]) and y.dtype == x.dtype, label
-    assert not y.isnan().any(), f"{label}: unwritten (NaN) outputs"
-    ref = ig.int4_gemm_ref(x.double(), packed, scales.double(), zeros)
-    rtol, atol = tolerance_for(k, x.dtype)
-    torch.testing.assert_close(y.double(), ref, rtol=rtol, atol=atol, msg=lambda s: f"{label}: {s}")
+_check = assert_int4_matches
 
 
 @pytest.mark.op("int4_gemm")
