@@ -26,6 +26,7 @@ import pytest
 import torch
 from helpers import nvcc_with_report, sass_by_function
 from test_cuda_compile import parse_ptxas, spilling_functions
+from test_part6_fp8_gemm import _blockscaled, _check  # the same operands and check as v1's
 
 from conftest import DEVICE, poison_allocator, skip_unavailable
 from snippets.common import cubin as cubin_mod
@@ -494,21 +495,6 @@ def _skip_unless_sm90():
 def _per_tensor(m, n, k, seed=0):
     return f.make_per_tensor_inputs({"m": m, "n": n, "k": k}, E4M3, DEVICE,
                                     torch.Generator().manual_seed(seed))
-
-
-def _blockscaled(m, n, k, seed=0):
-    """Any N: B quantised with N rounded up to 128 and cut back (a short last scale block)."""
-    n_up = -(-n // 128) * 128
-    a, asc, b, bsc = f.make_blockscaled_inputs({"m": m, "n": n_up, "k": k}, E4M3, DEVICE,
-                                               torch.Generator().manual_seed(seed))
-    return a, asc, b[:n].contiguous(), bsc
-
-
-def _check(c, ref, k, label):
-    assert c.dtype == torch.bfloat16 and c.shape == ref.shape, label
-    assert not c.isnan().any(), f"{label}: unwritten (NaN) outputs"
-    rtol, atol = BF16_TOL(k)
-    torch.testing.assert_close(c.double(), ref, rtol=rtol, atol=atol, msg=lambda s: f"{label}: {s}")
 
 
 # ragged M and N against 128 x 128 tiles, odd N (one-element stores), K not a multiple of 128
