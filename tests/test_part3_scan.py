@@ -4,18 +4,25 @@ relative error at large n against float64, poisoned outputs, and refusal of bad 
 
 from __future__ import annotations
 
+import shutil
+
+import numpy as np
 import pytest
 import torch
+from helpers import nvcc_with_report, sass_by_function
 
 from conftest import poison_allocator
+from snippets import cuda
 from snippets.part3 import scan as sc
 
 CUDA_FNS = {"v1": sc.scan_kogge_stone, "v2": sc.scan_brent_kung, "v3": sc.scan_reduce_then_scan,
-            "v5": sc.scan_lookback, "v6": sc.scan_lookback_warp}
+            "v5": sc.scan_lookback, "v6": sc.scan_lookback_warp, "v7": sc.scan_lookback_v7}
 ALL_FNS = {"v0": sc.scan_torch, **CUDA_FNS, "v4": sc.scan_triton}
 SIZES = (1, 31, 32, 33, 1023, 1024, 1025, 4095, 4096, 4097, 100003)
 # 1024 * 1024 + 1: v1/v2 need three levels (1025 tile sums, then 2); 2**22 + 4097 crosses many 4096-tiles.
-GPU_SIZES = SIZES + (1024 * 1024 + 1, 2**22 + 4097)
+# v7's 8192-element tiles: one element short of a tile and past it, a tail that is not a multiple of 4 (the
+# 16-byte vectors), and 2**22 + 3 (512 full tiles, then 3 elements).
+GPU_SIZES = SIZES + (8191, 8192, 8193, 3 * 8192 + 6, 1024 * 1024 + 1, 2**22 + 4097, 2**22 + 3)
 
 
 def _small_ints(n: int, dtype: torch.dtype, device: str, seed: int = 0) -> torch.Tensor:
@@ -132,7 +139,7 @@ def test_gpu_relative_error_large_n(name):
 
 @pytest.mark.gpu
 @pytest.mark.op("scan")
-@pytest.mark.parametrize("name", ("v5", "v6"))
+@pytest.mark.parametrize("name", ("v5", "v6", "v7"))
 def test_gpu_lookback_repeatable(name):
     """The look-back orders tiles by an atomic counter; run it many times to shake out a race."""
     x = _small_ints(2**21, torch.int32, "cuda")
@@ -150,3 +157,156 @@ def test_gpu_refuses_bad_input(name):
             CUDA_FNS[name](*args)
     with pytest.raises(ValueError, match="cuda"):
         CUDA_FNS[name](torch.zeros(4))
+
+
+# ---------------------------------------------------------------- v7 on the CPU: an emulation of its tile logic
+
+def _pad(i):
+    return i + (i >> 5)  # scan.cu's PAD
+
+
+def _v7_block(x, n, state, counter, history, out, threads, items, vectors):
+    """One block of scan_lookback_v7, step by step (a generator: it yields where the kernel can be overtaken
+    by other blocks). The index arithmetic is the kernel's: warp segments of 32 * items elements, warp-striped
+    16-byte vectors (or one element per lane) into a padded slice, blocked registers, one sum per warp, the
+    aggregate published before the look-back, a window of 32 predecessors, the carry added last."""
+    tile_elems, seg = threads * items, 32 * items
+    tile = counter[0]  # atomicAdd(&state[0], 1): tiles in the order blocks start
+    counter[0] += 1
+    yield
+    base = tile * tile_elems
+    full = base + tile_elems <= n
+    lanes = np.arange(32)
+    zero = x.dtype.type(0)
+    slices, regs = [], []
+    for warp in range(threads // 32):
+        gseg = base + warp * seg
+        s = np.full(_pad(seg), np.nan if x.dtype.kind == "f" else -(2**31), dtype=x.dtype)  # poison
+        if full and vectors:
+            for k in range(items // 4):
+                e = (k * 32 + lanes) * 4
+                for q in range(4):  # .x .y .z .w of each lane's vector
+                    s[_pad(e + q)] = x[gseg + e + q]
+        else:
+            for k in range(items):
+                e = k * 32 + lanes
+                s[_pad(e)] = np.where(gseg + e < n, x[np.minimum(gseg + e, n - 1)], zero)
+        r = np.stack([s[_pad(lanes * items + k)] for k in range(items)], axis=1)  # (32, items), blocked
+        slices.append(s)
+        regs.append(np.cumsum(r, axis=1, dtype=x.dtype))
+    warp_totals = np.array([np.sum(r[:, -1], dtype=x.dtype) for r in regs], dtype=x.dtype)
+    total = np.sum(warp_totals, dtype=x.dtype)
+    history[tile].append(("prefix" if tile == 0 else "agg", total))
+    state[tile] = (2 if tile == 0 else 1, total)  # published after one barrier
+    yield
+    for warp, (s, r) in enumerate(zip(slices, regs)):  # the other warps' work, before the carry is known
+        lane_excl = np.concatenate([[zero], np.cumsum(r[:, -1], dtype=x.dtype)[:-1]]).astype(x.dtype)
+        offset = np.sum(warp_totals[:warp], dtype=x.dtype) + lane_excl
+        for k in range(items):
+            s[_pad(lanes * items + k)] = r[:, k] + offset
+    carry = zero
+    if tile > 0:
+        j0 = tile - 1
+        while True:
+            j = j0 - lanes
+            words = [state[i] if i >= 0 else (2, zero) for i in j]
+            while any(w[0] == 0 for w in words):  # lanes still waiting re-read their word
+                yield
+                words = [state[i] if w[0] == 0 else w for i, w in zip(j, words)]
+            prefixes = [lane for lane in range(32) if words[lane][0] == 2]
+            stop = prefixes[0] if prefixes else 31  # the nearest inclusive prefix
+            carry = carry + np.sum([words[lane][1] for lane in range(stop + 1)], dtype=x.dtype)
+            if prefixes:
+                break
+            j0 -= 32
+        history[tile].append(("prefix", carry + total))
+        state[tile] = (2, carry + total)
+    yield
+    for warp, s in enumerate(slices):
+        gseg = base + warp * seg
+        for k in range(items):
+            e = k * 32 + lanes
+            keep = gseg + e < n
+            out[(gseg + e)[keep]] = s[_pad(e)][keep] + carry
+
+
+def _v7_emulated(x, threads, items, vectors, resident, seed):
+    """Run the blocks of v7 over x with at most ``resident`` running at a time, advancing a random running
+    block at each step. Returns out, the final state words and each tile's publications."""
+    n = len(x)
+    tiles = -(-n // (threads * items))
+    rng = np.random.default_rng(seed)
+    state = [(0, x.dtype.type(0))] * tiles
+    history = [[] for _ in range(tiles)]
+    counter = [0]
+    out = np.full(n, -7, dtype=x.dtype)
+    waiting, running = list(range(tiles)), []
+    for _ in range(200 * tiles * (threads // 32 + 64)):
+        while waiting and len(running) < resident:
+            waiting.pop(int(rng.integers(len(waiting))))  # blocks start in any order
+            running.append(_v7_block(x, n, state, counter, history, out, threads, items, vectors))
+        if not running:
+            return out, state, history
+        pick = int(rng.integers(len(running)))
+        try:
+            next(running[pick])
+        except StopIteration:
+            running.pop(pick)
+    raise AssertionError("the emulated blocks did not finish: a wait that never ends")
+
+
+@pytest.mark.op("scan")
+@pytest.mark.parametrize("dtype", (np.float32, np.int32))
+@pytest.mark.parametrize("vectors", (True, False), ids=("aligned", "unaligned"))
+@pytest.mark.parametrize("threads,items,n,resident", [
+    (64, 8, 1, 3),          # one element: one partial tile
+    (64, 8, 511, 2),        # one element short of a 512-element tile
+    (64, 8, 513, 2),        # one past it
+    (64, 8, 40 * 512 + 3, 4),  # 41 tiles: windows of 32 with and without a prefix in them; tail of 3
+    (64, 8, 70 * 512, 1),   # one block at a time: every predecessor has its prefix
+    (64, 8, 70 * 512 - 5, 70),  # all blocks resident: look-backs over aggregates, several windows
+    (sc.V7_THREADS, sc.V7_ITEMS, 5 * sc.V7_TILE + 4093, 3),  # the real tile: ragged, not a multiple of 4
+])
+def test_v7_emulated_tiles_and_lookback(threads, items, n, resident, vectors, dtype):
+    """The inclusive prefix each tile ends with, the order of its publications (aggregate, then prefix;
+    tile 0 its prefix only) and the output against torch.cumsum, on small integers (exact in any order)."""
+    x = _small_ints(n, torch.int32, "cpu", seed=n).numpy().astype(dtype)
+    out, state, history = _v7_emulated(x, threads, items, vectors, resident, seed=n + resident)
+    exp = torch.cumsum(torch.from_numpy(x.astype(np.int64)), 0).numpy()
+    assert np.array_equal(out.astype(np.int64), exp), np.flatnonzero(out.astype(np.int64) != exp)[:5]
+    tile_elems = threads * items
+    for tile, (status, value) in enumerate(state):
+        last = min((tile + 1) * tile_elems, n) - 1
+        assert status == 2 and int(value) == exp[last], (tile, status, value)
+        kinds = [k for k, _ in history[tile]]
+        assert kinds == (["prefix"] if tile == 0 else ["agg", "prefix"]), (tile, kinds)
+        first = tile * tile_elems
+        agg = int(history[tile][0][1])
+        assert agg == exp[last] - (exp[first - 1] if first else 0), (tile, agg)
+
+
+@pytest.mark.op("scan")
+def test_v7_constants():
+    """The tile v7's launcher sizes its grid with is the kernel's (512 threads x 16), every lane loads whole
+    16-byte vectors, and the warp totals fit one warp's scan (at most 32 warps)."""
+    assert sc.V7_TILE == sc.V7_THREADS * sc.V7_ITEMS and sc.V7_ITEMS % 4 == 0
+    assert sc.V7_THREADS % 32 == 0 and sc.V7_THREADS // 32 <= 32
+    assert sc.V7_TILE > sc.RTS_TILE  # a larger tile than v5's and v6's
+
+
+@pytest.mark.op("scan")
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_v7_sass_vectors_barriers_no_fence(tmp_path):
+    """What scan_lookback_v7 compiles to for sm_90a, read from its SASS: 16-byte loads and stores
+    (V7_ITEMS / 4 each), three block barriers (the tile number, the warp totals, the carry), one atomic, and
+    no memory fence (the status and the value travel in one 64-bit word)."""
+    cubin = tmp_path / "scan.cubin"
+    defines = [f"-D{k}={v}" for k, v in cuda.DEFINES[sc.CU_FILE].items()]
+    nvcc_with_report(["nvcc", "-arch=sm_90a", "-cubin", *defines, "-o", str(cubin),
+                      str(cuda.source_path(sc.CU_FILE))], tmp_path)
+    sass = sass_by_function(cubin)
+    for suffix in ("f32", "i32"):
+        code = sass[f"scan_lookback_v7_{suffix}"]
+        assert code.count("LDG.E.128") == sc.V7_ITEMS // 4 and code.count("STG.E.128") == sc.V7_ITEMS // 4
+        assert code.count("BAR.SYNC") == 3
+        assert code.count("ATOMG") == 1 and "MEMBAR" not in code

@@ -18,6 +18,9 @@
 //                       trip to L2, a ballot finds the nearest inclusive prefix, a shuffle
 //                       reduction adds the window up; and one block-wide scan per tile instead of
 //                       two
+// v7  scan_lookback_v7  CUB's recipe: 8192-element tiles read and written with 16-byte vectors
+//                       (warp-local transposes), the tile's sum published after one block barrier,
+//                       the look-back overlapped with the other warps' work, no fence
 //
 // x and out are contiguous; out may alias x for the tile kernels of v1/v2 (the host scans tile sums
 // in place).
@@ -25,7 +28,8 @@
 // The launcher's numbers, passed by snippets/part3/scan.py as -D options (the defaults let this
 // file compile alone): TILE elements per tile in v1 and v2 (one per thread in v1), RTS_THREADS
 // threads per block and ITEMS elements per thread in v3, v5 and v6, SUMS_THREADS threads in the
-// one block of scan_sums.
+// one block of scan_sums; V7_THREADS threads per block and V7_ITEMS elements per thread in v7
+// (their defaults are next to v7).
 #ifndef TILE
 #define TILE 1024
 #define RTS_THREADS 256
@@ -398,6 +402,153 @@ __device__ void scan_lookback_warp(const T* x, T* out, unsigned long long* state
 }
 // --8<-- [end:lookback_warp]
 
+// --8<-- [start:lookback_v7]
+// v7: CUB's recipe. A larger tile (V7_THREADS threads x V7_ITEMS elements), read with 16-byte
+// vector loads, one block barrier before the tile's sum is published, and the look-back overlapped
+// with the rest of the block's work. Each warp owns a contiguous segment of 32 * V7_ITEMS elements
+// and its own slice of shared memory, so the transposes between the warp-striped vectors of global
+// memory and the blocked order of the sequential scan need only __syncwarp, not a block barrier.
+// The state words are v5's (the tile counter in state[0], then one word per tile).
+#ifndef V7_THREADS
+#define V7_THREADS 512
+#define V7_ITEMS 16
+#endif
+static_assert(V7_THREADS % 32 == 0 && V7_THREADS / 32 <= 32, "whole warps, at most 32 of them");
+static_assert(V7_ITEMS % 4 == 0, "each lane loads and stores V7_ITEMS / 4 16-byte vectors");
+#define V7_TILE (V7_THREADS * V7_ITEMS)  // elements per tile
+#define V7_SEG (32 * V7_ITEMS)           // elements per warp segment
+#define V7_WARPS (V7_THREADS / 32)
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
+}
+template <class T>
+__device__ __forceinline__ T of_bits(unsigned b) {
+    T v;
+    from_bits(b, &v);
+    return v;
+}
+
+// The carry of `tile` (the sum of every tile before it; tile > 0), by one whole warp: lane i reads
+// the word of tile j0 - i, the warp waits until all 32 have published, and adds the values up to
+// and including the nearest inclusive prefix (v6 with one word per lane). Every lane returns it.
+template <class T>
+__device__ __forceinline__ T warp_lookback(volatile unsigned long long* flags, long long tile) {
+    const int lane = threadIdx.x & 31;
+    T carry = T(0);
+    for (long long j0 = tile - 1;; j0 -= 32) {
+        const long long j = j0 - lane;
+        // before tile 0 there is nothing to add: an inclusive prefix of zero
+        unsigned long long w = j >= 0 ? flags[j] : pack(ST_PREFIX, T(0));
+        while (__any_sync(0xffffffffu, (w >> 32) == 0))
+            if ((w >> 32) == 0) w = flags[j];  // only lanes with j >= 0 can be waiting
+        const unsigned prefixes = __ballot_sync(0xffffffffu, (w >> 32) == ST_PREFIX);
+        const int stop = prefixes ? __ffs(prefixes) - 1 : 31;  // the nearest inclusive prefix
+        carry += warp_sum(lane <= stop ? unpack<T>(w) : T(0));
+        if (prefixes) return carry;
+    }
+}
+
+template <class T>
+__device__ void scan_lookback_v7(const T* __restrict__ x, T* __restrict__ out,
+                                 unsigned long long* state, long long n) {
+    __shared__ T sSeg[V7_WARPS][PAD(V7_SEG)];  // one slice per warp: (V7_WARPS, V7_SEG + padding)
+    __shared__ T sWarp[V7_WARPS];              // each warp's total
+    __shared__ long long sTileId;
+    __shared__ T sCarry;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    if (t == 0) sTileId = (long long)atomicAdd(&state[0], 1ull);  // forward progress, as in v5
+    __syncthreads();
+    const long long tile = sTileId, base = tile * V7_TILE;
+    const long long gseg = base + (long long)warp * V7_SEG;  // this warp's first element
+    const bool full = base + V7_TILE <= n;                   // no element of the tile is past n
+    volatile unsigned long long* flags = state + 1;
+    T* s = sSeg[warp];
+
+    // 1. Load. A full tile at a 16-byte aligned x (base is a multiple of 4 elements): vector q of
+    // the warp is lane q % 32's, elements 4q .. 4q + 3 of the segment, 512 contiguous bytes per
+    // instruction. Otherwise (the last tile, or x not aligned) one element per lane per step.
+    if (full && aligned16(x)) {
+        const uint4* gv = reinterpret_cast<const uint4*>(x + gseg);
+        uint4 v[V7_ITEMS / 4];
+#pragma unroll
+        for (int k = 0; k < V7_ITEMS / 4; ++k) v[k] = gv[k * 32 + lane];  // all loads in flight
+#pragma unroll
+        for (int k = 0; k < V7_ITEMS / 4; ++k) {
+            const int e = (k * 32 + lane) * 4;
+            s[PAD(e)] = of_bits<T>(v[k].x);
+            s[PAD(e + 1)] = of_bits<T>(v[k].y);
+            s[PAD(e + 2)] = of_bits<T>(v[k].z);
+            s[PAD(e + 3)] = of_bits<T>(v[k].w);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < V7_ITEMS; ++k) {
+            const int e = k * 32 + lane;
+            s[PAD(e)] = gseg + e < n ? x[gseg + e] : T(0);  // past the end: the identity of +
+        }
+    }
+    __syncwarp();
+    T r[V7_ITEMS];  // blocked: lane i holds elements i * V7_ITEMS .. of the segment
+#pragma unroll
+    for (int k = 0; k < V7_ITEMS; ++k) r[k] = s[PAD(lane * V7_ITEMS + k)];
+
+    // 2. Scan in registers, then across the warp; one block barrier shares the warp totals.
+#pragma unroll
+    for (int k = 1; k < V7_ITEMS; ++k) r[k] += r[k - 1];
+    const T incl = warp_inclusive_scan(r[V7_ITEMS - 1]);
+    T lane_excl = __shfl_up_sync(0xffffffffu, incl, 1);
+    if (lane == 0) lane_excl = T(0);
+    if (lane == 31) sWarp[warp] = incl;
+    __syncthreads();
+    // every warp scans the warp totals itself: its own offset and the tile's sum, no second barrier
+    const T wt = lane < V7_WARPS ? sWarp[lane] : T(0);
+    const T wincl = warp_inclusive_scan(wt);
+    const T total = __shfl_sync(0xffffffffu, wincl, 31);
+    T warp_excl = __shfl_sync(0xffffffffu, wincl, (warp + 31) & 31);
+    if (warp == 0) warp_excl = T(0);
+
+    // 3. Publish the tile's sum at once (tile 0 publishes its inclusive prefix: it has no carry).
+    if (t == 0) flags[tile] = pack(tile == 0 ? ST_PREFIX : ST_AGG, total);
+
+    // 4. Every warp finishes its local work - the in-tile prefix added, back to striped order in
+    // its slice - while warp 0 looks back; only the carry is left for after the barrier.
+    const T offset = warp_excl + lane_excl;
+    __syncwarp();  // every lane has read its elements: the slice may be overwritten
+#pragma unroll
+    for (int k = 0; k < V7_ITEMS; ++k) s[PAD(lane * V7_ITEMS + k)] = r[k] + offset;
+    if (warp == 0) {
+        T carry = T(0);
+        if (tile > 0) {
+            carry = warp_lookback<T>(flags, tile);
+            // one 64-bit store carries status and value: no fence is needed to order them
+            if (lane == 0) flags[tile] = pack(ST_PREFIX, carry + total);
+        }
+        if (lane == 0) sCarry = carry;
+    }
+    __syncthreads();
+    const T carry = sCarry;
+
+    // 5. Store, in the order of the loads.
+    if (full && aligned16(out)) {
+        uint4* gv = reinterpret_cast<uint4*>(out + gseg);
+#pragma unroll
+        for (int k = 0; k < V7_ITEMS / 4; ++k) {
+            const int e = (k * 32 + lane) * 4;
+            gv[k * 32 + lane] =
+                make_uint4(to_bits(s[PAD(e)] + carry), to_bits(s[PAD(e + 1)] + carry),
+                           to_bits(s[PAD(e + 2)] + carry), to_bits(s[PAD(e + 3)] + carry));
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < V7_ITEMS; ++k) {
+            const int e = k * 32 + lane;
+            if (gseg + e < n) out[gseg + e] = s[PAD(e)] + carry;
+        }
+    }
+}
+// --8<-- [end:lookback_v7]
+
 #define INSTANTIATE(T, S)                                                                         \
     extern "C" __global__ void __launch_bounds__(TILE)                                            \
         scan_tiles_ks_##S(const T* x, T* out, T* sums, long long n) {                             \
@@ -430,6 +581,10 @@ __device__ void scan_lookback_warp(const T* x, T* out, unsigned long long* state
     extern "C" __global__ void __launch_bounds__(RTS_THREADS)                                     \
         scan_lookback_warp_##S(const T* x, T* out, unsigned long long* state, long long n) {      \
         scan_lookback_warp<T>(x, out, state, n);                                                  \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(V7_THREADS, 2)                                   \
+        scan_lookback_v7_##S(const T* x, T* out, unsigned long long* state, long long n) {        \
+        scan_lookback_v7<T>(x, out, state, n);                                                    \
     }
 
 INSTANTIATE(float, f32)

@@ -19,6 +19,9 @@ Versions of ``scan`` (never renumbered); the CUDA kernels are in ``csrc/part3/sc
       and then its inclusive prefix, and a tile adds up its predecessors' published values instead
       of waiting for a separate pass. Reads x once and writes it once.
 - v6  CUDA, like v5 with the look-back done by a whole warp, 32 predecessors per step.
+- v7  CUDA, CUB's recipe: like v6, but 8192-element tiles read and written with 16-byte vectors,
+      the tile's sum published after one block barrier, and the look-back overlapped with the rest
+      of the block's work (each warp transposes its own segment; only the carry waits).
 
 Inputs: a non-empty contiguous 1-D float32 or int32 tensor; the result has its shape and dtype
 (int32 wraps on overflow like any int32 add). fp32 addition is not associative, so each version adds
@@ -77,9 +80,12 @@ RTS_THREADS = 256   # threads per block in v3, v5 and v6
 ITEMS = 16          # elements per thread in v3, v5 and v6
 RTS_TILE = RTS_THREADS * ITEMS  # elements per tile in v3, v5 and v6
 SUMS_THREADS = 1024  # the one block that scans v3's tile sums
+V7_THREADS = 512    # threads per block in v7
+V7_ITEMS = 16       # elements per thread in v7: four 16-byte vectors
+V7_TILE = V7_THREADS * V7_ITEMS  # elements per tile in v7
 # scan.cu is compiled with these numbers (-D options): they are written only here
 CU_OPTIONS = cuda.defines(CU_FILE, TILE=TILE, RTS_THREADS=RTS_THREADS, ITEMS=ITEMS,
-                          SUMS_THREADS=SUMS_THREADS)
+                          SUMS_THREADS=SUMS_THREADS, V7_THREADS=V7_THREADS, V7_ITEMS=V7_ITEMS)
 
 
 def _kernel(name: str, dtype: torch.dtype):
@@ -169,6 +175,25 @@ def scan_lookback_warp(x: torch.Tensor) -> torch.Tensor:
     refuse_grad("scan_lookback_warp", x, instead="torch.cumsum")
     return _launch_lookback(x, "scan_lookback_warp")
 # --8<-- [end:rts_launch]
+
+
+# --8<-- [start:v7_launch]
+def scan_lookback_v7(x: torch.Tensor) -> torch.Tensor:
+    """v7: like v6, but CUB's recipe: V7_TILE-element tiles (512 threads x 16) read and written
+    with 16-byte vectors, the tile's sum published after one block barrier instead of three, and
+    the look-back warp's wait overlapped with the other warps' local work. x is read once."""
+    refuse_grad("scan_lookback_v7", x, instead="torch.cumsum")
+    cuda.require_gpu()
+    _check(x, "cuda")
+    n = x.numel()
+    out = torch.empty_like(x)
+    tiles = triton.cdiv(n, V7_TILE)
+    # [0]: tile counter; then one word per tile, as in v5 and v6
+    state = torch.zeros(tiles + 1, dtype=torch.int64, device=x.device)
+    cuda.launch(_kernel("scan_lookback_v7", x.dtype), tiles, V7_THREADS,
+                (x, out, state, np.int64(n)))
+    return out
+# --8<-- [end:v7_launch]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -272,3 +297,5 @@ scan.add(Impl("v4", scan_triton, "Triton", "tl.sum, carry pass, tl.cumsum per 40
 scan.add(Impl("v5", scan_lookback, "CUDA", "single pass, decoupled look-back", SINGLE))
 scan.add(Impl("v6", scan_lookback_warp, "CUDA",
               "like v5, warp-wide look-back, one block scan per tile", SINGLE))
+scan.add(Impl("v7", scan_lookback_v7, "CUDA",
+              "8192-element tiles, 16-byte vectors, early aggregate, overlapped look-back", SINGLE))
