@@ -92,6 +92,7 @@ GROUPS: dict[str, tuple[str, tuple[Counted, ...]]] = {
          Counted("sgemm v12", "sgemm", "v12", "^sgemm_t_"),
          Counted("tf32 v0", "tf32_gemm", "v0", "."),
          Counted("tf32 v2", "tf32_gemm", "v2", "matmul_kernel"),
+         Counted("tf32 v3", "tf32_gemm", "v3", "matmul_kmajor_kernel"),
          Counted("wmma v0", "wmma_gemm", "v0", "."),
          Counted("wmma v4", "wmma_gemm", "v4", "matmul_kernel"))),
     "rows": (
@@ -99,12 +100,15 @@ GROUPS: dict[str, tuple[str, tuple[Counted, ...]]] = {
         (Counted("scan v0", "scan", "v0", "DeviceScanKernel"),
          Counted("scan v5", "scan", "v5", "^scan_lookback_f32$"),
          Counted("scan v6", "scan", "v6", "^scan_lookback_warp_f32$"),
+         Counted("scan v7", "scan", "v7", "^scan_lookback_v7_f32$"),
          Counted("layernorm v0", "layernorm", "v0", "layer_norm"),
          Counted("layernorm v3", "layernorm", "v3", "_layernorm_fwd_kernel"),
          Counted("layernorm v4", "layernorm", "v4", "^layernorm_fwd_"),
          Counted("fused v1", "bias_gelu_dropout_residual", "v1", "^triton_"),
          Counted("fused v3", "bias_gelu_dropout_residual", "v3",
-                 "_bias_gelu_dropout_residual_kernel"))),
+                 "_bias_gelu_dropout_residual_kernel"),
+         Counted("fused v4", "bias_gelu_dropout_residual", "v4",
+                 "_bias_gelu_dropout_residual4x_kernel"))),
 }
 
 
