@@ -18,6 +18,8 @@ per step:
   per thread.
 - v12 CUDA, the template at several tile configurations (block tile, BK, warp tile, grouped block
       order), the fastest for each shape picked by timing them once (autotuning).
+- v13 CUDA, v11's warp tiling fed by 16-byte ``cp.async`` copies into 4 stages of dynamic shared
+      memory (no register staging), BK = 16, the A tile K-major with padded rows.
 (v9 and v10 are the CPU versions.)
 
 Each CUDA step is a file of its own in ``csrc/part3/sgemm/``. A is M x K, B is K x N, both row-major
@@ -284,6 +286,69 @@ def sgemm_autotuned(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # --8<-- [end:autotune]
 
 
+# --8<-- [start:async_launch]
+@dataclass(frozen=True)
+class AsyncConfig(SgemmConfig):
+    """A configuration of the template in v13_async.cu: ``stages`` shared-memory buffers, each an A
+    tile (tile[0] rows of bk + 4 floats, K-major) and a B tile (bk rows of tile[1] floats)."""
+
+    stages: int = 2
+
+    @property
+    def smem(self) -> int:
+        """Dynamic shared memory of one block, in bytes."""
+        return self.stages * (self.tile[0] * (self.bk + 4) + self.bk * self.tile[1]) * 4
+
+
+def async_config(bm: int, bn: int, bk: int, wm: int, wn: int, threads: int, stages: int,
+                 group: int) -> AsyncConfig:
+    """A configuration of v13_async.cu; the kernel name spells out its template arguments."""
+    return AsyncConfig("v13_async.cu",
+                       f"sgemm_a_{bm}x{bn}_k{bk}_w{wm}x{wn}_t{threads}_s{stages}_g{group}",
+                       tile=(bm, bn), bk=bk, threads=(threads,), stages=stages)
+
+
+# (bm, bn, bk, wm, wn, threads, stages, group), one kernel each in v13_async.cu. The first is v13
+# (4 stages of 128 x 128 x 16: 72 KiB); the second, 3 stages of 128 x 256 x 16 with 8 warps, is
+# compiled and tested for the next measurement to compare with it.
+ASYNC = (
+    (128, 128, 16, 64, 64, 128, 4, 8),
+    (128, 256, 16, 64, 64, 256, 3, 8),
+)
+ASYNC_CONFIGS = [async_config(*c) for c in ASYNC]
+CONFIGS["v13"] = ASYNC_CONFIGS[0]
+CU_OPTIONS[CONFIGS["v13"].path] = cuda.defines(
+    CONFIGS["v13"].path,
+    SGEMM_ASYNC_CONFIGS="".join(f"SGEMM_ASYNC({','.join(map(str, c))})" for c in ASYNC))
+
+
+def _launch_async(a: torch.Tensor, b: torch.Tensor, cfg: AsyncConfig) -> torch.Tensor:
+    """The launcher of v13_async.cu: _launch_sgemm's grid, plus the dynamic shared memory, which
+    above 48 KB a kernel must opt in to (its max_dynamic_shared_size_bytes attribute)."""
+    m, n, k = check_operands(a, b)
+    cuda.require_gpu()
+    grid = (triton.cdiv(n, cfg.tile[1]), triton.cdiv(m, cfg.tile[0]))
+    if grid[1] > GRID_Y_MAX:
+        raise ValueError(f"{cfg.kernel}: {grid[1]} tiles along gridDim.y exceed CUDA's limit of "
+                         f"{GRID_Y_MAX} (a is {m} x {k}, b is {k} x {n})")
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    fn = cuda.kernel(cfg.path, cfg.kernel, CU_OPTIONS[cfg.path])
+    if fn.max_dynamic_shared_size_bytes < cfg.smem:
+        fn.max_dynamic_shared_size_bytes = cfg.smem
+    cuda.launch(fn, grid, cfg.threads, (a, b, c, np.int32(m), np.int32(n), np.int32(k)),
+                shared_mem=cfg.smem)
+    return c
+
+
+def sgemm_async(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v13: like v11 (64 x 64 warp tiles in a 128 x 128 block of 4 warps), but the tiles reach
+    shared memory by 16-byte cp.async copies into 4 stages, three tiles ahead of the FMAs, with
+    no register staging and one barrier per BK = 16 step; the A tile stays K-major."""
+    refuse_grad("sgemm_async", a, b, instead="a @ b")
+    return _launch_async(a, b, CONFIGS["v13"])
+# --8<-- [end:async_launch]
+
+
 # --------------------------------------------------------------------------------------------------
 # The same product on the CPU, for the CPU-vs-GPU comparison
 # --------------------------------------------------------------------------------------------------
@@ -390,3 +455,7 @@ sgemm.add(Impl("v11", sgemm_tuned, "CUDA",
 sgemm.add(Impl("v12", sgemm_autotuned, "CUDA",
                "autotuned over 10 tile configs, grouped block order",
                (*_sources("v11"), autotune, TUNED_CONFIGS)))
+sgemm.add(Impl("v13", sgemm_async, "CUDA",
+               "like v11, cp.async into 4 smem stages, BK 16, A K-major",
+               (*cuda.source_files(CONFIGS["v13"].path), _launch_async, check_operands,
+                ASYNC_CONFIGS)))
