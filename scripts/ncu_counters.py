@@ -90,6 +90,7 @@ GROUPS: dict[str, tuple[str, tuple[Counted, ...]]] = {
         "Where do the book's SGEMM, TF32 and fp16 GEMMs lose to cuBLAS?",
         (Counted("sgemm v0", "sgemm", "v0", "."),
          Counted("sgemm v12", "sgemm", "v12", "^sgemm_t_"),
+         Counted("sgemm v13", "sgemm", "v13", "^sgemm_a_"),
          Counted("tf32 v0", "tf32_gemm", "v0", "."),
          Counted("tf32 v2", "tf32_gemm", "v2", "matmul_kernel"),
          Counted("tf32 v3", "tf32_gemm", "v3", "matmul_kmajor_kernel"),
