@@ -106,16 +106,17 @@ def legend_texts(svg: str) -> list[str]:
 # ------------------------------------------------------------------------------------------ styles
 
 def test_thirteen_versions_share_no_style():
+    """SGEMM's figure: at least thirteen measured versions (more once v13 and later are measured),
+    every one with a style of its own."""
     drawn = only_figure("sgemm")
-    assert len(OPS["sgemm"].impls) == 13
     by_series = series_of(drawn)
-    assert len(by_series) == 13
+    assert 13 <= len(by_series) <= len(OPS["sgemm"].impls)
     styles = {}
     for name, artists in by_series.items():
         line, points = artists[0], artists[1:]
         assert len({point_style(p) for p in points}) == 1, name  # one style along a series
         styles[name] = (point_style(points[0]), line.get_linestyle())
-    assert len(set(styles.values())) == 13, styles
+    assert len(set(styles.values())) == len(by_series), styles
     assert len({s[0][0] for s in styles.values()}) == len(PALETTE)  # all ten colours in use
 
 

@@ -316,9 +316,10 @@ ASYNC = (
     (128, 256, 16, 64, 64, 256, 3, 8),
 )
 ASYNC_CONFIGS = [async_config(*c) for c in ASYNC]
-CONFIGS["v13"] = ASYNC_CONFIGS[0]
-CU_OPTIONS[CONFIGS["v13"].path] = cuda.defines(
-    CONFIGS["v13"].path,
+V13 = ASYNC_CONFIGS[0]   # (not in CONFIGS: that table is complete before CU_OPTIONS reads it)
+# v13_async.cu is compiled with the list of ASYNC configurations (-D option), written only here
+ASYNC_OPTIONS = cuda.defines(
+    V13.path,
     SGEMM_ASYNC_CONFIGS="".join(f"SGEMM_ASYNC({','.join(map(str, c))})" for c in ASYNC))
 
 
@@ -332,7 +333,7 @@ def _launch_async(a: torch.Tensor, b: torch.Tensor, cfg: AsyncConfig) -> torch.T
         raise ValueError(f"{cfg.kernel}: {grid[1]} tiles along gridDim.y exceed CUDA's limit of "
                          f"{GRID_Y_MAX} (a is {m} x {k}, b is {k} x {n})")
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    fn = cuda.kernel(cfg.path, cfg.kernel, CU_OPTIONS[cfg.path])
+    fn = cuda.kernel(cfg.path, cfg.kernel, ASYNC_OPTIONS)
     if fn.max_dynamic_shared_size_bytes < cfg.smem:
         fn.max_dynamic_shared_size_bytes = cfg.smem
     cuda.launch(fn, grid, cfg.threads, (a, b, c, np.int32(m), np.int32(n), np.int32(k)),
@@ -345,7 +346,7 @@ def sgemm_async(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     shared memory by 16-byte cp.async copies into 4 stages, three tiles ahead of the FMAs, with
     no register staging and one barrier per BK = 16 step; the A tile stays K-major."""
     refuse_grad("sgemm_async", a, b, instead="a @ b")
-    return _launch_async(a, b, CONFIGS["v13"])
+    return _launch_async(a, b, V13)
 # --8<-- [end:async_launch]
 
 
@@ -457,5 +458,5 @@ sgemm.add(Impl("v12", sgemm_autotuned, "CUDA",
                (*_sources("v11"), autotune, TUNED_CONFIGS)))
 sgemm.add(Impl("v13", sgemm_async, "CUDA",
                "like v11, cp.async into 4 smem stages, BK 16, A K-major",
-               (*cuda.source_files(CONFIGS["v13"].path), _launch_async, check_operands,
+               (*cuda.source_files(V13.path), _launch_async, check_operands,
                 ASYNC_CONFIGS)))

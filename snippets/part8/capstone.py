@@ -823,7 +823,9 @@ def static_decode_ref(decoder: StaticDecoder, tokens: torch.Tensor, k_cache: tor
 def _timed(name: str, decoder, tokens, k_cache, v_cache, backend: str) -> StaticDecoder:
     """The checks of a timed call (no read-back from the device): a fixed-position decoder,
     its own cache storage, no input autograd tracks; the decoder of ``backend`` on that cache."""
-    if not isinstance(decoder, StaticDecoder) or not decoder.fixed_position:
+    # by its attributes, not its class: an exported copy of this module has a class of its own
+    fixed = getattr(decoder, "fixed_position", None) is True
+    if not (callable(getattr(decoder, "step", None)) and fixed):
         raise TypeError(f"{name}: decoder must be a StaticDecoder with fixed_position=True, got "
                         f"{type(decoder).__name__}")
     refuse_grad(name, k_cache, v_cache, instead="static_decode_ref")
