@@ -210,3 +210,11 @@ def assert_int4_matches(y, x, packed, scales, zeros, label: str) -> None:
     ref = int4_gemm_ref(x.double(), packed, scales.double(), zeros)
     rtol, atol = tolerance_for(k, x.dtype)
     torch.testing.assert_close(y.double(), ref, rtol=rtol, atol=atol, msg=lambda s: f"{label}: {s}")
+
+
+class NoLaunch:
+    """Stands in for a Triton kernel in tests of bad input: indexing it (``kernel[grid]``, the
+    launch) fails the test, so a refusal must come before any launch."""
+
+    def __getitem__(self, grid):
+        raise AssertionError(f"a kernel was launched (grid {grid}) on input that must be refused")

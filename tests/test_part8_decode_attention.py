@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import NoLaunch
 
 from conftest import DEVICE, poison_allocator
 from snippets.part8 import decode_attention as da
@@ -177,17 +178,10 @@ def test_default_splits():
 
 # ---------------------------------------------------------------- bad input, before any launch
 
-class _NoLaunch:
-    """Stands in for a kernel: indexing it (the launch) fails the test."""
-
-    def __getitem__(self, grid):
-        raise AssertionError(f"a kernel was launched (grid {grid}) on input that must be refused")
-
-
 @pytest.fixture
 def no_launch(monkeypatch):
     for name in ("_paged_decode_kernel", "_paged_decode_split_kernel", "_merge_splits_kernel"):
-        monkeypatch.setattr(da, name, _NoLaunch())
+        monkeypatch.setattr(da, name, NoLaunch())
 
 
 def _cases():

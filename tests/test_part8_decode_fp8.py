@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import NoLaunch
 
 from conftest import DEVICE
 from snippets.part8 import decode_attention as da
@@ -104,10 +105,6 @@ def test_the_registered_versions_agree_on_the_same_values():
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the cases are built on the CPU (the interpreter)")
 def test_bad_input_raises_before_launch(monkeypatch):
-    class NoLaunch:
-        def __getitem__(self, grid):
-            raise AssertionError("a kernel was launched on input that must be refused")
-
     for name in ("_paged_decode_kernel", "_paged_decode_split_kernel", "_merge_splits_kernel"):
         monkeypatch.setattr(da, name, NoLaunch())
     q, k8, v8, ks, vs, tables, lens = _batch([5, 9], 4, 2, 16, 4)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_int4_matches, int4_operands
+from helpers import NoLaunch, assert_int4_matches, int4_operands
 
 from conftest import DEVICE, HAS_GPU, poison_allocator
 from snippets.part8 import int4_gemm as ig
@@ -113,17 +113,10 @@ def _bad_inputs():
 BAD = _bad_inputs()
 
 
-class _NoLaunch:
-    """Stands in for the kernel: a launch (kernel[grid]) on bad input fails the test."""
-
-    def __getitem__(self, grid):
-        raise AssertionError("the kernel was launched on bad input")
-
-
 @pytest.mark.op("int4_gemm")
 @pytest.mark.parametrize("label, args, exc, words", BAD, ids=[b[0] for b in BAD])
 def test_refuses_before_launch(label, args, exc, words, monkeypatch):
-    monkeypatch.setattr(ig, "_int4_gemm_kernel", _NoLaunch())
+    monkeypatch.setattr(ig, "_int4_gemm_kernel", NoLaunch())
     with pytest.raises(exc, match=words):
         ig.int4_gemm(*args)
 

@@ -17,7 +17,7 @@ import re
 import pytest
 import torch
 import triton
-from helpers import assert_int4_matches, int4_operands
+from helpers import NoLaunch, assert_int4_matches, int4_operands
 
 from conftest import DEVICE, HAS_GPU, poison_allocator
 from snippets.common import introspect as ins
@@ -162,18 +162,11 @@ def _bad_inputs():
 BAD = _bad_inputs()
 
 
-class _NoLaunch:
-    """Stands in for a kernel: a launch (kernel[grid]) on bad input fails the test."""
-
-    def __getitem__(self, grid):
-        raise AssertionError("a kernel was launched on bad input")
-
-
 @pytest.mark.op("int4_gemm")
 @pytest.mark.parametrize("label, args, exc, words", BAD, ids=[b[0] for b in BAD])
 def test_refuses_before_launch(label, args, exc, words, monkeypatch):
-    monkeypatch.setattr(ig, "_int4_gemv_kernel", _NoLaunch())
-    monkeypatch.setattr(ig, "_sum_splits_kernel", _NoLaunch())
+    monkeypatch.setattr(ig, "_int4_gemv_kernel", NoLaunch())
+    monkeypatch.setattr(ig, "_sum_splits_kernel", NoLaunch())
     with pytest.raises(exc, match=words):
         ig.int4_gemv(*args)
 
@@ -259,8 +252,8 @@ TC_BAD = _tc_bad_inputs()
 @pytest.mark.op("int4_gemm")
 @pytest.mark.parametrize("label, args, exc, words", TC_BAD, ids=[b[0] for b in TC_BAD])
 def test_tc_refuses_before_launch(label, args, exc, words, monkeypatch):
-    monkeypatch.setattr(ig, "_int4_tc_kernel", _NoLaunch())
-    monkeypatch.setattr(ig, "_sum_splits_kernel", _NoLaunch())
+    monkeypatch.setattr(ig, "_int4_tc_kernel", NoLaunch())
+    monkeypatch.setattr(ig, "_sum_splits_kernel", NoLaunch())
     with pytest.raises(exc, match=words):
         ig.int4_tc(*args)
 
