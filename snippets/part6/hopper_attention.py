@@ -20,11 +20,7 @@ Hopper GEMM's (snippets/part6/gemm.py).
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +28,11 @@ import torch
 
 from snippets import cuda
 from snippets._checks import refuse_grad
+from snippets.common.cubin import Cubin
 from snippets.part6.gemm import device_tensor_maps, needs_sm90
 from snippets.part6.hopper import SMEM_LIMIT_SM90, TensorMapSpec
-from snippets.registry import REPO_ROOT
 
 CU_FILE = "hopper_attn/flash_fwd.cu"
-BUILD_DIR = REPO_ROOT / "build" / "hopper_attn"
 NVCC_FLAGS = ("-std=c++17", "-O3", "-cubin", "-arch=sm_90a")
 
 # --8<-- [start:constants]
@@ -148,48 +143,24 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 
 
 # --8<-- [start:build]
+# flash_fwd.cu is compiled with nvcc once per source text, flags and toolkit, and loaded by CuPy per
+# device (snippets.common.cubin): wgmma needs sm_90a, which NVRTC through CuPy cannot target.
+CUBIN = Cubin(CU_FILE, NVCC_FLAGS, name="hopper_attn")
+
+
 def nvcc_command(out: Path) -> list[str]:
     """The command that compiles flash_fwd.cu to a cubin for sm_90a (the tests run it too)."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise RuntimeError("flash_fwd_hopper needs nvcc (the CUDA toolkit) on PATH to compile its "
-                           "sm_90a kernels: NVRTC through CuPy targets plain sm_90, which has no "
-                           "wgmma")
-    return [nvcc, *NVCC_FLAGS, str(cuda.source_path(CU_FILE)), "-o", str(out)]
+    return CUBIN.nvcc_command(out)
 
 
-@functools.lru_cache(maxsize=None)
 def build_cubin() -> Path:
-    """Compile flash_fwd.cu for sm_90a, once per source text and nvcc (the file name holds a hash
-    of both), and return the cubin's path."""
-    src = cuda.source_path(CU_FILE)
-    probe = nvcc_command(Path(os.devnull))
-    version = subprocess.run([probe[0], "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256((src.read_text() + version + " ".join(NVCC_FLAGS)).encode())
-    out = BUILD_DIR / f"flash_fwd.{key.hexdigest()[:16]}.cubin"
-    if not out.is_file():
-        BUILD_DIR.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        proc = subprocess.run(nvcc_command(tmp), capture_output=True, text=True)
-        if proc.returncode:
-            raise RuntimeError(f"nvcc failed on {src}:\n{proc.stderr}{proc.stdout}")
-        tmp.replace(out)  # atomic: a concurrent process sees the whole file or none
-    return out
+    """The cubin of the current flash_fwd.cu, compiled if it is not built yet."""
+    return CUBIN.build()
 
 
-@functools.lru_cache(maxsize=None)
-def _module(device_index: int):
-    cupy = cuda.cupy_module()
-    with cupy.cuda.Device(device_index):
-        return cupy.RawModule(path=str(build_cubin()))
-
-
-@functools.lru_cache(maxsize=None)
 def kernel(name: str, device_index: int):
     """The ``__global__`` function ``name`` of the sm_90a cubin, loaded on this device by CuPy."""
-    cupy = cuda.cupy_module()
-    with cupy.cuda.Device(device_index):
-        return _module(device_index).get_function(name)
+    return CUBIN.kernel(name, device_index)
 # --8<-- [end:build]
 
 
