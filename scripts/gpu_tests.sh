@@ -17,7 +17,8 @@
 # move) run one at a time after the others, in the shard their job falls in.
 #
 # pyproject.toml's addopts (the docs plugin) are switched off: the GPU image has no pytest-markdown-docs.
-# KM_JOBS: jobs at once (default 16); KM_FILE_TIMEOUT: seconds per job (default 500); KM_BUDGET: seconds for the
+# KM_TEST_GPUS (default: every GPU nvidia-smi lists): jobs go round-robin to the GPUs, one each (Part 7's files see
+# all of them). KM_JOBS: jobs at once (default 16); KM_FILE_TIMEOUT: seconds per job (default 500); KM_BUDGET: seconds for the
 # whole run (default 560, under one 600 s device call): a job that starts late gets what is left, so the summary
 # is always written. Liger-Kernel (a baseline the tests compare against) is installed from .whl/ when a wheel is
 # there (the runner has no network). Exit status 1 if any job failed or timed out.
@@ -86,18 +87,24 @@ run_job() {
     echo "$b rc 124" >> "$OUTDIR/tests/rc.txt"
     return
   fi
-  KM_SPLIT_PART=$part timeout "$t" $PY -m pytest "$f" -q -p no:cacheprovider -o addopts= --tb=short -rfE \
+  # several GPUs: job k on GPU k mod KM_TEST_GPUS, except Part 7's files (their multi-GPU tests need all of them)
+  local gpu=""
+  [ "${KM_TEST_GPUS:-1}" -gt 1 ] && [[ $f != tests/test_part7_* ]] && gpu=$(($2 % KM_TEST_GPUS))
+  CUDA_VISIBLE_DEVICES=${gpu:-${CUDA_VISIBLE_DEVICES-}} KM_SPLIT_PART=$part timeout "$t" $PY -m pytest "$f" -q -p no:cacheprovider -o addopts= --tb=short -rfE \
     --durations=5 > "$OUTDIR/tests/$b.log" 2>&1
   local rc=$?
   [ -n "$part" ] && [ $rc = 5 ] && rc=0  # a share with no tests (fewer groups than shares)
   echo "$b rc $rc" >> "$OUTDIR/tests/rc.txt"
 }
 export -f run_job
-export OUTDIR DEADLINE PY KM_FILE_TIMEOUT
+KM_TEST_GPUS=${KM_TEST_GPUS:-$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || echo 1)}
+[ "$KM_TEST_GPUS" -ge 1 ] 2> /dev/null || KM_TEST_GPUS=1
+export OUTDIR DEADLINE PY KM_FILE_TIMEOUT KM_TEST_GPUS
 if [ ${#PARALLEL[@]} -gt 0 ]; then
-  printf '%s\n' "${PARALLEL[@]}" | xargs -P "${KM_JOBS:-16}" -I{} bash -c 'run_job "$1"' _ {}
+  for ((j = 0; j < ${#PARALLEL[@]}; j++)); do echo "${PARALLEL[j]} $j"; done \
+    | xargs -P "${KM_JOBS:-16}" -L1 bash -c 'run_job "$1" "$2"' _
 fi
-for job in "${SERIAL[@]}"; do run_job "$job"; done
+for job in "${SERIAL[@]}"; do run_job "$job" 0; done
 
 # The summary: one line per job, with the GPU, the commit and the versions first.
 SUMMARY=$OUTDIR/outputs/gpu_tests.txt
