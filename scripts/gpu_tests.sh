@@ -88,9 +88,10 @@ run_job() {
     return
   fi
   # several GPUs: job k on GPU k mod KM_TEST_GPUS, except Part 7's files (their multi-GPU tests need all of them)
-  local gpu=""
-  [ "${KM_TEST_GPUS:-1}" -gt 1 ] && [[ $f != tests/test_part7_* ]] && gpu=$(($2 % KM_TEST_GPUS))
-  CUDA_VISIBLE_DEVICES=${gpu:-${CUDA_VISIBLE_DEVICES-}} KM_SPLIT_PART=$part timeout "$t" $PY -m pytest "$f" -q -p no:cacheprovider -o addopts= --tb=short -rfE \
+  local env=()
+  [ "${KM_TEST_GPUS:-1}" -gt 1 ] && [[ $f != tests/test_part7_* ]] \
+    && env=("CUDA_VISIBLE_DEVICES=$(($2 % KM_TEST_GPUS))")
+  env "${env[@]}" KM_SPLIT_PART=$part timeout "$t" $PY -m pytest "$f" -q -p no:cacheprovider -o addopts= --tb=short -rfE \
     --durations=5 > "$OUTDIR/tests/$b.log" 2>&1
   local rc=$?
   [ -n "$part" ] && [ $rc = 5 ] && rc=0  # a share with no tests (fewer groups than shares)

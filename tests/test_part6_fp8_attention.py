@@ -120,7 +120,7 @@ def _bad_inputs():
     args = _inputs(1, 2, 40, 64, False, seed=2)
     q8, k8, vt8, sq, sk, sv = args[:6]
     v8 = vt8.transpose(-1, -2).contiguous()
-    q32 = torch.zeros(1, 2, 40, 32).to(E4M3)
+    q32 = torch.zeros(1, 2, 40, 32, device=DEVICE).to(E4M3)
     return [
         ("q is bf16", (args[6], k8, vt8, sq, sk, sv), TypeError, "float8_e4m3fn"),
         ("k is e5m2", (q8, k8.to(torch.float8_e5m2), vt8, sq, sk, sv), TypeError,
@@ -161,7 +161,7 @@ def test_refusals_before_launch_and_of_grad():
     with pytest.raises(TypeError, match="share one of"):
         fa.attention_bf16(q.detach(), k.half(), v)
     with pytest.raises(ValueError, match="head dim"):
-        fa.attention_bf16(*(torch.zeros(1, 1, 8, 48) for _ in range(3)))
+        fa.attention_bf16(*(torch.zeros(1, 1, 8, 48, device=DEVICE) for _ in range(3)))
 
 
 def test_cudnn_version_refuses_without_a_gpu():
@@ -463,7 +463,7 @@ def test_gpu_v2_within_the_e4m3_bound(b, h, s, d, causal):
     assert torch.equal(o, fa.attention_fp8(*args8, causal=causal))
     assert not o.isnan().any()
     qd, kd, vd = _dequantised(args8)
-    o1 = fa.attention_bf16(*(t.bfloat16() for t in (qd, kd, vd)), causal)
+    o1 = fa.attention_bf16(*(t.bfloat16().contiguous() for t in (qd, kd, vd)), causal)
     for bi, hi in ((0, 0), (0, h - 1), (b - 1, 0), (b - 1, h - 1)):
         sl = (slice(bi, bi + 1), slice(hi, hi + 1))
         ref, bound = error_bound(qd[sl], kd[sl], vd[sl], causal)

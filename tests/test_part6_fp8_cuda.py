@@ -500,7 +500,7 @@ def _per_tensor(m, n, k, seed=0):
 # ragged M and N against 128 x 128 tiles, odd N (one-element stores), K not a multiple of 128
 # (TMA's zero fill), one tile, many tiles per persistent block (more tiles than SMs)
 PER_TENSOR_SHAPES = [(s["m"], s["n"], s["k"]) for s in f.TEST_SIZES] + [
-    (1, 5, 16), (33, 17, 48), (200, 264, 136), (129, 130, 1024), (1000, 776, 528),
+    (1, 5, 16), (33, 17, 48), (200, 264, 144), (129, 130, 1024), (1000, 776, 528),
     (2048, 2304, 512)]
 BLOCK_SHAPES = [(s["m"], s["n"], s["k"]) for s in f.BS_TEST_SIZES] + [
     (1, 128, 128), (45, 200, 384), (70, 256, 512), (129, 77, 1024), (2048, 2304, 512)]

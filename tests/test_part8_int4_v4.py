@@ -30,7 +30,9 @@ HALF = torch.bfloat16 if HAS_GPU else torch.float16
 # partial block of rows, K = 96 and 144 a partial last slice, G = 32 and 48 do not divide the
 # slice (a scale per element), G = 12 puts a group edge inside an int32 word of 8 codes
 SHAPES = [(1, 64, 128, 32), (1, 37, 96, 32), (3, 40, 256, 128), (8, 33, 256, 64),
-          (2, 48, 144, 48), (5, 20, 96, 12), (8, 16, 64, 64)]
+          (2, 48, 144, 48), (5, 20, 96, 12), (8, 16, 64, 64),
+          # a K tail and whole row blocks with the GPU's blocks too (BLOCK_K 32, BLOCK_N 256 and 128)
+          (2, 256, 120, 12), (3, 256, 512, 128)]
 
 
 def _operands(m, n, k, g, dtype=HALF, zero_point=False, seed=0):
