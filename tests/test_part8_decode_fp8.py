@@ -146,3 +146,52 @@ def test_gpu_registered_versions_agree():
     rtol, atol = da.TOLERANCES[torch.bfloat16]
     for name, impl in op.impls.items():
         torch.testing.assert_close(impl.fn(*args).double(), ref, rtol=rtol, atol=atol, msg=name)
+
+
+# ---------------------------------------------------------------- v2: V's conversion pinned
+
+def _split_kernel_ptx(pinned: bool) -> str:
+    """The split kernel for Llama's heads, bf16 q and an e4m3 cache, compiled for sm_90 on this
+    machine's Triton (no GPU needed)."""
+    from snippets.common.introspect import compile_for
+    sig = {n: "i32" for n in da._paged_decode_split_kernel.arg_names}
+    sig.update(q_ptr="*bf16", k_ptr="*fp8e4nv", v_ptr="*fp8e4nv", tables_ptr="*i32",
+               lens_ptr="*i32", part_o_ptr="*fp32", part_lse_ptr="*fp32", qk_scale="fp32",
+               ks_ptr="*fp32", vs_ptr="*fp32")
+    consts = dict(NUM_KV_HEADS=8, GROUP=4, GROUP_PAD=16, HEAD_DIM=128, PAGE=16,
+                  BLOCK_N=da.BLOCK_N_GPU, NUM_SPLITS=5, USE_DOT=True, PRECISION="tf32",
+                  KV_FP8=True, V_PINNED=pinned)
+    return compile_for(da._paged_decode_split_kernel, sig, consts, num_warps=da.NUM_WARPS).ptx
+
+
+def test_pinned_conversion_removes_the_byte_loads_of_v():
+    """The compile-time fact v2 rests on (Triton 3.6, the runner's, and 3.9 alike): v1's kernel
+    reads V's e4m3 tile back from shared memory one byte per instruction for the P V product, and
+    v2's, which converts V to fp16 before the compiler's layout change, has no byte loads and
+    reads the 16-bit tile with ldmatrix's transpose; its own conversion is the inline PTX."""
+    import re
+    v1, v2 = _split_kernel_ptx(False), _split_kernel_ptx(True)
+    assert len(re.findall(r"ld\.shared\.b8\b", v1)) > 0
+    assert len(re.findall(r"ld\.shared\.b8\b", v2)) == 0
+    assert re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16", v2)
+    assert not re.search(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16", v1)
+    assert v2.count("mov.b32 {lo, hi}") > 0          # the asm block of e4m3_to_f16_pinned
+
+
+def test_pin_v_must_be_a_bool():
+    args = _batch([5, 9], 4, 2, 16, 4)
+    with pytest.raises(TypeError, match="pin_v must be a bool"):
+        da.paged_decode_attention_fp8(*args, pin_v=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, None], ids=["one-program", "split"])
+def test_gpu_pinned_conversion_gives_the_same_bits(splits):
+    """v2 converts the same e4m3 values to the same bf16 values as v1, feeding the same products:
+    its output must equal v1's exactly (a wrong byte order in the asm's packing would not)."""
+    args = _batch([1, 17, 640, 3000, 1999, 256], 32, 8, 128, 16, torch.bfloat16, "cuda", seed=5)
+    a = da.paged_decode_attention_fp8(*args, num_splits=splits)
+    b = da.paged_decode_attention_fp8(*args, num_splits=splits, pin_v=True)
+    assert torch.equal(a, b), f"max difference {(a.float() - b.float()).abs().max().item()}"
+    rtol, atol = da.TOLERANCES[torch.bfloat16]
+    torch.testing.assert_close(b.double(), _ref(*args), rtol=rtol, atol=atol)

@@ -191,18 +191,37 @@ def paged_attention_sdpa(q, k_cache, v_cache, block_tables, seq_lens):
 # v1 and v2: Triton
 # --------------------------------------------------------------------------------------------------
 
+# --8<-- [start:pinned]
+@triton.jit
+def e4m3_to_f16_pinned(x):
+    """e4m3 values to fp16 (exact: every e4m3 value is an fp16 value), four per asm block, in
+    the layout x was loaded in. is_pure=False is the point: the compiler may not move this
+    conversion, so it cannot change the tile's layout first, on the 8-bit values (for the second
+    operand of P V it reads those back from shared memory one byte at a time), and convert after;
+    the 16-bit tile it stores instead is read with ldmatrix's transpose. No interpreter runs PTX:
+    the kernels use it on a GPU only (V_PINNED)."""
+    return tl.inline_asm_elementwise(
+        asm="{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+            "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        constraints="=r,=r,r", args=[x.to(tl.uint8, bitcast=True)], dtype=tl.float16,
+        is_pure=False, pack=4)
+# --8<-- [end:pinned]
+
+
 # --8<-- [start:inner]
 @triton.jit
 def _attend_tokens(acc, l_i, m_i, q, k_ptr, v_ptr, table_ptr, kv_head, lo, hi, qk_scale,
                    ks_ptr, vs_ptr,
                    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                    BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
-                   KV_FP8: tl.constexpr):
+                   KV_FP8: tl.constexpr, V_PINNED: tl.constexpr):
     # Tokens lo .. hi - 1 of one sequence, BLOCK_N at a time, for the (GROUP_PAD, HEAD_DIM) tile q
     # of the query heads that share kv_head. Token t is row (table[t // PAGE] * PAGE + t % PAGE)
     # of the cache, and within it kv head kv_head: a gather of HEAD_DIM-long rows. KV_FP8: the
     # cache is e4m3, K and V tiles are converted to q's type in registers, and the scale of each
-    # token's (block, kv head) multiplies its score (K's) and its probability (V's).
+    # token's (block, kv head) multiplies its score (K's) and its probability (V's). V_PINNED: V's
+    # tile is converted where it was loaded (e4m3_to_f16_pinned), not after the compiler's layout
+    # change for the product.
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     for start in range(lo, hi, BLOCK_N):
@@ -229,7 +248,10 @@ def _attend_tokens(acc, l_i, m_i, q, k_ptr, v_ptr, table_ptr, kv_head, lo, hi, q
         v = tl.load(v_ptr + kv_offs, mask=valid[:, None], other=0.0)
         pv = p
         if KV_FP8:
-            v = v.to(q.dtype)
+            if V_PINNED:
+                v = e4m3_to_f16_pinned(v).to(q.dtype)
+            else:
+                v = v.to(q.dtype)
             pv = p * tl.load(vs_ptr + scale_at, mask=valid, other=0.0)[None, :]
         if USE_DOT:
             acc = tl.dot(pv.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,
@@ -248,7 +270,8 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, o_ptr, qk_sc
                          stride_table, ks_ptr, vs_ptr, NUM_KV_HEADS: tl.constexpr,
                          GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                          PAGE: tl.constexpr, BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr,
-                         PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
+                         PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+                         V_PINNED: tl.constexpr):
     # One program per (sequence, kv head): the GROUP query heads of the kv head are the rows of
     # one tile, so K and V are read once for all of them.
     seq = tl.program_id(0)
@@ -264,7 +287,8 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, o_ptr, qk_sc
     m_i = tl.full((GROUP_PAD,), -float("inf"), dtype=tl.float32)
     acc, l_i, m_i = _attend_tokens(acc, l_i, m_i, q, k_ptr, v_ptr, tables_ptr + seq * stride_table,
                                    kv_head, 0, seq_len, qk_scale, ks_ptr, vs_ptr, NUM_KV_HEADS,
-                                   HEAD_DIM, PAGE, BLOCK_N, USE_DOT, PRECISION, KV_FP8)
+                                   HEAD_DIM, PAGE, BLOCK_N, USE_DOT, PRECISION, KV_FP8,
+                                   V_PINNED)
     o = acc / l_i[:, None]                              # seq_len >= 1: l_i >= 1 on every row
     tl.store(o_ptr + q_offs, o.to(o_ptr.dtype.element_ty), mask=offs_g[:, None] < GROUP)
 # --8<-- [end:kernel]
@@ -278,7 +302,8 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_o
                                GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                                PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                                NUM_SPLITS: tl.constexpr, USE_DOT: tl.constexpr,
-                               PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
+                               PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+                               V_PINNED: tl.constexpr):
     # One program per (sequence, kv head, chunk). A sequence's chunks are ceil(len / NUM_SPLITS)
     # tokens rounded up to whole tiles, so a short sequence leaves its last chunks empty: they
     # write o = 0 and lse = -inf, which the merge weighs by 2^-inf = 0.
@@ -300,7 +325,8 @@ def _paged_decode_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_o
     m_i = tl.full((GROUP_PAD,), -float("inf"), dtype=tl.float32)
     acc, l_i, m_i = _attend_tokens(acc, l_i, m_i, q, k_ptr, v_ptr, tables_ptr + seq * stride_table,
                                    kv_head, lo, hi, qk_scale, ks_ptr, vs_ptr, NUM_KV_HEADS,
-                                   HEAD_DIM, PAGE, BLOCK_N, USE_DOT, PRECISION, KV_FP8)
+                                   HEAD_DIM, PAGE, BLOCK_N, USE_DOT, PRECISION, KV_FP8,
+                                   V_PINNED)
     has = l_i > 0
     o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), -float("inf"))   # log2 units
@@ -364,28 +390,31 @@ def default_splits(batch: int, kv_heads: int, capacity: int, device: torch.devic
 
 
 # --8<-- [start:host]
-def _consts(q, k_cache, use_dot, scales=None):
+def _consts(q, k_cache, use_dot, scales=None, pin_v=False):
     b, hq, d = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     dot, precision, group_pad, block_n = _launch_config(q.dtype, hq // hkv, use_dot)
     return dict(NUM_KV_HEADS=hkv, GROUP=hq // hkv, GROUP_PAD=group_pad, HEAD_DIM=d, PAGE=page,
-                BLOCK_N=block_n, USE_DOT=dot, PRECISION=precision, KV_FP8=scales is not None)
+                BLOCK_N=block_n, USE_DOT=dot, PRECISION=precision, KV_FP8=scales is not None,
+                V_PINNED=pin_v and scales is not None and not triton_interpreting())
 
 
-def _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, use_dot=None, scales=None):
+def _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, use_dot=None, scales=None,
+            pin_v=False):
     """v1 on checked inputs: one launch, grid (B, Hkv). ``scales``: (k_scale, v_scale) of an e4m3
-    cache, or None."""
+    cache, or None; ``pin_v``: V's conversion pinned where it is loaded (on a GPU)."""
     b, hkv = q.shape[0], k_cache.shape[2]
     o = torch.empty_like(q)
     ks, vs = scales if scales is not None else (seq_lens, seq_lens)   # unread without KV_FP8
     _paged_decode_kernel[(b, hkv)](q, k_cache, v_cache, block_tables, seq_lens, o,
                                    scale * LOG2E, block_tables.stride(0), ks, vs,
-                                   num_warps=NUM_WARPS, **_consts(q, k_cache, use_dot, scales))
+                                   num_warps=NUM_WARPS,
+                                   **_consts(q, k_cache, use_dot, scales, pin_v))
     return o
 
 
 def _decode_split(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, use_dot=None,
-                  scales=None):
+                  scales=None, pin_v=False):
     """v2 on checked inputs: the chunks (grid (B, Hkv, num_splits)), then the merge (B x Hq)."""
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
@@ -395,7 +424,7 @@ def _decode_split(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits
     _paged_decode_split_kernel[(b, hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, part_o, part_lse, scale * LOG2E,
         block_tables.stride(0), ks, vs, NUM_SPLITS=num_splits, num_warps=NUM_WARPS,
-        **_consts(q, k_cache, use_dot, scales))
+        **_consts(q, k_cache, use_dot, scales, pin_v))
     o = torch.empty_like(q)
     _merge_splits_kernel[(b * hq,)](part_o, part_lse, o, NUM_SPLITS=num_splits,
                                     SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=d)
@@ -488,10 +517,12 @@ def check_kv_scales(name: str, k_cache: torch.Tensor, k_scale, v_scale) -> None:
 
 
 def paged_decode_attention_fp8(q, k_cache, v_cache, k_scale, v_scale, block_tables, seq_lens,
-                               scale=None, num_splits=None, use_dot=None):
+                               scale=None, num_splits=None, use_dot=None, pin_v=False):
     """Decode attention over an e4m3 paged cache (:func:`quantize_kv_blocks`): the kernels of
     :func:`paged_decode_attention`, which convert each K and V tile to q's type in registers and
-    apply the scales to the scores and the probabilities. ``num_splits`` None: the default count."""
+    apply the scales to the scores and the probabilities. ``num_splits`` None: the default count.
+    ``pin_v`` (v2): V's tile converted where it is loaded (:func:`e4m3_to_f16_pinned`, on a GPU;
+    the same values, so the same output as without)."""
     refuse_grad("paged_decode_attention_fp8", q, k_cache, v_cache, k_scale, v_scale,
                 instead="paged_decode_attention on a dequantised cache")
     scale = check_decode_inputs("paged_decode_attention_fp8", q, k_cache, v_cache, block_tables,
@@ -504,11 +535,13 @@ def paged_decode_attention_fp8(q, k_cache, v_cache, k_scale, v_scale, block_tabl
     if num_splits > MAX_GRID_Y:
         raise ValueError(f"paged_decode_attention_fp8: num_splits {num_splits} exceeds "
                          f"{MAX_GRID_Y}")
+    if not isinstance(pin_v, bool):
+        raise TypeError(f"paged_decode_attention_fp8: pin_v must be a bool, got {pin_v!r}")
     scales = (k_scale, v_scale)
     if num_splits == 1:
-        return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, use_dot, scales)
+        return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, use_dot, scales, pin_v)
     return _decode_split(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, use_dot,
-                         scales)
+                         scales, pin_v)
 # --8<-- [end:fp8]
 
 
@@ -526,19 +559,29 @@ def decode_bf16_cache(q, k8, v8, k_scale, v_scale, block_tables, seq_lens, k_val
     return paged_attention_split(q, k_values, v_values, block_tables, seq_lens)
 
 
-def decode_fp8_cache(q, k8, v8, k_scale, v_scale, block_tables, seq_lens, k_values, v_values):
+def decode_fp8_cache(q, k8, v8, k_scale, v_scale, block_tables, seq_lens, k_values, v_values,
+                     pin_v=False):
     """v1: v2's kernels on the e4m3 cache, as the harness times them (shape checks only)."""
-    refuse_grad("decode_fp8_cache", q, k8, v8, k_scale, v_scale, k_values, v_values,
+    name = "decode_fp8_cache_pinned" if pin_v else "decode_fp8_cache"
+    refuse_grad(name, q, k8, v8, k_scale, v_scale, k_values, v_values,
                 instead="paged_attention_sdpa on the values")
-    scale = check_decode_inputs("decode_fp8_cache", q, k8, v8, block_tables, seq_lens,
-                                contents=False, kv_fp8=True)
-    check_kv_scales("decode_fp8_cache", k8, k_scale, v_scale)
+    scale = check_decode_inputs(name, q, k8, v8, block_tables, seq_lens, contents=False,
+                                kv_fp8=True)
+    check_kv_scales(name, k8, k_scale, v_scale)
     splits = default_splits(q.shape[0], k8.shape[2], block_tables.shape[1] * k8.shape[1],
                             q.device)
     if splits == 1:
-        return _decode(q, k8, v8, block_tables, seq_lens, scale, scales=(k_scale, v_scale))
+        return _decode(q, k8, v8, block_tables, seq_lens, scale, scales=(k_scale, v_scale),
+                       pin_v=pin_v)
     return _decode_split(q, k8, v8, block_tables, seq_lens, scale, splits,
-                         scales=(k_scale, v_scale))
+                         scales=(k_scale, v_scale), pin_v=pin_v)
+
+
+def decode_fp8_cache_pinned(q, k8, v8, k_scale, v_scale, block_tables, seq_lens, k_values,
+                            v_values):
+    """v2: v1 with V's conversion pinned where V is loaded (:func:`e4m3_to_f16_pinned`)."""
+    return decode_fp8_cache(q, k8, v8, k_scale, v_scale, block_tables, seq_lens, k_values,
+                            v_values, pin_v=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -672,3 +715,10 @@ paged_decode_fp8.add(Impl("v1", decode_fp8_cache, "Triton",
                            _decode_split, _paged_decode_kernel, _decode, _consts, _launch_config,
                            default_splits, check_decode_inputs, check_kv_scales,
                            quantize_kv_blocks, *SOURCES), device="any"))
+paged_decode_fp8.add(Impl("v2", decode_fp8_cache_pinned, "Triton",
+                          "like v1, V converted where it is loaded (inline PTX, not movable)",
+                          (decode_fp8_cache, e4m3_to_f16_pinned, _paged_decode_split_kernel,
+                           _merge_splits_kernel, _attend_tokens, _decode_split,
+                           _paged_decode_kernel, _decode, _consts, _launch_config, default_splits,
+                           check_decode_inputs, check_kv_scales, quantize_kv_blocks, *SOURCES),
+                          device="any"))
