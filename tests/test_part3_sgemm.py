@@ -540,3 +540,54 @@ def test_v13_at_the_benchmark_sizes(size):
     c = sg.sgemm_async(a, b)
     rtol, atol = sg.tolerance_for_k(size)
     torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------- v12 against v13 in SASS
+# The sgemm chapter explains v13's loss to v12 on the H100 by dispatch stalls in the FMA loop (Nsight
+# Compute, outputs/<gpu>/ncu_counters_gemms.txt) and names register-bank conflicts as a known cause. The
+# compile-time side of that: how often an FFMA reads two of its sources, not served by the operand reuse
+# cache (.reuse), from one register bank. NVIDIA does not document the banks, so both models the
+# microbenchmark literature reports are counted: two banks (Volta and later) and four (Maxwell).
+
+def _sass_of(cu: str, define: str, tmp_path: Path) -> str:
+    from helpers import cuobjdump
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or Triton's NVIDIA backend)")
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / (Path(cu).stem + ".cubin")
+    cmd = [shutil.which("nvcc"), "-std=c++17", "-cubin", "-arch=sm_90", "-I", "csrc/common",
+           define.replace(",", "\\,"), cu, "-o", str(out)]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return subprocess.run([tool, "-sass", str(out)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def _same_bank_rate(sass: str, banks: int) -> float:
+    """The fraction of FFMAs with two sources read from the register file in one bank."""
+    import re
+    hits = total = 0
+    for m in re.finditer(r"FFMA R\d+, (-?R\w+)(\.reuse)?, (-?R\w+)(\.reuse)?, (-?R\w+)(\.reuse)?",
+                         sass):
+        read = [int(r.lstrip("-R")) % banks for r, reused in zip(m.groups()[::2], m.groups()[1::2])
+                if r.lstrip("-") != "RZ" and not reused]
+        total += 1
+        hits += any(read.count(b) >= 2 for b in set(read))
+    assert total >= 1024, "the inner loop's FFMAs were not found"
+    return hits / total
+
+
+@pytest.mark.op("sgemm")
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_v13_ffmas_read_one_bank_twice_more_often_than_v12s(tmp_path):
+    """v12's kernel (128 x 256 x 16, 256 threads) and v13's (128 x 128 x 16, 128 threads, 4 stages)
+    compiled by this nvcc for sm_90: under both bank models, v13's FFMAs read two register-file
+    sources from one bank at least 1.5 times as often as v12's (a compile-time count that fits the
+    measured dispatch stalls; it does not prove they are the cause)."""
+    v12 = _sass_of("csrc/part3/sgemm/v11_tuned.cu",
+                   "-DSGEMM_TUNED_CONFIGS=SGEMM_TUNED(128,256,16,64,64,256,8,0)", tmp_path)
+    v13 = _sass_of("csrc/part3/sgemm/v13_async.cu",
+                   "-DSGEMM_ASYNC_CONFIGS=SGEMM_ASYNC(128,128,16,64,64,128,4,8)", tmp_path)
+    for banks in (2, 4):
+        assert _same_bank_rate(v13, banks) >= 1.5 * _same_bank_rate(v12, banks), banks
