@@ -1,0 +1,20 @@
+"""part8.kv-cache.1: Slots a paged cache wastes
+
+Chapter: docs/part8/kv-cache.md, exercise 1. Difficulty 1 of 4 (fill one line).
+
+A sequence of n tokens in a paged cache with blocks of b tokens holds ceil(n / b) blocks. Write
+wasted_slots(n, b), the slots of its blocks that hold no token, and expected_waste(b), the mean of
+wasted_slots over lengths spread evenly over the residues modulo b.
+
+Check it:  python -m snippets exercise check part8.kv-cache.1
+"""
+
+
+def wasted_slots(n: int, block_size: int) -> int:
+    """Slots of the ceil(n / block_size) blocks of an n-token sequence that hold no token."""
+    raise NotImplementedError("YOUR CODE HERE")
+
+
+def expected_waste(block_size: int) -> float:
+    """The mean of wasted_slots(n, block_size) over n = 0 .. block_size - 1 (each residue once)."""
+    raise NotImplementedError("YOUR CODE HERE")
