@@ -1,6 +1,6 @@
-"""Part 8's exercises: inference. Models of a decode step's bytes, the paged cache's bookkeeping, the
-split-KV merge, int4 packing, the speculative acceptance rule and a continuous-batching scheduler, all
-checked on a CPU against the book's own functions (snippets/part8/)."""
+"""Part 8's exercises: inference. Models of a decode step's bytes, the paged cache's bookkeeping,
+the split-KV merge, int4 packing, the speculative acceptance rule and a continuous-batching
+scheduler, all checked on a CPU against the book's own functions (snippets/part8/)."""
 
 from __future__ import annotations
 
@@ -14,21 +14,21 @@ from exercises.catalog.helpers import close
 from exercises.engine import Exercise, Failure, Run
 
 
-# ------------------------------------------------------------------------------------------- kv-cache.1
+# --------------------------------------------------------------------------------------- kv-cache.1
 def _check_waste(run: Run) -> None:
     from snippets.part8.kv_cache import paged_waste
 
     mine = run.module()
     cases = [(n, b) for b in (1, 2, 16, 5) for n in range(1, 3 * b + 2)]
     with run.case(f"wasted_slots() on {len(cases)} lengths and block sizes, against the book's "
-                  "paged_waste", hint="the blocks hold b * ceil(n / b) slots; a length that b divides "
-                                      "wastes nothing"):
+                  "paged_waste", hint="the blocks hold b * ceil(n / b) slots; a length that b "
+                                      "divides wastes nothing"):
         compare.functions("wasted_slots", getattr(mine, "wasted_slots", None),
                           lambda n, b: paged_waste([n], b).wasted, cases)
     sizes = [(1,), (2,), (16,), (7,), (64,)]
     with run.case("expected_waste() against the mean over one length of each residue",
-                  hint="average wasted_slots(r, b) over r = 0 .. b - 1: the residues 1 .. b - 1 waste "
-                       "b - 1 .. 1, residue 0 wastes nothing"):
+                  hint="average wasted_slots(r, b) over r = 0 .. b - 1: the residues 1 .. b - 1 "
+                       "waste b - 1 .. 1, residue 0 wastes nothing"):
         compare.functions("expected_waste", getattr(mine, "expected_waste", None),
                           lambda b: sum(-r % b for r in range(b)) / b, sizes)
 
@@ -36,17 +36,18 @@ def _check_waste(run: Run) -> None:
 block_waste = Exercise(
     id="part8.kv-cache.1", title="Slots a paged cache wastes", difficulty=1, kind="model",
     files=("part8/block_waste.py",),
-    task="A sequence of n tokens in a paged cache with blocks of b tokens holds ceil(n / b) blocks. Write "
-         "wasted_slots(n, b), the slots of its blocks that hold no token, and expected_waste(b), its mean "
-         "over lengths spread evenly over the residues modulo b.",
-    hint="-n % b is b * ceil(n / b) - n in Python; the mean of 0, b - 1, b - 2, ..., 1 is (b - 1) / 2",
+    task="A sequence of n tokens in a paged cache with blocks of b tokens holds ceil(n / b) "
+         "blocks. Write wasted_slots(n, b), the slots of its blocks that hold no token, and "
+         "expected_waste(b), its mean over lengths spread evenly over the residues modulo b.",
+    hint="-n % b is b * ceil(n / b) - n in Python; the mean of 0, b - 1, b - 2, ..., 1 is (b - 1) "
+         "/ 2",
     check=_check_waste,
     planted={"full_block_when_divisible": "wasted_slots(1, 1) = 1, expected 0",
              "half_a_block": "expected_waste("},
 )
 
 
-# ------------------------------------------------------------------------------ decode-memory-bound.6
+# ---------------------------------------------------------------------------- decode-memory-bound.6
 def _configs():
     from snippets.part8 import decode_model as dm
 
@@ -65,41 +66,49 @@ def _check_decode_bytes(run: Run) -> None:
     from snippets.part8 import decode_model as dm
 
     mine, cfgs = run.module(), _configs()
-    with run.case("kv_bytes_per_token() against the book's, on Llama 3 8B, 70B, an fp8 cache and a tiny "
-                  "model", hint="K and V (2) per layer, per KV head (not query head), head_dim elements "
-                                "of kv_dtype_bytes each"):
+    with run.case("kv_bytes_per_token() against the book's, on Llama 3 8B, 70B, an fp8 cache and a "
+                  "tiny "
+                  "model", hint="K and V (2) per layer, per KV head (not query head), head_dim "
+                                "elements of kv_dtype_bytes each"):
         compare.functions("kv_bytes_per_token", getattr(mine, "kv_bytes_per_token", None),
                           dm.kv_bytes_per_token, [(c,) for c in cfgs])
     steps = [(c, b, n) for c in cfgs for b in (1, 3, 64) for n in (0, 1, 4095)]
     with run.case(f"step_bytes() on {len(steps)} (model, batch, context) sets, against the book's "
                   "decode_step_bytes", hint="the weights are read once whatever the batch; each "
-                                            "sequence reads its context and writes one new token's K "
-                                            "and V: (context + 1) tokens of cache"):
-        compare.functions("step_bytes", getattr(mine, "step_bytes", None), dm.decode_step_bytes, steps)
+                                            "sequence reads its context and writes one new token's "
+                                            "K and V: (context + 1) tokens of cache"):
+        compare.functions("step_bytes", getattr(mine, "step_bytes", None), dm.decode_step_bytes,
+                          steps)
     with run.case("bytes_per_token()", hint="a step decodes one token per sequence"):
         compare.functions("bytes_per_token", getattr(mine, "bytes_per_token", None),
                           lambda c, b, n: dm.decode_step_bytes(c, b, n) / b, steps)
     with run.case(f"step_flops() on {len(steps)} sets, against the book's decode_step_flops",
-                  hint="2 FLOPs per matmul weight per token; attention's q.k and p.v are 4 * head_dim "
-                       "per query head (not KV head) and attended token, context + 1 of them"):
-        compare.functions("step_flops", getattr(mine, "step_flops", None), dm.decode_step_flops, steps)
+                  hint="2 FLOPs per matmul weight per token; attention's q.k and p.v are 4 * "
+                       "head_dim per query head (not KV head) and attended token, context + 1 of "
+                       "them"):
+        compare.functions("step_flops", getattr(mine, "step_flops", None), dm.decode_step_flops,
+                          steps)
     machines = [(3e12, 8e14), (4.8e12, 9.9e14), (1e12, 1e15)]
     cases = [(c, n, bw, pk) for c in cfgs for n in (0, 512, 4096, 100000) for bw, pk in machines]
-    with run.case(f"compute_bound_batch() on {len(cases)} (model, context, machine) sets, against the "
+    with run.case(f"compute_bound_batch() on {len(cases)} (model, context, machine) sets, against "
+                  "the "
                   "book's", hint="B f / peak >= (W + B k) / bw with W the weights' bytes and, per "
-                                 "sequence, k bytes and f FLOPs: none when f / peak <= k / bw; settle the "
-                                 "boundary with the exact counts, not the rounded closed form"):
+                                 "sequence, k bytes and f FLOPs: none when f / peak <= k / bw; "
+                                 "settle the boundary with the exact counts, not the rounded "
+                                 "closed form"):
         compare.functions("compute_bound_batch", getattr(mine, "compute_bound_batch", None),
                           dm.compute_bound_batch, cases)
 
 
 decode_bytes = Exercise(
-    id="part8.decode-memory-bound.6", title="Bytes per decoded token, and where decode turns compute-bound",
+    id="part8.decode-memory-bound.6", title="Bytes per decoded token, and where decode turns "
+                                            "compute-bound",
     difficulty=2, kind="model", files=("part8/decode_bytes.py",),
-    task="Write the chapter's decode model for a DecoderConfig: the bytes one token adds to the KV cache, "
-         "the bytes of one decode step (weights once, the batch's embedding rows, each sequence's cache "
-         "read and its new token's K and V written), the bytes per decoded token, the step's FLOPs, and "
-         "the smallest batch at which the FLOPs take at least as long as the bytes (None if none does).",
+    task="Write the chapter's decode model for a DecoderConfig: the bytes one token adds to the KV "
+         "cache, the bytes of one decode step (weights once, the batch's embedding rows, each "
+         "sequence's cache read and its new token's K and V written), the bytes per decoded token, "
+         "the step's FLOPs, and the smallest batch at which the FLOPs take at least as long as the "
+         "bytes (None if none does).",
     hint="matmul_params(cfg) is given; only the KV cache grows with the batch as well as the FLOPs",
     check=_check_decode_bytes,
     planted={"no_new_token": "step_bytes(", "weights_per_sequence": "step_bytes(",
@@ -107,14 +116,15 @@ decode_bytes = Exercise(
 )
 
 
-# ------------------------------------------------------------------------------------ decode-attention.6
+# ------------------------------------------------------------------------------- decode-attention.6
 def _attention_ref(q, k, v):
     s = (k @ q) / math.sqrt(q.shape[0])
     return torch.softmax(s, 0) @ v, torch.logsumexp(s, 0)
 
 
 def _chunks(n: int, splits: int, tile: int) -> list[tuple[int, int]]:
-    """The split kernel's chunks: ceil(ceil(n / splits) / tile) tiles each, some empty at the end."""
+    """The split kernel's chunks: ceil(ceil(n / splits) / tile) tiles each, some empty at the
+    end."""
     c = tile * math.ceil(math.ceil(n / splits) / tile)
     return [(min(s * c, n), min((s + 1) * c, n)) for s in range(splits)]
 
@@ -126,25 +136,28 @@ def _check_split_merge(run: Run) -> None:
         if not callable(getattr(mine, fn, None)):
             raise Failure(f"{fn} is missing or not a function")
     with run.case("partial() on one chunk of 37 tokens: its softmax output and its log-sum-exp",
-                  hint="o_s is the chunk's own softmax (normalised by the chunk's sum) times its V rows; "
-                       "lse_s = m + log(sum exp(s - m)) with m the chunk's largest score"):
-        q, k, v = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((32,), (50, 32), (50, 32)))
+                  hint="o_s is the chunk's own softmax (normalised by the chunk's sum) times its V "
+                       "rows; lse_s = m + log(sum exp(s - m)) with m the chunk's largest score"):
+        q, k, v = (torch.randn(*s, generator=g, dtype=torch.float64)
+                   for s in ((32,), (50, 32), (50, 32)))
         o, lse = mine.partial(q, k, v, 5, 42)
         o_ref, lse_ref = _attention_ref(q, k[5:42], v[5:42])
         close("o_s", o, o_ref, 1e-10, 1e-12)
         compare.number("lse_s", float(lse), float(lse_ref), 1e-10, 1e-12)
-    with run.case("partial() on an empty chunk", hint="an empty chunk has no scores: return zeros and "
-                                                      "-inf, which the merge weighs by exp(-inf) = 0"):
+    with run.case("partial() on an empty "
+                  "chunk", hint="an empty chunk has no scores: return zeros and -inf, which the "
+                                "merge weighs by exp(-inf) = 0"):
         o, lse = mine.partial(q, k, v, 50, 50)
         close("o_s of an empty chunk", o, torch.zeros(32, dtype=torch.float64), 0, 0)
         compare.number("lse_s of an empty chunk", float(lse), -math.inf)
-    for n, splits, tile, d, scale in ((100, 8, 64, 32, 1.0), (257, 4, 16, 64, 1.0), (1, 3, 16, 16, 1.0),
-                                      (300, 5, 16, 64, 6.0)):
+    for n, splits, tile, d, scale in ((100, 8, 64, 32, 1.0), (257, 4, 16, 64, 1.0),
+                                      (1, 3, 16, 16, 1.0), (300, 5, 16, 64, 6.0)):
         chunks = _chunks(n, splits, tile)
         empty = sum(a == b for a, b in chunks)
-        what = f"{n} tokens in {splits} chunks of tiles of {tile} ({empty} empty), scores of size {scale**2:g}"
-        with run.case(what, hint="weigh each chunk's o_s by exp(lse_s - M) / sum of them, M the largest "
-                                 "lse_s: a chunk's share of the whole softmax sum"):
+        what = (f"{n} tokens in {splits} chunks of tiles of {tile} ({empty} empty), scores of size "
+                f"{scale**2:g}")
+        with run.case(what, hint="weigh each chunk's o_s by exp(lse_s - M) / sum of them, M the "
+                                 "largest lse_s: a chunk's share of the whole softmax sum"):
             q = torch.randn(d, generator=g, dtype=torch.float64) * scale
             k = torch.randn(n, d, generator=g, dtype=torch.float64) * scale
             v = torch.randn(n, d, generator=g, dtype=torch.float64)
@@ -155,19 +168,20 @@ def _check_split_merge(run: Run) -> None:
 
 
 split_merge = Exercise(
-    id="part8.decode-attention.6", title="Split-KV: merge partial results by log-sum-exp", difficulty=2,
+    id="part8.decode-attention.6", title="Split-KV: merge partial results by "
+                                         "log-sum-exp", difficulty=2,
     kind="python", files=("part8/split_merge.py",),
-    task="Write partial(q, k, v, start, end), one chunk's normalised attention output and log-sum-exp "
-         "(0 and -inf for an empty chunk), and merge(o, lse), which combines the chunks into softmax(q K^T / "
-         "sqrt(D)) V over all tokens.",
-    hint="in a chunk: m = max score, e = exp(s - m), o_s = e V / sum e, lse_s = m + log(sum e); merging: "
-         "w_s = exp(lse_s - max lse), o = sum w_s o_s / sum w_s",
+    task="Write partial(q, k, v, start, end), one chunk's normalised attention output and "
+         "log-sum-exp (0 and -inf for an empty chunk), and merge(o, lse), which combines the "
+         "chunks into softmax(q K^T / sqrt(D)) V over all tokens.",
+    hint="in a chunk: m = max score, e = exp(s - m), o_s = e V / sum e, lse_s = m + log(sum e); "
+         "merging: w_s = exp(lse_s - max lse), o = sum w_s o_s / sum w_s",
     check=_check_split_merge,
     planted={"weights_not_normalised": "merged[", "lse_without_max": "lse_s ="},
 )
 
 
-# ------------------------------------------------------------------------------------------ quantisation.11
+# ---------------------------------------------------------------------------------- quantisation.11
 def _check_int4(run: Run) -> None:
     from snippets.part8 import quant as qt
 
@@ -184,8 +198,8 @@ def _check_int4(run: Run) -> None:
         for zp in (False, True):
             kind = "with zero points" if zp else "symmetric"
             with run.case(f"a {n} x {k} weight in groups of {gs}, {kind}: scales and zero points",
-                          hint="symmetric: max|w| / 7 (not 8); with zero points: widen [min, max] to "
-                               "include 0, scale (max - min) / 15, zero round(-min / scale)"):
+                          hint="symmetric: max|w| / 7 (not 8); with zero points: widen [min, max] "
+                               "to include 0, scale (max - min) / 15, zero round(-min / scale)"):
                 scales, zeros = mine.int4_params(w, gs, zp)
                 ref_s, ref_z = qt.int4_params(w, gs, zp)
                 close("scales", scales, ref_s, 0, 0)
@@ -209,18 +223,20 @@ def _check_int4(run: Run) -> None:
 int4_pack = Exercise(
     id="part8.quantisation.11", title="int4 with group scales: round, pack, unpack", difficulty=3,
     kind="python", files=("part8/int4_pack.py",),
-    task="Quantise an (N, K) weight to int4 codes 0..15 in groups along K, round to nearest, symmetric (scale "
-         "max|w| / 7, zero point 8) and with zero points ([min, max] widened to include 0 over codes 0..15); "
-         "dequantise; pack two codes per byte (code 2j low nibble, 2j + 1 high) and unpack. The check "
-         "compares every step with the book's snippets/part8/quant.py bit for bit.",
-    hint="compute in float64 and round the scales to float32 at the end; reshape (N, K) to (N, K / g, g) for "
-         "the per-group max and min",
+    task="Quantise an (N, K) weight to int4 codes 0..15 in groups along K, round to nearest, "
+         "symmetric (scale max|w| / 7, zero point 8) and with zero points ([min, max] widened to "
+         "include 0 over codes 0..15); dequantise; pack two codes per byte (code 2j low nibble, 2j "
+         "+ 1 high) and unpack. The check compares every step with the book's "
+         "snippets/part8/quant.py bit for bit.",
+    hint="compute in float64 and round the scales to float32 at the end; reshape (N, K) to (N, K / "
+         "g, g) for the per-group max and min",
     check=_check_int4,
-    planted={"scale_over_8": "scales[", "no_widen_to_zero": "scales[", "nibbles_swapped": "packed["},
+    planted={"scale_over_8": "scales[", "no_widen_to_zero": "scales[",
+             "nibbles_swapped": "packed["},
 )
 
 
-# --------------------------------------------------------------------------------- speculative-decoding.7
+# --------------------------------------------------------------------------- speculative-decoding.7
 _SPEC_N = 6000  # passes per sampling case: a few seconds on a CPU
 
 
@@ -228,7 +244,8 @@ def _spec_models():
     from snippets.part8 import speculative as sp
     from snippets.part8.serving import TinyDecoder
 
-    base = TinyDecoder(vocab=6, hidden=16, layers=2, heads=2, ffn=32, seed=3)  # tests/test_part8_speculative
+    # the models of tests/test_part8_speculative.py
+    base = TinyDecoder(vocab=6, hidden=16, layers=2, heads=2, ffn=32, seed=3)
     return sp.LM(base), sp.LM(sp.noisy_copy(base, 0.5))
 
 
@@ -246,31 +263,33 @@ def _check_verify(run: Run) -> None:
         raise Failure("verify is missing or not a function")
     g = torch.Generator().manual_seed(88)
     with run.case("p equal to q: every guess is kept, then a bonus token",
-                  hint="keep guess i when a uniform draw is below min(1, p_i(x) / q_i(x)): 1 when p = q"):
+                  hint="keep guess i when a uniform draw is below min(1, p_i(x) / q_i(x)): 1 when "
+                       "p = q"):
         for _ in range(50):
             p = torch.softmax(torch.randn(3, 6, generator=g, dtype=torch.float64), 1)
             drafts = [int(torch.multinomial(p[i], 1, generator=g)) for i in range(2)]
             out = _emitted(verify(p, p[:2].clone(), drafts, g), 2)
             if len(out) != 3 or out[:2] != drafts:
-                raise Failure(f"with p = q and guesses {drafts}, verify returned {out}: all guesses "
-                              "should be kept and a bonus token added")
+                raise Failure(f"with p = q and guesses {drafts}, verify returned {out}: all "
+                              "guesses should be kept and a bonus token added")
     with run.case("a guess the target never emits (p = 0) is always rejected and replaced",
-                  hint="at a rejection, draw from max(0, p - q) normalised: never a token with p = 0"):
+                  hint="at a rejection, draw from max(0, p - q) normalised: never a token with p = "
+                       "0"):
         p = torch.tensor([[0.0, 0.5, 0.5, 0.0], [0.25] * 4], dtype=torch.float64)
         q = torch.tensor([[0.7, 0.1, 0.1, 0.1]], dtype=torch.float64)
         for _ in range(100):
             out = _emitted(verify(p, q, [0], g), 1)
             if out[0] not in (1, 2) or len(out) != 1:
-                raise Failure(f"guess 0 has p = 0 but verify returned {out}: it must be rejected, and "
-                              "the replacement drawn where p > q (tokens 1 or 2)")
+                raise Failure(f"guess 0 has p = 0 but verify returned {out}: it must be rejected, "
+                              "and the replacement drawn where p > q (tokens 1 or 2)")
     target, draft = _spec_models()
     context = [1, 4, 2]
     want = sp.target_two_tokens(target, context)
     for k in (1, 2):
-        with run.case(f"{_SPEC_N} passes with k = {k} guesses: the first two tokens against the target's "
-                      "distribution (chi-square)",
-                      hint="the residual is max(0, p - q), not p; the bonus token comes from p[k], the row "
-                           "after the last guess; keep with min(1, p / q), not q / p"):
+        with run.case(f"{_SPEC_N} passes with k = {k} guesses: the first two tokens against the "
+                      "target's distribution (chi-square)",
+                      hint="the residual is max(0, p - q), not p; the bonus token comes from p[k], "
+                           "the row after the last guess; keep with min(1, p / q), not q / p"):
             gen = torch.Generator().manual_seed(89 + k)
             counts = torch.zeros(6, 6, dtype=torch.float64)
             for _ in range(_SPEC_N):
@@ -280,25 +299,30 @@ def _check_verify(run: Run) -> None:
                     for _ in range(k):
                         qs.append(draft.dists(seq + drafts)[0])
                         drafts.append(int(torch.multinomial(qs[-1], 1, generator=gen)))
-                    seq += _emitted(verify(target.dists(seq, drafts), torch.stack(qs), drafts, gen), k)
+                    out = verify(target.dists(seq, drafts), torch.stack(qs), drafts, gen)
+                    seq += _emitted(out, k)
                 counts[seq[3], seq[4]] += 1
             stat, df = sp.chi_square(counts, want)
             bound = sp.chi_square_bound(df)
             if not stat < bound:
-                cell = ((counts - _SPEC_N * want).abs() / (_SPEC_N * want).clamp(min=1e-9).sqrt()).argmax()
+                expected = _SPEC_N * want
+                cell = ((counts - expected).abs() / expected.clamp(min=1e-9).sqrt()).argmax()
                 x, y = divmod(int(cell), 6)
-                raise Failure(f"the first two tokens do not follow the target: chi-square {stat:.1f} > bound "
-                              f"{bound:.1f} ({df} degrees of freedom); tokens ({x}, {y}) came "
-                              f"{int(counts[x, y])} times, the target gives {_SPEC_N * float(want[x, y]):.0f}")
+                raise Failure("the first two tokens do not follow the target: chi-square "
+                              f"{stat:.1f} > bound {bound:.1f} ({df} degrees of freedom); tokens "
+                              f"({x}, {y}) came {int(counts[x, y])} times, the target gives "
+                              f"{_SPEC_N * float(want[x, y]):.0f}")
 
 
 spec_verify = Exercise(
-    id="part8.speculative-decoding.7", title="The acceptance rule of speculative decoding", difficulty=3,
+    id="part8.speculative-decoding.7", title="The acceptance rule of speculative "
+                                             "decoding", difficulty=3,
     kind="python", files=("part8/spec_verify.py",),
-    task="Write verify(p, q, drafts, gen): keep guess i with probability min(1, p_i(x) / q_i(x)); at the "
-         "first rejection emit a token from the residual max(0, p_i - q_i) normalised, and stop; if all k "
-         "are kept, emit a bonus token from p_k. The check samples many passes with the book's tiny models "
-         "and tests the first two tokens' distribution against the target's (chi-square, fixed seed).",
+    task="Write verify(p, q, drafts, gen): keep guess i with probability min(1, p_i(x) / q_i(x)); "
+         "at the first rejection emit a token from the residual max(0, p_i - q_i) normalised, and "
+         "stop; if all k are kept, emit a bonus token from p_k. The check samples many passes with "
+         "the book's tiny models and tests the first two tokens' distribution against the target's "
+         "(chi-square, fixed seed).",
     hint="uniform(gen) and sample(dist, gen) are given; a pass emits between 1 and k + 1 tokens",
     check=_check_verify,
     planted={"resample_from_p": "chi-square", "bonus_from_last_guess": "chi-square",
@@ -306,7 +330,7 @@ spec_verify = Exercise(
 )
 
 
-# ---------------------------------------------------------------------------------------------- kv-cache.6
+# --------------------------------------------------------------------------------------- kv-cache.6
 def _check_paged_fork(run: Run) -> None:
     from snippets.part8.kv_cache import OutOfBlocks, PagedKVCache
 
@@ -316,9 +340,10 @@ def _check_paged_fork(run: Run) -> None:
             raise Failure(f"{name} is missing")
     for seed, num_blocks, block_size, ops in ((90, 64, 4, 400), (91, 12, 3, 400), (92, 40, 1, 300)):
         what = f"{ops} random operations on {num_blocks} blocks of {block_size} (seed {seed})"
-        with run.case(what, hint="fork: share each of the parent's blocks and copy its table; append: a "
-                                 "new block when the slot is 0, else a private copy of the last block first "
-                                 "when its count is above 1 (allocate the copy before freeing the shared one)"):
+        with run.case(what, hint="fork: share each of the parent's blocks and copy its table; "
+                                 "append: a new block when the slot is 0, else a private copy of "
+                                 "the last block first when its count is above 1 (allocate the "
+                                 "copy before freeing the shared one)"):
             _replay(mod, PagedKVCache, OutOfBlocks, seed, num_blocks, block_size, ops)
 
 
@@ -368,15 +393,16 @@ def _replay(mod, PagedKVCache, OutOfBlocks, seed, num_blocks, block_size, ops) -
             if got is not expected:
                 what = "returned" if got is None else f"raised {got.__name__}"
                 want = "succeed" if expected is None else f"raise {expected.__name__}"
-                raise Failure(f"operation {step} ({_fmt_op(op)}): append {what}, the book's cache would "
-                              f"{want} ({book.allocator.num_free} block(s) free, sequence {seq} has "
-                              f"{book.length[seq]} tokens)")
+                raise Failure(f"operation {step} ({_fmt_op(op)}): append {what}, the book's cache "
+                              f"would {want} ({book.allocator.num_free} block(s) free, sequence "
+                              f"{seq} has {book.length[seq]} tokens)")
         _compare_state(mine, book, step, op, live)
 
 
 def _fmt_op(op) -> str:
     return {"add": lambda: f"add_sequence({op[1]})", "fork": lambda: f"fork({op[1]}, {op[2]})",
-            "free": lambda: f"free({op[1]})", "append": lambda: f"append({op[1]}, {op[2]:g})"}[op[0]]()
+            "free": lambda: f"free({op[1]})", "append": lambda: f"append({op[1]}, "
+                                                                f"{op[2]:g})"}[op[0]]()
 
 
 def _compare_state(mine, book, step, op, live) -> None:
@@ -384,35 +410,39 @@ def _compare_state(mine, book, step, op, live) -> None:
     for s in live:
         if mine.tables.get(s) != book.tables[s] or mine.length.get(s) != book.length[s]:
             raise Failure(f"{where}: sequence {s} has block table {mine.tables.get(s)} and length "
-                          f"{mine.length.get(s)}; the book's cache has {book.tables[s]} and {book.length[s]}")
+                          f"{mine.length.get(s)}; the book's cache has {book.tables[s]} and "
+                          f"{book.length[s]}")
         toks = [float(t) for t in book.gather(s)[0].flatten()]
         got = mine.tokens(s)
         if got != toks:
-            raise Failure(f"{where}: tokens(seq {s}) = {got}, the book's cache holds {toks} (a write into a "
-                          "block another sequence shares, or a copy that lost tokens)")
+            raise Failure(f"{where}: tokens(seq {s}) = {got}, the book's cache holds {toks} (a "
+                          "write into a block another sequence shares, or a copy that lost "
+                          "tokens)")
     for b in range(book.allocator.num_blocks):
         if mine.allocator.refcount(b) != book.allocator.refcount(b):
-            raise Failure(f"{where}: block {b} has refcount {mine.allocator.refcount(b)}, the book's cache "
-                          f"has {book.allocator.refcount(b)}")
+            raise Failure(f"{where}: block {b} has refcount {mine.allocator.refcount(b)}, the "
+                          f"book's cache has {book.allocator.refcount(b)}")
 
 
 paged_fork = Exercise(
-    id="part8.kv-cache.6", title="Fork and copy-on-write in a paged cache", difficulty=3, kind="python",
+    id="part8.kv-cache.6", title="Fork and copy-on-write in a paged "
+                                 "cache", difficulty=3, kind="python",
     files=("part8/paged_fork.py",),
-    task="Write fork(parent, child) and append(seq, token) of a paged cache's bookkeeping on the book's "
-         "BlockAllocator: fork shares every block of the parent (counts up, no copy); append writes at "
-         "position length, taking a new block when the last is full and copying a shared last block first "
-         "(copy-on-write); OutOfBlocks leaves everything unchanged. The check runs random traces of add, "
-         "fork, append and free against the book's PagedKVCache.",
-    hint="slot = length % block_size; slot 0 needs a new block; otherwise a last block with refcount > 1 "
-         "is shared: allocate a fresh one, copy the first slot tokens, free the shared one, replace it",
+    task="Write fork(parent, child) and append(seq, token) of a paged cache's bookkeeping on the "
+         "book's BlockAllocator: fork shares every block of the parent (counts up, no copy); "
+         "append writes at position length, taking a new block when the last is full and copying a "
+         "shared last block first (copy-on-write); OutOfBlocks leaves everything unchanged. The "
+         "check runs random traces of add, fork, append and free against the book's PagedKVCache.",
+    hint="slot = length % block_size; slot 0 needs a new block; otherwise a last block with "
+         "refcount > 1 is shared: allocate a fresh one, copy the first slot tokens, free the "
+         "shared one, replace it",
     check=_check_paged_fork,
     planted={"no_copy_on_write": "block table", "fork_without_share": "refcount",
              "copy_keeps_shared": "refcount"},
 )
 
 
-# ---------------------------------------------------------------------------------------------- serving.7
+# ---------------------------------------------------------------------------------------- serving.7
 def _book_token_steps(trace, num_blocks, block_size, max_batch):
     from snippets.part8 import decode_model as dm
     from snippets.part8.serving import simulate
@@ -442,23 +472,24 @@ def _check_scheduler(run: Run) -> None:
         reqs = [(p, o) for p, o in reqs if -(-(p + o) // block_size) <= num_blocks]
         what = (f"{len(reqs)} requests, {num_blocks} blocks of {block_size}, batch {max_batch} "
                 f"(seed {seed})")
-        with run.case(what, hint="admit: while a slot is free and the head of the queue's blocks for its "
-                                 "target fit, move it (break at the first that does not: first come, first "
-                                 "served); make_room: on OutOfBlocks pop the last of running, free its blocks, "
-                                 "set cached = 0 and target = prompt + generated, put it at the front of "
-                                 "waiting"):
+        with run.case(what, hint="admit: while a slot is free and the head of the queue's blocks "
+                                 "for its target fit, move it (break at the first that does not: "
+                                 "first come, first served); make_room: on OutOfBlocks pop the "
+                                 "last of running, free its blocks, set cached = 0 and target = "
+                                 "prompt + generated, put it at the front of waiting"):
             trace = [Request(i, 0.0, p, o) for i, (p, o) in enumerate(reqs)]
             want, steps, preemptions = _book_token_steps(trace, num_blocks, block_size, max_batch)
             seqs, got_steps, got_pre = mod.serve(reqs, num_blocks, block_size, max_batch)
             for s in seqs:
                 w_steps, w_pre = want[s.rid]
                 if s.token_steps != w_steps:
-                    first = next((i for i, (a, b) in enumerate(zip(s.token_steps, w_steps)) if a != b),
+                    pairs = enumerate(zip(s.token_steps, w_steps))
+                    first = next((i for i, (a, b) in pairs if a != b),
                                  min(len(s.token_steps), len(w_steps)))
                     raise Failure(f"request {s.rid} (prompt {s.prompt}, output {s.output}): token "
-                                  f"{first} at step {_at(s.token_steps, first)}, the book's scheduler emits "
-                                  f"it at step {_at(w_steps, first)} (preempted {s.preempted} time(s), the "
-                                  f"book: {w_pre})")
+                                  f"{first} at step {_at(s.token_steps, first)}, the book's "
+                                  f"scheduler emits it at step {_at(w_steps, first)} (preempted "
+                                  f"{s.preempted} time(s), the book: {w_pre})")
             compare.number("steps", got_steps, steps)
             compare.number("preemptions", got_pre, preemptions)
 
@@ -468,17 +499,20 @@ def _at(xs, i):
 
 
 scheduler = Exercise(
-    id="part8.serving.7", title="Continuous batching: admission and preemption", difficulty=3, kind="python",
+    id="part8.serving.7", title="Continuous batching: admission and "
+                                "preemption", difficulty=3, kind="python",
     files=("part8/scheduler.py",),
-    task="Write the two decisions of a continuous-batching engine's step (the loop is given): admit, first "
-         "come, first served, while a batch slot is free and the free blocks hold the waiting request's "
-         "tokens to prefill; make_room, which gives each running sequence the block for its next token and, "
-         "when none is free, preempts the latest admitted (recompute). The check replays traces through the "
-         "book's simulator and compares the step of every token.",
-    hint="grow(s, tokens, alloc, block_size) and release(s, alloc) are given; a preempted sequence is "
-         "prefilled again over prompt + generated tokens",
+    task="Write the two decisions of a continuous-batching engine's step (the loop is given): "
+         "admit, first come, first served, while a batch slot is free and the free blocks hold the "
+         "waiting request's tokens to prefill; make_room, which gives each running sequence the "
+         "block for its next token and, when none is free, preempts the latest admitted "
+         "(recompute). The check replays traces through the book's simulator and compares the step "
+         "of every token.",
+    hint="grow(s, tokens, alloc, block_size) and release(s, alloc) are given; a preempted sequence "
+         "is prefilled again over prompt + generated tokens",
     check=_check_scheduler,
-    planted={"preempt_earliest": "the book's scheduler emits", "admit_skips_ahead": "the book's scheduler emits"},
+    planted={"preempt_earliest": "the book's scheduler "
+                                 "emits", "admit_skips_ahead": "the book's scheduler emits"},
 )
 
 EXERCISES = [block_waste, decode_bytes, split_merge, int4_pack, spec_verify, paged_fork, scheduler]
