@@ -1,4 +1,4 @@
-"""FlashAttention's forward on Hopper, step 1 (csrc/hopper_attn/flash_fwd.cu,
+"""FlashAttention's forward on Hopper, steps 1 and 2 (csrc/hopper_attn/flash_fwd.cu,
 snippets/part6/hopper_attention.py).
 
 On a CPU: the file compiles for sm_90a with the launcher's own nvcc command, without spills and
@@ -8,7 +8,11 @@ constants are the launcher's; its descriptors are snippets/part6/hopper.py's; th
 fragments it relies on (the accumulator of S is the A operand of P V) agree with CuTe's layouts; a
 transcription of its online softmax matches the float64 reference; bad inputs are refused before
 a launch. On an H100 / H200 (marked ``gpu``): o and lse against the float64 reference, within twice
-SDPA's own error; every element written; the same bits on every call."""
+SDPA's own error; every element written; the same bits on every call. Step 2 (ping-pong): its
+kernels use named barriers 1 and 2 (BAR.SYNC / BAR.ARV over 256 threads) and hand the turn on
+after issuing a turn's HGMMAs and before waiting for them; a model of the turn protocol runs every
+interleaving up to 64 key tiles (no deadlock, strict alternation, no pending arrival); on a GPU
+its output is v1's, bit for bit."""
 
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ pytestmark = pytest.mark.op("hopper_attention_fwd")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CU = REPO_ROOT / "csrc" / ha.CU_FILE
+ALL_KERNELS = {**{f"v1 d{d}": k for d, k in ha.KERNELS.items()},
+               **{f"v2 d{d}": k for d, k in ha.PINGPONG_KERNELS.items()}}
+ENTRY_POINTS = [ha.flash_fwd_hopper, ha.flash_fwd_hopper_pingpong]
 NVCC = shutil.which("nvcc")
 requires_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 
@@ -53,12 +60,20 @@ def test_compiles_for_sm90a_without_spills(cubin):
     _, report = cubin
     functions = parse_ptxas(report)
     kernels = {name for name, f in functions.items() if f["entry"]}
-    assert kernels == set(ha.KERNELS.values())
+    assert kernels == set(ALL_KERNELS.values())
     assert not spilling_functions(functions), report
     assert "C7515" not in report, f"ptxas serialises the wgmmas of a kernel:\n{report}"
     assert "warning" not in report.lower(), report
-    for name in ha.KERNELS.values():  # __launch_bounds__(384, 1) caps 65536 / 384
+    for name in ALL_KERNELS.values():  # __launch_bounds__(384, 1) caps 65536 / 384
         assert functions[name]["registers"] <= min(255, 65536 // ha.THREADS)
+    # ptxas counts the named barriers a kernel uses: 0 (__syncthreads) alone for step 1, and
+    # step 2's two turn barriers on top
+    used = dict(re.findall(r"Compiling entry function '(\w+)'.*?used (\d+) barriers", report,
+                           flags=re.S))
+    for name in ha.KERNELS.values():
+        assert used[name] == "1", report
+    for name in ha.PINGPONG_KERNELS.values():
+        assert used[name] == str(1 + len(ha.PINGPONG_BARRIERS)), report
 
 
 @requires_nvcc
@@ -67,17 +82,63 @@ def test_sass_uses_wgmma_tma_and_mbarriers(cubin):
     64xDx16 whose A is a register and whose B descriptor is transposed (tnspB); the tiles come by
     UTMALDG; the waits are SYNCS; setmaxnreg is USETMAXREG; nothing falls back to mma.sync."""
     sass = sass_by_function(cubin[0])
-    assert set(sass) == set(ha.KERNELS.values())
-    for d, name in ha.KERNELS.items():
+    assert set(sass) == set(ALL_KERNELS.values())
+    for d, name in [*ha.KERNELS.items(), *ha.PINGPONG_KERNELS.items()]:
         code = sass[name]
         qk = re.findall(r"HGMMA\.64x128x16\.F32\.BF16 R\d+, gdesc\[UR\d+\]", code)
         pv = re.findall(rf"HGMMA\.64x{d}x16\.F32\.BF16 R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", code)
         assert qk, f"{name}: no shared-memory HGMMA for Q K^T"
-        assert len(pv) == ha.BLOCK_N // 16, f"{name}: {len(pv)} register-A HGMMAs for P V"
+        # step 2 issues the P V of tiles 0 .. n-2 in its loop and the last one's after it
+        copies = 2 if name in ha.PINGPONG_KERNELS.values() else 1
+        assert len(pv) == copies * ha.BLOCK_N // 16, f"{name}: {len(pv)} register-A HGMMAs"
         assert "UTMALDG.3D" in code, f"{name}: no 3-D TMA load (one head per box)"
         assert "SYNCS.PHASECHK" in code, f"{name}: no mbarrier wait"
         assert "USETMAXREG" in code, f"{name}: no setmaxnreg"
         assert "HMMA" not in code.replace("HGMMA", ""), f"{name}: falls back to mma.sync"
+
+
+def _instructions(code: str) -> list[str]:
+    """The instructions of a cuobjdump listing, in order, without addresses and encodings."""
+    return re.findall(r"/\*[0-9a-f]{4}\*/\s+(.*?)\s*;", code)
+
+
+@requires_nvcc
+def test_sass_pingpong_barriers(cubin):
+    """Step 2's turns in the SASS: BAR.SYNC and BAR.ARV on barriers 1 and 2 over 0x100 (256)
+    threads, never on barrier 0 other than __syncthreads; each BAR.ARV that ends a turn comes after
+    that turn's HGMMAs and before the wait for them (WARPGROUP.DEPBAR): the turn is handed on
+    once the products are issued, not once they are done. Step 1 has no named barrier but 0."""
+    sass = sass_by_function(cubin[0])
+    ids = "|".join(f"0x{b:x}" for b in ha.PINGPONG_BARRIERS)
+    count = f"0x{ha.PINGPONG_THREADS:x}"
+    for name in ha.KERNELS.values():
+        code = _instructions(sass[name])
+        assert not any("BAR.ARV" in i for i in code), name
+        assert [i for i in code if "BAR.SYNC" in i] == ["BAR.SYNC.DEFER_BLOCKING 0x0"], name
+    for name in ha.PINGPONG_KERNELS.values():
+        code = _instructions(sass[name])
+        bars = [i for i in code if re.search(r"\bBAR\.(SYNC|ARV)", i)]
+        assert bars[0] == "BAR.SYNC.DEFER_BLOCKING 0x0", name  # __syncthreads, once
+        for i in bars[1:]:
+            assert re.fullmatch(rf"(@!?P\d+ )?BAR\.(SYNC\.DEFER_BLOCKING|ARV) ({ids}), {count}",
+                                i), f"{name}: {i}"
+        for b in ha.PINGPONG_BARRIERS:
+            assert any(f"BAR.ARV 0x{b:x}, {count}" in i for i in bars), f"{name}: no arrive {b}"
+            assert any(f"BAR.SYNC.DEFER_BLOCKING 0x{b:x}, {count}" in i for i in bars), name
+        # walk the code: after a turn's BAR.SYNC, HGMMAs, then BAR.ARV before any DEPBAR
+        handed, in_turn, hgmma, waited = 0, False, 0, False
+        for i in code:
+            if "BAR.SYNC" in i and "0x0" not in i.split()[-1]:
+                in_turn, hgmma, waited = True, 0, False
+            elif "HGMMA" in i and in_turn:
+                hgmma += 1
+            elif "WARPGROUP.DEPBAR" in i and in_turn:
+                waited = True
+            elif "BAR.ARV" in i and in_turn:
+                assert hgmma > 0 and not waited, f"{name}: a turn hands on at {i!r} after " \
+                    f"{hgmma} HGMMAs, waited {waited}"
+                handed += 1
+        assert handed >= 3, f"{name}: {handed} turn hand-overs (turn 0, the loop, the last)"
 
 
 @requires_nvcc
@@ -99,6 +160,7 @@ def _cu_constants() -> dict[str, int]:
 def test_constants_match_the_launcher():
     c = _cu_constants()
     assert (c["BLOCK_M"], c["BLOCK_N"], c["STAGES"]) == (ha.BLOCK_M, ha.BLOCK_N, ha.STAGES)
+    assert c["PINGPONG_STAGES"] == ha.PINGPONG_STAGES == ha.STEPS[2][1]
     assert (c["PANEL_COLS"], c["BOX_ROWS"], c["SWIZZLE_REPEAT"]) == (ha.PANEL_COLS, ha.BOX_ROWS,
                                                                      ha.SWIZZLE_REPEAT)
     assert (1 + c["CONSUMERS"]) * c["WG_THREADS"] == ha.THREADS
@@ -106,10 +168,15 @@ def test_constants_match_the_launcher():
     for d, name in ha.KERNELS.items():
         assert re.search(rf"__launch_bounds__\({ha.THREADS}, 1\)\s*{name}\(", text)
         assert f"ha::flash_fwd<{d}>" in text
-        # Smem<D>::LAUNCH_BYTES: Q + STAGES x (K + V) + the barriers + the alignment slack
+        assert re.search(rf"__launch_bounds__\({ha.THREADS}, 1\)\s*{ha.PINGPONG_KERNELS[d]}\(",
+                         text)
+        assert f"ha::flash_fwd<{d}, true>" in text
+        # Smem<D, NS>::LAUNCH_BYTES: Q + NS x (K + V) + the barriers + the alignment slack
         tile = c["BOX_ROWS"] * d * 2
-        assert ha.smem_bytes(d) == (tile * (1 + 2 * c["STAGES"]) + (1 + 2 * c["STAGES"]) * 8
-                                    + c["SWIZZLE_REPEAT"])
+        for stages in (c["STAGES"], c["PINGPONG_STAGES"]):
+            assert ha.smem_bytes(d, stages) == (tile * (1 + 2 * stages) + (1 + 2 * stages) * 8
+                                                + c["SWIZZLE_REPEAT"])
+            assert ha.smem_bytes(d, stages) <= 227 * 1024
 
 
 # --------------------------------------------------------------------------------------------------
@@ -188,10 +255,12 @@ def test_p_fragment_is_the_register_a_operand():
                 assert _acc_coord(ha.BLOCK_N, t, 8 * kk + v) == (row, 16 * kk + col)
 
 
-def _kernel_transcription(q, k, v, causal, scale):
+def _kernel_transcription(q, k, v, causal, scale, deferred=False):
     """flash_fwd.cu's arithmetic in float32 on one (S, D) head: tiles of 128 keys, scores in log2
     units, the last tile masked (keys >= S, keys right of the diagonal), m = -inf guarded, p
-    rounded to bf16 before P V, l summed from the unrounded p, lse = (m + log2 l) ln 2."""
+    rounded to bf16 before P V, l summed from the unrounded p, lse = (m + log2 l) ln 2.
+    ``deferred``: step 2's order, P_t V_t added in the next turn (before tile t + 1's softmax
+    rescales O) or after the loop, instead of right after tile t's softmax."""
     s, d = q.shape
     q, k, v = q.float(), k.float(), v.float()
     o = torch.empty(s, d)
@@ -201,9 +270,12 @@ def _kernel_transcription(q, k, v, causal, scale):
         acc = torch.zeros(len(rows), d)
         m = torch.full((len(rows),), float("-inf"))
         l_sum = torch.zeros(len(rows))
+        pending = None  # step 2: (P_{t-1}, V_{t-1}), issued in turn t
         key_tiles = -(-s // ha.BLOCK_N)
         n_tiles = min(key_tiles, m0 // ha.BLOCK_M + 1) if causal else key_tiles
         for t in range(n_tiles):
+            if pending is not None:  # turn t: O += P_{t-1} V_{t-1}, before the softmax of t
+                acc = acc + pending[0] @ pending[1]
             keys = torch.arange(t * ha.BLOCK_N, min((t + 1) * ha.BLOCK_N, s))
             sc = (q[rows] @ k[keys].T) * (scale * ha.LOG2E)
             if t == n_tiles - 1 and causal:
@@ -214,7 +286,13 @@ def _kernel_transcription(q, k, v, causal, scale):
             p = torch.exp2(sc - m_use[:, None])
             l_sum = l_sum * alpha + p.sum(dim=1)
             m = mx
-            acc = acc * alpha[:, None] + p.bfloat16().float() @ v[keys]
+            if deferred:
+                acc = acc * alpha[:, None]
+                pending = (p.bfloat16().float(), v[keys])
+            else:
+                acc = acc * alpha[:, None] + p.bfloat16().float() @ v[keys]
+        if pending is not None:  # the last turn
+            acc = acc + pending[0] @ pending[1]
         o[rows] = acc / l_sum[:, None]
         lse[rows] = (m + torch.log2(l_sum)) * math.log(2)
     return o.bfloat16(), lse
@@ -233,6 +311,19 @@ def test_kernel_arithmetic_matches_reference(s, d, causal):
     torch.testing.assert_close(lse.double(), lse_ref[0, 0], rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("s, d, causal", [(1, 64, False), (77, 64, True), (300, 128, False),
+                                          (300, 128, True), (640, 64, True), (640, 128, False)])
+def test_pingpong_order_is_v1s_arithmetic(s, d, causal):
+    """Step 2 adds P_t V_t a turn later, after the wait of turn t + 1, but still after O was
+    rescaled by tile t's alpha and before tile t + 1's rescale: the same float32 operations in the
+    same order, so the transcriptions agree bit for bit (what the GPU test asks of the kernels)."""
+    gen = torch.Generator().manual_seed(s * 3 + d)
+    q, k, v = (torch.randn(s, d, generator=gen).bfloat16() for _ in range(3))
+    o1, lse1 = _kernel_transcription(q, k, v, causal, 1 / math.sqrt(d))
+    o2, lse2 = _kernel_transcription(q, k, v, causal, 1 / math.sqrt(d), deferred=True)
+    assert torch.equal(o1, o2) and torch.equal(lse1, lse2)
+
+
 def test_reference_is_part5s():
     """attention_ref's o is Part 5's attention_ref (in float64); its lse is each row's
     logsumexp."""
@@ -246,6 +337,185 @@ def test_reference_is_part5s():
         if causal:
             scores = scores.masked_fill(torch.ones(37, 37, dtype=torch.bool).triu(1), -math.inf)
         torch.testing.assert_close(lse, torch.logsumexp(scores, -1))
+
+
+# --------------------------------------------------------------------------------------------------
+# Step 2's turns, on paper: the named-barrier protocol, run over every interleaving
+# --------------------------------------------------------------------------------------------------
+
+def _pingpong_program(c: int, n_tiles: int, first: int, plant: str = "") -> list[tuple]:
+    """consume_pingpong's operations for consumer c, transcribed in order: ("arrive", barrier),
+    ("sync", barrier), ("full", tile) (the mbarrier wait for a K / V tile), ("turn", t) (the
+    products of turn t are issued) and ("release", tile). Consumer c waits on
+    PINGPONG_BARRIERS[c]. ``plant`` plants a bug: "last_arrive", the last consumer hands on its
+    last turn; "double_start", the first turn is handed over twice."""
+    own, other = ha.PINGPONG_BARRIERS[c], ha.PINGPONG_BARRIERS[1 - c]
+    ops: list[tuple] = []
+    if c != first:
+        ops.append(("arrive", ha.PINGPONG_BARRIERS[first]))  # the first turn is the other's
+        if plant == "double_start":
+            ops.append(("arrive", ha.PINGPONG_BARRIERS[first]))
+    for t in range(n_tiles + 1):  # turn t: P_{t-1} V_{t-1} (t >= 1), S_t (t < n_tiles)
+        if t < n_tiles:
+            ops.append(("full", t))
+        ops += [("sync", own), ("turn", t)]
+        if t < n_tiles or c == first or plant == "last_arrive":  # the last consumer's last turn: no arrive
+            ops.append(("arrive", other))
+        if t > 0:
+            ops.append(("release", t - 1))
+    return ops
+
+
+def _block_tiles(block: int, key_tiles: int, causal: bool) -> tuple[int, int]:
+    """The key tiles consumers 0 and 1 of block ``block`` walk, as flash_fwd computes n_tiles:
+    one count per block, so the same for both (the causal diagonal is masked per row)."""
+    n = min(key_tiles, block + 1) if causal else key_tiles
+    return n, n
+
+
+def _run_protocol(tiles: tuple[int, int], first: int, warps: int = 1, plant: str = "") -> int:
+    """Explore every interleaving of the producer and the consumers' warps (``warps`` model warps
+    a consumer, each running its consumer's program and standing for 4 / warps hardware warps).
+    A named barrier counts arriving warps (sync and arrive alike) and completes at
+    PINGPONG_THREADS / 32 warps, releasing the warps blocked in its sync and resetting (PTX ISA,
+    bar / barrier). The producer loads tile t once every consumer warp has released tile
+    t - PINGPONG_STAGES. In every reachable state, assert: no warp executes a second barrier
+    instruction on a barrier before it completes (the PTX ISA calls that unpredictable); no
+    deadlock; a consumer's turn t begins only when every warp of the other has issued exactly
+    the turns that come before it in the alternation first, other, first, ...; at the end, no
+    barrier holds a pending arrival. Returns the number of states explored."""
+    programs = [_pingpong_program(c, tiles[c], first, plant) for c in (0, 1)]
+    procs = [c for c in (0, 1) for _ in range(warps)]
+    hw_per_model = (ha.PINGPONG_THREADS // 32) // len(procs)
+    turns = [[sum(op == "turn" for op, _ in prog[:k]) for k in range(len(prog) + 1)]
+             for prog in programs]
+    releases = [[sum(op == "release" for op, _ in prog[:k]) for k in range(len(prog) + 1)]
+                for prog in programs]
+    index = {b: i for i, b in enumerate(ha.PINGPONG_BARRIERS)}
+    n_load = max(tiles)
+
+    # a state: the model warps' pcs, the tiles loaded, and per barrier the warps counted in its
+    # current phase and which of them are blocked in a sync
+    start = (tuple(0 for _ in procs), 0, ((), ()), ((), ()))
+    seen, frontier = {start}, [start]
+    while frontier:
+        pcs, loaded, counted, blocked = frontier.pop()
+        moves = []
+        if loaded < n_load and (loaded < ha.PINGPONG_STAGES or all(
+                releases[c][pcs[i]] > loaded - ha.PINGPONG_STAGES for i, c in enumerate(procs))):
+            moves.append((pcs, loaded + 1, counted, blocked))
+        waiting = set(blocked[0]) | set(blocked[1])
+        for i, c in enumerate(procs):
+            if pcs[i] == len(programs[c]) or i in waiting:
+                continue
+            op, arg = programs[c][pcs[i]]
+            new_pcs = list(pcs)
+            if op in ("sync", "arrive"):
+                b = index[arg]
+                assert i not in counted[b], (
+                    f"consumer {c} executes a second barrier instruction on barrier {arg} before "
+                    f"it completes (tiles {tiles}, first {first})")
+                now, blk = counted[b] + (i,), blocked[b] + ((i,) if op == "sync" else ())
+                if op == "arrive":
+                    new_pcs[i] += 1
+                if len(now) * hw_per_model == ha.PINGPONG_THREADS // 32:  # completes, resets
+                    for j in blk:
+                        new_pcs[j] += 1  # past its sync: the turn begins
+                        cj = procs[j]
+                        t = turns[cj][new_pcs[j]]  # the turn it begins
+                        before = t if cj == first else t + 1  # the other's turns before it
+                        for k, ck in enumerate(procs):
+                            if ck != cj:
+                                assert turns[ck][pcs[k]] == before, (
+                                    f"consumer {cj} begins turn {t} while consumer {ck} has "
+                                    f"issued {turns[ck][pcs[k]]} turns (tiles {tiles})")
+                    now, blk = (), ()
+                cnt, bl = list(counted), list(blocked)
+                cnt[b], bl[b] = now, blk
+                moves.append((tuple(new_pcs), loaded, tuple(cnt), tuple(bl)))
+                continue
+            if op == "full" and loaded <= arg:
+                continue  # its K / V tile has not arrived
+            new_pcs[i] += 1
+            moves.append((tuple(new_pcs), loaded, counted, blocked))
+        if all(pcs[i] == len(programs[c]) for i, c in enumerate(procs)):
+            assert counted == ((), ()), (
+                f"barrier arrivals pending at the end: {counted} (tiles {tiles}, first {first})")
+            continue
+        assert moves, f"deadlock: tiles {tiles}, first {first}, pcs {pcs}, loaded {loaded}"
+        for m in moves:
+            if m not in seen:
+                seen.add(m)
+                frontier.append(m)
+    return len(seen)
+
+
+def test_pingpong_protocol_has_no_deadlock_and_alternates():
+    """Every key-tile count up to 64, with and without the causal mask (every block of the
+    causal grid), either consumer first: no deadlock, no second barrier instruction before a
+    barrier completes, strict alternation, no pending arrival at the end (the model above)."""
+    checked = set()
+    for key_tiles in range(1, 65):
+        for causal in (False, True):
+            for block in range(key_tiles):
+                for first in (0, 1):
+                    case = (_block_tiles(block, key_tiles, causal), first)
+                    if case not in checked:
+                        checked.add(case)
+                        assert _run_protocol(*case) > 0
+    assert len(checked) == 64 * 2
+
+
+def test_pingpong_protocol_warp_by_warp():
+    """The same with every consumer split into two model warps (each standing for two hardware
+    warps), so a fast warp may run ahead of its warpgroup's others."""
+    for n in range(1, 9):
+        for first in (0, 1):
+            _run_protocol((n, n), first, warps=2)
+
+
+@pytest.mark.parametrize("tiles, first, plant, match", [
+    ((3, 2), 0, "", "deadlock"),  # consumers walking different tile counts
+    ((2, 3), 1, "", "deadlock"),
+    ((4, 4), 0, "last_arrive", "pending"),  # the last turn handed on: an arrival left behind
+    ((4, 4), 1, "double_start", "second barrier instruction"),
+])
+def test_pingpong_model_catches_planted_bugs(tiles, first, plant, match):
+    """The model can fail: per-consumer tile counts deadlock, an extra arrive is caught."""
+    with pytest.raises(AssertionError, match=match):
+        _run_protocol(tiles, first, plant=plant)
+
+
+def test_pingpong_program_is_the_kernels():
+    """The transcription's protocol constants are flash_fwd.cu's: barriers PINGPONG_BAR and
+    PINGPONG_BAR + 1 counting 256 threads, consumer PINGPONG_FIRST first, the arrive of the
+    first turn before the loop and no arrive after the last consumer's last turn."""
+    c = _cu_constants()
+    assert ha.PINGPONG_BARRIERS == (c["PINGPONG_BAR"], c["PINGPONG_BAR"] + 1)
+    assert 0 not in ha.PINGPONG_BARRIERS and max(ha.PINGPONG_BARRIERS) < 16
+    assert ha.PINGPONG_FIRST == c["PINGPONG_FIRST"]
+    assert ha.PINGPONG_THREADS == c["CONSUMERS"] * c["WG_THREADS"] == 256
+    text = CU.read_text()
+    body = text[text.index("[start:pingpong]"):text.index("[end:pingpong]")]
+    body = body[body.index("consume_pingpong("):]  # the code, not the comment above it
+    # the kernel's operations in source order: what _pingpong_program unrolls
+    tokens = {"turn_pass(c)": "arrive", "turn_wait(c)": "sync", "qk_issue": "S", "pv_issue": "PV",
+              "mbar_wait(full": "full", "mbar_arrive(empty": "release", "for (int t = 1": "loop",
+              "c != PINGPONG_FIRST) turn_pass": "arrive if not first",
+              "c == PINGPONG_FIRST) turn_pass": "arrive if first"}
+    seq = []
+    for line in body.splitlines():
+        for k, v in tokens.items():
+            if k in line and not (v == "arrive" and "PINGPONG_FIRST" in line):
+                seq.append(v)
+    assert seq == [
+        "arrive if not first",                             # the first turn is handed over
+        "full", "sync", "S", "arrive",                     # turn 0
+        "loop", "full", "sync", "PV", "S", "arrive", "release",  # turns 1 .. n - 1
+        "sync", "PV", "arrive if first", "release",        # turn n
+    ], seq
+    prog = _pingpong_program(0, 3, first=0)
+    assert [op for op, _ in prog].count("sync") == 3 + 1  # n + 1 turns
 
 
 # --------------------------------------------------------------------------------------------------
@@ -276,36 +546,40 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("make, error, match", BAD)
-def test_bad_input_is_refused_before_launch(make, error, match):
+def test_bad_input_is_refused_before_launch(fn, make, error, match):
     q, k, v = make()
     with pytest.raises(error, match=match) as info:
-        ha.flash_fwd_hopper(q, k, v)
-    assert "flash_fwd_hopper" in str(info.value)
+        fn(q, k, v)
+    assert str(info.value).startswith(f"{fn.__name__}:")
 
 
-def test_bad_flags_are_refused():
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=lambda f: f.__name__)
+def test_bad_flags_are_refused(fn):
     q, k, v = _qkv(1, 1, 8, 64)
     with pytest.raises(TypeError, match="causal must be a bool"):
-        ha.flash_fwd_hopper(q, k, v, causal=1)
+        fn(q, k, v, causal=1)
     with pytest.raises(ValueError, match="finite"):
-        ha.flash_fwd_hopper(q, k, v, scale=float("inf"))
+        fn(q, k, v, scale=float("inf"))
     with pytest.raises(TypeError, match="scale"):
-        ha.flash_fwd_hopper(q, k, v, scale="0.1")
+        fn(q, k, v, scale="0.1")
 
 
-def test_requires_grad_is_refused():
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=lambda f: f.__name__)
+def test_requires_grad_is_refused(fn):
     q, k, v = _qkv(1, 1, 8, 64)
     q.requires_grad_(True)
     with pytest.raises(RuntimeError, match="forward-only"):
-        ha.flash_fwd_hopper(q, k, v)
+        fn(q, k, v)
 
 
-def test_cpu_tensors_are_refused():
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=lambda f: f.__name__)
+def test_cpu_tensors_are_refused(fn):
     """Good CPU tensors: a clear RuntimeError (here, or on a GPU machine), not a crash."""
     q, k, v = _qkv(1, 1, 8, 64)
     with pytest.raises(RuntimeError, match="CUDA tensors"):
-        ha.flash_fwd_hopper(q, k, v)
+        fn(q, k, v)
 
 
 def test_tensor_maps_are_valid():
@@ -338,16 +612,17 @@ def _inputs(b, h, s, d, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", ha.HEAD_DIMS)
 @pytest.mark.parametrize("s", [1, 77, 128, 300, 1024])
 @pytest.mark.parametrize("b, h", [(1, 1), (1, 4), (2, 1), (2, 4)])
-def test_matches_float64_reference(b, h, s, d, causal):
+def test_matches_float64_reference(b, h, s, d, causal, fn):
     """o within twice the error of torch's SDPA (same bf16 inputs, same float64 reference) plus
     1e-3; lse within 1e-3 of the float64 logsumexp."""
     _skip_unless_sm90()
     q, k, v = _inputs(b, h, s, d, seed=b * 1000 + h * 100 + s + d + causal)
-    o, lse = ha.flash_fwd_hopper(q, k, v, causal)
+    o, lse = fn(q, k, v, causal)
     torch.cuda.synchronize()
     assert o.shape == q.shape and o.dtype == torch.bfloat16
     assert lse.shape == (b, h, s) and lse.dtype == torch.float32
@@ -362,8 +637,27 @@ def test_matches_float64_reference(b, h, s, d, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", ha.HEAD_DIMS)
-def test_pv_operand_layout(d):
+@pytest.mark.parametrize("s", [1, 77, 128, 129, 300, 1024, 2000])
+def test_pingpong_is_v1_bit_for_bit(s, d, causal):
+    """Step 2 reorders when the products are issued, not what is computed: per consumer, every
+    operation on O, m and l is step 1's, in step 1's order (the same inlined code, the same wgmma
+    shapes and operands), so o and lse must be step 1's exactly. Ragged S, every tile count from
+    1 to 16, both masks."""
+    _skip_unless_sm90()
+    q, k, v = _inputs(2, 3, s, d, seed=s * 7 + d + causal)
+    o1, lse1 = ha.flash_fwd_hopper(q, k, v, causal)
+    o2, lse2 = ha.flash_fwd_hopper_pingpong(q, k, v, causal)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(o2, o1, rtol=0, atol=0)
+    torch.testing.assert_close(lse2, lse1, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("d", ha.HEAD_DIMS)
+def test_pv_operand_layout(d, fn):
     """P V alone, with exact numbers: q = 0 makes every score 0 and every p exactly 1. With
     v[j, c] = c each output row is 0, 1, ..., D-1 (V's columns: the panels, LBO); causal with
     v[j, c] = j, row i is the mean of keys 0..i, i / 2 (V's rows: SBO, the 16-key steps, and the
@@ -373,38 +667,40 @@ def test_pv_operand_layout(d):
     q = torch.zeros(1, 1, s, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, 1, s, d, device="cuda").bfloat16()
     cols = torch.arange(d, device="cuda", dtype=torch.float32).expand(s, d)
-    o, _ = ha.flash_fwd_hopper(q, k, cols.bfloat16().view(1, 1, s, d).contiguous())
+    o, _ = fn(q, k, cols.bfloat16().view(1, 1, s, d).contiguous())
     torch.testing.assert_close(o[0, 0].float(), cols, rtol=0, atol=0)
     keys = torch.arange(s, device="cuda", dtype=torch.float32)[:, None].expand(s, d)
-    o, _ = ha.flash_fwd_hopper(q, k, keys.bfloat16().view(1, 1, s, d).contiguous(), causal=True)
+    o, _ = fn(q, k, keys.bfloat16().view(1, 1, s, d).contiguous(), causal=True)
     torch.testing.assert_close(o[0, 0].float(), keys / 2, rtol=0, atol=0)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("d", ha.HEAD_DIMS)
-def test_scale_is_applied(d):
+def test_scale_is_applied(d, fn):
     _skip_unless_sm90()
     q, k, v = _inputs(1, 2, 200, d, seed=7)
     for causal in (False, True):
-        o, lse = ha.flash_fwd_hopper(q, k, v, causal, scale=0.3)
+        o, lse = fn(q, k, v, causal, scale=0.3)
         o_ref, lse_ref = ha.attention_ref(q, k, v, causal, scale=0.3)
         torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=2e-2)
         torch.testing.assert_close(lse.double(), lse_ref, rtol=0, atol=1e-3)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", ha.HEAD_DIMS)
-def test_every_element_is_written_and_repeatable(d, causal):
+def test_every_element_is_written_and_repeatable(d, causal, fn):
     """o starts as NaN (a stale row would show; lse, whose block the allocator may not hand back,
     is checked against the reference instead); two calls give identical bits."""
     _skip_unless_sm90()
     b, h, s = 2, 3, 333
     q, k, v = _inputs(b, h, s, d, seed=11)
     poison_allocator(b * h * s * d * 2, "cuda")
-    o1, lse1 = ha.flash_fwd_hopper(q, k, v, causal)
+    o1, lse1 = fn(q, k, v, causal)
     poison_allocator(b * h * s * d * 2, "cuda")
-    o2, lse2 = ha.flash_fwd_hopper(q, k, v, causal)
+    o2, lse2 = fn(q, k, v, causal)
     torch.cuda.synchronize()
     assert not o1.isnan().any() and not lse1.isnan().any()
     assert torch.equal(o1, o2) and torch.equal(lse1, lse2)
@@ -414,9 +710,10 @@ def test_every_element_is_written_and_repeatable(d, causal):
 
 
 @pytest.mark.gpu
-def test_misaligned_view_is_refused_on_gpu():
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=lambda f: f.__name__)
+def test_misaligned_view_is_refused_on_gpu(fn):
     _skip_unless_sm90()
     flat = torch.randn(64 * 64 + 1, device="cuda").bfloat16()
     q = flat[1:].view(1, 1, 64, 64)
     with pytest.raises(ValueError, match="16-byte aligned"):
-        ha.flash_fwd_hopper(q, q.clone(), q.clone())
+        fn(q, q.clone(), q.clone())

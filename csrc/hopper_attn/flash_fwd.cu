@@ -14,6 +14,10 @@
 //                shared memory as an MN-major operand (V is keys x D, D-contiguous: the transpose
 //                immediate of B is set)
 //
+// Step 2 (PINGPONG, the kernels hopper_flash_fwd_pingpong_d*): the same blocks, the two consumers
+// take turns at the tensor cores through two named barriers, so that one's softmax runs while the
+// other's products do (FlashAttention-3's ping-pong scheduling), with three K / V stages.
+//
 // Shared memory holds every tile in the layout TMA's 128-byte swizzle writes: a row of D bf16 is
 // D * 2 bytes, more than the swizzle's 128-byte span when D = 128, so each tile is D / 64 panels
 // of 64 columns, one TMA box (64 columns x 128 rows, 16 KB) each.
@@ -41,6 +45,7 @@ namespace ha {
 constexpr int BLOCK_M = 128;            // query rows per block: 64 per consumer warpgroup
 constexpr int BLOCK_N = 128;            // keys per K / V tile (both head dims)
 constexpr int STAGES = 2;               // K / V tiles in flight
+constexpr int PINGPONG_STAGES = 3;      // step 2: V of tile t - 1 is held one turn longer
 constexpr int PANEL_COLS = 64;          // bf16 columns of one 128-byte swizzled row: one TMA box
 constexpr int ROW_BYTES = PANEL_COLS * 2;  // 128, the span of the 128B swizzle
 constexpr int BOX_ROWS = 128;           // rows of every TMA box (Q, K and V)
@@ -51,17 +56,22 @@ constexpr int WG_THREADS = 128;         // a warpgroup: four warps
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = (1 + CONSUMERS) * WG_THREADS;  // 384
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 x 40 + 256 x 232 <= 65536
+// Step 2 (ping-pong): the consumers take turns at the tensor cores through two named barriers,
+// ids 1 and 2 (id 0 is __syncthreads'), each counting both consumer warpgroups' 256 threads
+constexpr int PINGPONG_BAR = 1;         // consumer c waits for its turn on barrier PINGPONG_BAR + c
+constexpr int PINGPONG_THREADS = CONSUMERS * WG_THREADS;  // 256: 128 arrive, 128 sync
+constexpr int PINGPONG_FIRST = 0;       // the consumer whose turn comes first
 
-// Shared memory of a head dim: Q's tile, then STAGES x (K's tile, V's tile), then the barriers
-template <int D>
+// Shared memory of a head dim: Q's tile, then NS x (K's tile, V's tile), then the barriers
+template <int D, int NS = STAGES>
 struct Smem {
     static constexpr int PANELS = D / PANEL_COLS;           // boxes per tile row block
     static constexpr int TILE_BYTES = PANELS * PANEL_BYTES;  // 128 rows x D bf16
     static constexpr int Q = 0;
     static constexpr int KV = TILE_BYTES;                    // stage s: K at KV + s * STAGE
     static constexpr int STAGE = 2 * TILE_BYTES;             // a K tile and a V tile
-    static constexpr int BARRIERS = KV + STAGES * STAGE;    // q_full, full[STAGES], empty[STAGES]
-    static constexpr int BYTES = BARRIERS + (1 + 2 * STAGES) * 8;
+    static constexpr int BARRIERS = KV + NS * STAGE;        // q_full, full[NS], empty[NS]
+    static constexpr int BYTES = BARRIERS + (1 + 2 * NS) * 8;
     static constexpr int LAUNCH_BYTES = BYTES + SWIZZLE_REPEAT;  // + slack to align the base
 };
 
@@ -69,11 +79,17 @@ static_assert(BLOCK_M == CONSUMERS * 64 && BLOCK_M == BOX_ROWS && BLOCK_N == BOX
               "one 64-row wgmma block per consumer; every box is one tile's 128 rows");
 static_assert(TMAP_BYTES == 128, "a CUtensorMap is 128 bytes: Q's, then K's, then V's");
 static_assert(THREADS == 384, "__launch_bounds__(384, 1) below: a producer and two consumers");
+static_assert(PINGPONG_BAR >= 1 && PINGPONG_BAR + CONSUMERS <= 16 && CONSUMERS == 2,
+              "two named barriers of the 16, not barrier 0 (__syncthreads): one per consumer");
+static_assert(PINGPONG_THREADS % 32 == 0, "a named barrier counts whole warps");
+static_assert(PINGPONG_FIRST == 0 || PINGPONG_FIRST == 1, "the first turn is a consumer's");
 static_assert(PRODUCER_REGS % 8 == 0 && CONSUMER_REGS % 8 == 0, "setmaxnreg takes multiples of 8");
 static_assert(WG_THREADS * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= 65536,
               "the three warpgroups' registers must fit the SM's 64K");
 static_assert(Smem<128>::LAUNCH_BYTES <= 227 * 1024 && Smem<64>::LAUNCH_BYTES <= 227 * 1024,
               "Q and the K / V stages must fit 227 KB of shared memory");
+static_assert(Smem<128, PINGPONG_STAGES>::LAUNCH_BYTES <= 227 * 1024,
+              "step 2's Q and three K / V stages must fit 227 KB of shared memory");
 }  // namespace ha
 // --8<-- [end:constants]
 
@@ -315,18 +331,18 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 2], const uint32_t (&a)[
 }
 
 // --8<-- [start:producer]
-// The producer: one thread loads Q's tile once, then key tile t into stage t % STAGES, after the
-// consumers have released that stage's previous tile (t - STAGES).
-template <int D>
+// The producer: one thread loads Q's tile once, then key tile t into stage t % NS, after the
+// consumers have released that stage's previous tile (t - NS).
+template <int D, int NS = STAGES>
 __device__ __forceinline__ void produce(uint32_t base, uint32_t q_full, uint32_t full,
                                         uint32_t empty, const uint8_t* tmaps, int q_row,
                                         int plane, int n_tiles) {
-    using L = Smem<D>;
+    using L = Smem<D, NS>;
     mbar_arrive_expect_tx(q_full, L::TILE_BYTES);
     load_tile<D>(base + L::Q, tmaps, q_full, q_row, plane);
     for (int t = 0; t < n_tiles; ++t) {
-        const uint32_t s = t % STAGES, kv = base + L::KV + s * L::STAGE;
-        if (t >= STAGES) mbar_wait(empty + 8 * s, (t / STAGES - 1) & 1);
+        const uint32_t s = t % NS, kv = base + L::KV + s * L::STAGE;
+        if (t >= NS) mbar_wait(empty + 8 * s, (t / NS - 1) & 1);
         mbar_arrive_expect_tx(full + 8 * s, 2 * L::TILE_BYTES);  // K's tile and V's
         load_tile<D>(kv, tmaps + TMAP_BYTES, full + 8 * s, t * BLOCK_N, plane);
         load_tile<D>(kv + L::TILE_BYTES, tmaps + 2 * TMAP_BYTES, full + 8 * s, t * BLOCK_N,
@@ -415,6 +431,69 @@ __device__ __forceinline__ void online_softmax(float (&sc)[BLOCK_N / 2], float (
 }
 // --8<-- [end:softmax]
 
+// --8<-- [start:products]
+// S = Q K^T issued (not waited for): D / 16 wgmmas of 16 along D, each +32 bytes in the row or the
+// next panel of both tiles; sc must hold zeros.
+template <int D>
+__device__ __forceinline__ void qk_issue(float (&sc)[BLOCK_N / 2], uint32_t q_tile,
+                                         uint32_t k_tile) {
+    wgmma_fence();
+    fence_regs(sc);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t off = (kk / 4) * PANEL_BYTES + (kk % 4) * 32;
+        wgmma_ss_m64n128k16(sc, desc_kmajor(q_tile + off), desc_kmajor(k_tile + off));
+    }
+    wgmma_commit();
+}
+
+// O += P V issued (not waited for): BLOCK_N / 16 wgmmas of 16 keys, P's bf16 pairs from registers,
+// V's start address + 16 rows (2048 bytes) each.
+template <int D>
+__device__ __forceinline__ void pv_issue(float (&o)[D / 2], uint32_t (&p)[BLOCK_N / 4],
+                                         uint32_t v_tile) {
+    wgmma_fence();
+    fence_regs(o);
+    fence_regs(p);
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+        const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+        wgmma_pv<D>(o, a, desc_mnmajor(v_tile + kk * 16 * ROW_BYTES));
+    }
+    wgmma_commit();
+}
+
+// P to bf16 in registers: the A fragments of the PV wgmmas
+__device__ __forceinline__ void pack_p(uint32_t (&p)[BLOCK_N / 4], const float (&sc)[BLOCK_N / 2]) {
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 4; ++i) p[i] = pack_bf16(sc[2 * i], sc[2 * i + 1]);
+}
+// --8<-- [end:products]
+
+// --8<-- [start:epilogue]
+// O = O / l and L = ln(sum) = (m + log2(l)) * ln 2, for this thread's two rows inside S
+template <int D>
+__device__ __forceinline__ void write_rows(const float (&o)[D / 2], const float (&m)[2],
+                                           const float (&l)[2], int q0, int S, __nv_bfloat16* O,
+                                           float* Lse, size_t bh_row) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int q = q0 + 8 * h;
+        const float sum = quad_sum(l[h]);
+        const float inv = 1.0f / sum;
+        if (q >= S) continue;
+        __nv_bfloat16* row = O + (bh_row + q) * D;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            *reinterpret_cast<__nv_bfloat162*>(row + 8 * j + 2 * (lane % 4)) =
+                __floats2bfloat162_rn(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+        }
+        if (lane % 4 == 0) Lse[bh_row + q] = (m[h] + log2f(sum)) * LN2;
+    }
+}
+// --8<-- [end:epilogue]
+
 // --8<-- [start:consumer]
 // A consumer warpgroup (c = 0 or 1): query rows 64c..64c+63 of the block's 128.
 template <int D>
@@ -436,74 +515,142 @@ __device__ __forceinline__ void consume(uint32_t base, uint32_t q_full, uint32_t
         const uint32_t v_tile = k_tile + L::TILE_BYTES;
         mbar_wait(full + 8 * s, (t / STAGES) & 1);
 
-        // S = Q K^T: D / 16 wgmmas of 16 along D, each +32 bytes in the row or the next panel
         float sc[BLOCK_N / 2];
 #pragma unroll
         for (int i = 0; i < BLOCK_N / 2; ++i) sc[i] = 0.0f;
-        wgmma_fence();
-        fence_regs(sc);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t off = (kk / 4) * PANEL_BYTES + (kk % 4) * 32;
-            wgmma_ss_m64n128k16(sc, desc_kmajor(q_tile + off), desc_kmajor(k_tile + off));
-        }
-        wgmma_commit();
+        qk_issue<D>(sc, q_tile, k_tile);
         wgmma_wait<0>();
         fence_regs(sc);
 
         online_softmax<D>(sc, o, m, l, scale_log2, t == n_tiles - 1, t * BLOCK_N, q0, S, causal);
 
-        // P to bf16 in registers: the A fragments of the PV wgmmas
         uint32_t p[BLOCK_N / 4];
-#pragma unroll
-        for (int i = 0; i < BLOCK_N / 4; ++i) p[i] = pack_bf16(sc[2 * i], sc[2 * i + 1]);
-
-        // O += P V: BLOCK_N / 16 wgmmas of 16 keys, V's start address + 16 rows (2048 bytes) each
-        wgmma_fence();
-        fence_regs(o);
-        fence_regs(p);
-#pragma unroll
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-            const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-            wgmma_pv<D>(o, a, desc_mnmajor(v_tile + kk * 16 * ROW_BYTES));
-        }
-        wgmma_commit();
+        pack_p(p, sc);
+        pv_issue<D>(o, p, v_tile);
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(p);
         if (lane == 0) mbar_arrive(empty + 8 * s);  // this warp is done with stage s
     }
-
-    // --8<-- [start:epilogue]
-    // O = O / l and L = ln(sum) = (m + log2(l)) * ln 2, for the rows inside S
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int q = q0 + 8 * h;
-        const float sum = quad_sum(l[h]);
-        const float inv = 1.0f / sum;
-        if (q >= S) continue;
-        __nv_bfloat16* row = O + (bh_row + q) * D;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            *reinterpret_cast<__nv_bfloat162*>(row + 8 * j + 2 * (lane % 4)) =
-                __floats2bfloat162_rn(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-        }
-        if (lane % 4 == 0) Lse[bh_row + q] = (m[h] + log2f(sum)) * LN2;
-    }
-    // --8<-- [end:epilogue]
+    write_rows<D>(o, m, l, q0, S, O, Lse, bh_row);
 }
 // --8<-- [end:consumer]
 
+// --8<-- [start:turns]
+// The turn of consumer c: bar.sync on its own barrier, which completes when the other consumer's
+// 128 threads have arrived on it. The barrier ids are immediates (c is a template argument at the
+// call), so the SASS names them.
+template <int C>
+__device__ __forceinline__ void turn_wait() {
+    asm volatile("bar.sync %0, %1;" ::"n"(PINGPONG_BAR + C), "n"(PINGPONG_THREADS) : "memory");
+}
+// Consumer c hands the turn to the other: bar.arrive, which does not wait.
+template <int C>
+__device__ __forceinline__ void turn_pass() {
+    asm volatile("bar.arrive %0, %1;" ::"n"(PINGPONG_BAR + 1 - C), "n"(PINGPONG_THREADS)
+                 : "memory");
+}
+__device__ __forceinline__ void turn_wait(int c) {
+    if (c == 0) turn_wait<0>();
+    else turn_wait<1>();
+}
+__device__ __forceinline__ void turn_pass(int c) {
+    if (c == 0) turn_pass<0>();
+    else turn_pass<1>();
+}
+// --8<-- [end:turns]
+
+// --8<-- [start:pingpong]
+// Step 2: consumer c's loop with turns. Turn t (t = 0..n_tiles) issues O += P_{t-1} V_{t-1}
+// (t >= 1) and then S_t = Q K_t^T (t < n_tiles), and hands the turn on once they are issued,
+// before it waits for them: the other consumer's products are issued behind these, and run on the
+// tensor cores while this consumer, its products done, runs the softmax of tile t. Every operation
+// on O, m and l is v1's, in v1's order (O is rescaled by tile t's alpha after P_{t-1} V_{t-1} is
+// added, as in v1), so the result is v1's; only the issue order moves.
+//
+// Both consumers take n_tiles + 1 turns (n_tiles is the block's, the same for both: the causal
+// diagonal is masked per row on the last tile, never skipped for one consumer), alternating from
+// PINGPONG_FIRST. The other consumer arrives once before its loop (the first turn) and not after
+// its last turn, so every arrive meets a sync and no barrier is left with a pending arrival.
+//
+// V of tile t - 1 is read in turn t, a turn later than in v1, so step 2 runs PINGPONG_STAGES = 3
+// stages: the load of tile t + 1 waits for the release of tile t - 2 (in turn t - 1), not of tile
+// t - 1 (in turn t, one softmax before tile t + 1 is needed).
+template <int D>
+__device__ __forceinline__ void consume_pingpong(uint32_t base, uint32_t q_full, uint32_t full,
+                                                 uint32_t empty, int c, int n_tiles, int S,
+                                                 int m0, bool causal, float scale_log2,
+                                                 __nv_bfloat16* O, float* Lse, size_t bh_row) {
+    using L = Smem<D, PINGPONG_STAGES>;
+    const int t_wg = threadIdx.x % WG_THREADS, warp = t_wg / 32, lane = t_wg % 32;
+    const int q0 = m0 + 64 * c + 16 * warp + lane / 4;  // this thread's row 0; row 1 is q0 + 8
+    float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    uint32_t p[BLOCK_N / 4];  // P of tile t - 1: the A operand of turn t's P V
+    mbar_wait(q_full, 0);
+    const uint32_t q_tile = base + L::Q + c * 64 * ROW_BYTES;  // this consumer's 64 rows of Q
+    if (c != PINGPONG_FIRST) turn_pass(c);  // the first turn is the other consumer's
+
+    // Turn 0: S_0 only
+    float sc[BLOCK_N / 2];
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; ++i) sc[i] = 0.0f;
+    mbar_wait(full, 0);  // before the turn, not in it: a turn only issues
+    turn_wait(c);
+    qk_issue<D>(sc, q_tile, base + L::KV);
+    turn_pass(c);  // n_tiles >= 1: never the last turn
+    wgmma_wait<0>();
+    fence_regs(sc);
+    online_softmax<D>(sc, o, m, l, scale_log2, n_tiles == 1, 0, q0, S, causal);
+    pack_p(p, sc);
+
+    // Turns 1 .. n_tiles - 1: P_{t-1} V_{t-1}, then S_t
+    for (int t = 1; t < n_tiles; ++t) {
+        const uint32_t s = t % PINGPONG_STAGES, k_tile = base + L::KV + s * L::STAGE;
+        const uint32_t s_prev = (t - 1) % PINGPONG_STAGES;
+        const uint32_t v_prev = base + L::KV + s_prev * L::STAGE + L::TILE_BYTES;
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 2; ++i) sc[i] = 0.0f;
+        mbar_wait(full + 8 * s, (t / PINGPONG_STAGES) & 1);
+        turn_wait(c);
+        pv_issue<D>(o, p, v_prev);
+        qk_issue<D>(sc, q_tile, k_tile);
+        turn_pass(c);
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(p);
+        fence_regs(sc);
+        if (lane == 0) mbar_arrive(empty + 8 * s_prev);  // this warp is done with tile t - 1
+        online_softmax<D>(sc, o, m, l, scale_log2, t == n_tiles - 1, t * BLOCK_N, q0, S, causal);
+        pack_p(p, sc);
+    }
+
+    // Turn n_tiles: P V of the last tile; the last consumer hands no turn on
+    const uint32_t s_last = (n_tiles - 1) % PINGPONG_STAGES;
+    turn_wait(c);
+    pv_issue<D>(o, p, base + L::KV + s_last * L::STAGE + L::TILE_BYTES);
+    if (c == PINGPONG_FIRST) turn_pass(c);
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(p);
+    if (lane == 0) mbar_arrive(empty + 8 * s_last);
+    write_rows<D>(o, m, l, q0, S, O, Lse, bh_row);
+}
+// --8<-- [end:pingpong]
+
 // --8<-- [start:kernel]
 // Grid (ceil(S / 128), H, B). tmaps: Q's, K's and V's tensor maps, 128 bytes each. O is (B, H, S,
-// D) bf16, Lse (B, H, S) fp32; scale_log2 = scale * log2(e).
-template <int D>
+// D) bf16, Lse (B, H, S) fp32; scale_log2 = scale * log2(e). PINGPONG: step 2's consumers
+// (consume_pingpong) instead of step 1's; everything else is shared.
+template <int D, bool PINGPONG = false>
 __device__ __forceinline__ void flash_fwd(const uint8_t* tmaps, __nv_bfloat16* O, float* Lse,
                                           int S, float scale_log2, int causal) {
-    using L = Smem<D>;
+    constexpr int NS = PINGPONG ? PINGPONG_STAGES : STAGES;  // K / V stages
+    using L = Smem<D, NS>;
     extern __shared__ uint8_t smem[];
     const uint32_t base = align_up(smem_u32(smem), SWIZZLE_REPEAT);
-    const uint32_t q_full = base + L::BARRIERS, full = q_full + 8, empty = full + 8 * STAGES;
+    const uint32_t q_full = base + L::BARRIERS, full = q_full + 8, empty = full + 8 * NS;
     const int m0 = blockIdx.x * BLOCK_M;
     const int plane = blockIdx.z * gridDim.y + blockIdx.y;  // b * H + h: the tensor maps' 3rd dim
     const size_t bh_row = size_t(plane) * S;                // row of (b, h, 0) in O and Lse
@@ -514,7 +661,7 @@ __device__ __forceinline__ void flash_fwd(const uint8_t* tmaps, __nv_bfloat16* O
     if (threadIdx.x == 0) {
         for (int i = 0; i < 3; ++i) tmap_acquire(tmaps + i * TMAP_BYTES);
         mbar_init(q_full, 1);
-        for (int s = 0; s < STAGES; ++s) {
+        for (int s = 0; s < NS; ++s) {
             mbar_init(full + 8 * s, 1);                            // the producer's expect_tx
             mbar_init(empty + 8 * s, CONSUMERS * WG_THREADS / 32);  // every consumer warp
         }
@@ -526,11 +673,15 @@ __device__ __forceinline__ void flash_fwd(const uint8_t* tmaps, __nv_bfloat16* O
     if (wg == 0) {
         regs_dec<PRODUCER_REGS>();
         if (threadIdx.x == 0)
-            produce<D>(base, q_full, full, empty, tmaps, m0, plane, n_tiles);
+            produce<D, NS>(base, q_full, full, empty, tmaps, m0, plane, n_tiles);
     } else {
         regs_inc<CONSUMER_REGS>();
-        consume<D>(base, q_full, full, empty, wg - 1, n_tiles, S, m0, causal != 0, scale_log2, O,
-                   Lse, bh_row);
+        if constexpr (PINGPONG)
+            consume_pingpong<D>(base, q_full, full, empty, wg - 1, n_tiles, S, m0, causal != 0,
+                                scale_log2, O, Lse, bh_row);
+        else
+            consume<D>(base, q_full, full, empty, wg - 1, n_tiles, S, m0, causal != 0,
+                       scale_log2, O, Lse, bh_row);
     }
 }
 }  // namespace ha
@@ -551,6 +702,27 @@ hopper_flash_fwd_d128(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restri
                       float* __restrict__ Lse, int S, float scale_log2, int causal) {
 #if HA_SM90A
     ha::flash_fwd<128>(tmaps, O, Lse, S, scale_log2, causal);
+#else
+    __trap();
+#endif
+}
+
+// Step 2: the same kernel with ping-pong consumers
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_fwd_pingpong_d64(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ O,
+                              float* __restrict__ Lse, int S, float scale_log2, int causal) {
+#if HA_SM90A
+    ha::flash_fwd<64, true>(tmaps, O, Lse, S, scale_log2, causal);
+#else
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_fwd_pingpong_d128(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ O,
+                               float* __restrict__ Lse, int S, float scale_log2, int causal) {
+#if HA_SM90A
+    ha::flash_fwd<128, true>(tmaps, O, Lse, S, scale_log2, causal);
 #else
     __trap();
 #endif

@@ -1,4 +1,5 @@
-"""FlashAttention's forward on Hopper, step 1: TMA, mbarriers and ``wgmma``, written by hand.
+"""FlashAttention's forward on Hopper: step 1 (TMA, mbarriers and ``wgmma``, written by hand) and
+step 2 (the two consumer warpgroups ping-pong).
 
 ``o = softmax(q k^T * scale) v`` for bf16 q, k, v of shape (B, H, S, D) with D = 64 or 128, the same
 S for queries and keys, with or without the causal mask (query i sees keys j <= i), and the row
@@ -8,6 +9,9 @@ query rows, head, batch); a producer warpgroup loads Q's tile once and K and V t
 through a 2-stage ring with TMA; two consumer warpgroups (64 query rows each) compute S = Q K^T
 with ``wgmma`` from shared memory, the online softmax in registers, and O += P V with P in
 registers (the register-A form of ``wgmma``) and V read as an MN-major (transposed) operand.
+Step 2 (``flash_fwd_hopper_pingpong``) is the same kernel compiled with ``PINGPONG``: the two
+consumers take turns through two named barriers, each issuing one tile's products while the other
+runs its softmax, with three K / V stages instead of two.
 
 This module checks the inputs, builds the three TMA tensor maps (Q, K and V viewed as 3-D
 (B*H, S, D) tensors, boxes of 64 columns x 128 rows x one head with the 128-byte swizzle: a 128-wide
@@ -40,6 +44,7 @@ NVCC_FLAGS = ("-std=c++17", "-O3", "-cubin", "-arch=sm_90a")
 BLOCK_M = 128  # query rows per block, 64 per consumer warpgroup
 BLOCK_N = 128  # keys per K / V tile
 STAGES = 2  # K / V tiles in flight
+PINGPONG_STAGES = 3  # step 2: V of tile t - 1 is read a turn later
 PANEL_COLS = 64  # bf16 columns of one 128-byte swizzled row: the inner dimension of every box
 BOX_ROWS = 128  # rows of every box
 SWIZZLE = "128B"
@@ -47,16 +52,20 @@ SWIZZLE_REPEAT = 1024  # the kernel rounds shared memory up to this boundary
 THREADS = 384  # a producer warpgroup and two consumers
 HEAD_DIMS = (64, 128)
 KERNELS = {64: "hopper_flash_fwd_d64", 128: "hopper_flash_fwd_d128"}
+PINGPONG_KERNELS = {64: "hopper_flash_fwd_pingpong_d64", 128: "hopper_flash_fwd_pingpong_d128"}
+PINGPONG_BARRIERS = (1, 2)  # the named barrier consumer 0, 1 waits on for its turn
+PINGPONG_THREADS = 256  # each counts both consumer warpgroups
+PINGPONG_FIRST = 0  # the consumer whose turn comes first
 LOG2E = 1.4426950408889634  # the kernel works in log2 units: e^x = 2^(x log2 e)
 GRID_YZ_MAX = 65535  # gridDim.y carries the heads, gridDim.z the batch
 # --8<-- [end:constants]
 
 
-def smem_bytes(d: int) -> int:
-    """Dynamic shared memory of the kernel for head dim ``d``: Q's tile, ``STAGES`` x (K's tile, V's
-    tile), 1 + 2 * STAGES mbarriers of 8 bytes, and the slack to align the base to 1024 bytes."""
+def smem_bytes(d: int, stages: int = STAGES) -> int:
+    """Dynamic shared memory of the kernel for head dim ``d``: Q's tile, ``stages`` x (K's tile, V's
+    tile), 1 + 2 * stages mbarriers of 8 bytes, and the slack to align the base to 1024 bytes."""
     tile = BOX_ROWS * d * 2
-    return tile * (1 + 2 * STAGES) + (1 + 2 * STAGES) * 8 + SWIZZLE_REPEAT
+    return tile * (1 + 2 * stages) + (1 + 2 * stages) * 8 + SWIZZLE_REPEAT
 
 
 def tensor_map_spec(heads: int, s: int, d: int, address: int) -> TensorMapSpec:
@@ -114,8 +123,9 @@ def check_hopper_attention(name: str, q: object, k: object, v: object, causal: o
     scale = float(scale)
     if not math.isfinite(scale) or not math.isfinite(scale * LOG2E):
         raise ValueError(f"{name}: scale = {scale} must be finite")
-    if smem_bytes(d) > SMEM_LIMIT_SM90:
-        raise ValueError(f"{name}: {smem_bytes(d)} bytes of shared memory exceed {SMEM_LIMIT_SM90}")
+    if smem_bytes(d, PINGPONG_STAGES) > SMEM_LIMIT_SM90:  # the larger of the two steps
+        raise ValueError(f"{name}: {smem_bytes(d, PINGPONG_STAGES)} bytes of shared memory exceed "
+                         f"{SMEM_LIMIT_SM90}")
     for arg, t in (("q", q), ("k", k), ("v", v)):  # what cuTensorMapEncodeTiled would refuse
         try:
             tensor_map_spec(b * h, s, d, t.data_ptr())
@@ -165,11 +175,13 @@ def kernel(name: str, device_index: int):
 
 
 # --8<-- [start:launch]
-def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                     scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention's forward on an H100 / H200: (o, lse), o bf16 (B, H, S, D), lse fp32 (B, H, S),
-    the natural log of each row's softmax denominator (of the scaled scores)."""
-    name = "flash_fwd_hopper"
+# What a step changes on the host: its kernels and its K / V stages (shared memory)
+STEPS = {1: (KERNELS, STAGES), 2: (PINGPONG_KERNELS, PINGPONG_STAGES)}
+
+
+def launch_step(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                causal: bool, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check, then launch step ``step``'s kernel for q's head dim: (o, lse)."""
     b, h, s, d, scale = check_hopper_attention(name, q, k, v, causal, scale)
     refuse_grad(name, q, k, v, instead="torch.nn.functional.scaled_dot_product_attention")
     if q.device.type != "cuda":
@@ -178,19 +190,36 @@ def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     reason = needs_sm90()
     if reason:
         raise RuntimeError(f"{name}: {reason}")
+    kernels, stages = STEPS[step]
     o = torch.empty_like(q)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     specs = tuple(tensor_map_spec(b * h, s, d, t.data_ptr()) for t in (q, k, v))
     tmaps = device_tensor_maps(specs, q.device)
-    fn = kernel(KERNELS[d], q.device.index if q.device.index is not None else 0)
-    if fn.max_dynamic_shared_size_bytes < smem_bytes(d):
-        fn.max_dynamic_shared_size_bytes = smem_bytes(d)  # above 48 KB needs the opt-in
+    fn = kernel(kernels[d], q.device.index if q.device.index is not None else 0)
+    smem = smem_bytes(d, stages)
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem  # above 48 KB needs the opt-in
     grid = (-(-s // BLOCK_M), h, b)
     with torch.cuda.device(q.device):
         cuda.launch(fn, grid, THREADS,
                     (tmaps, o, lse, np.int32(s), np.float32(scale * LOG2E), np.int32(causal)),
-                    shared_mem=smem_bytes(d))
+                    shared_mem=smem)
     return o, lse
+
+
+def flash_fwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                     scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention's forward on an H100 / H200 (step 1): (o, lse), o bf16 (B, H, S, D), lse fp32
+    (B, H, S), the natural log of each row's softmax denominator (of the scaled scores)."""
+    return launch_step(1, "flash_fwd_hopper", q, k, v, causal, scale)
+
+
+def flash_fwd_hopper_pingpong(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              causal: bool = False,
+                              scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 2: like ``flash_fwd_hopper`` (same checks, same outputs), the two consumer warpgroups
+    ping-pong: one's softmax runs while the other's products do."""
+    return launch_step(2, "flash_fwd_hopper_pingpong", q, k, v, causal, scale)
 # --8<-- [end:launch]
 
 
@@ -227,6 +256,12 @@ def hopper_attention_v1(q, k, v, causal=False):
     """v1: step 1 of the Hopper ladder (TMA, a producer and two consumer warpgroups, wgmma for both
     products, P from registers); the output only (the log-sum-exp is for a backward)."""
     return flash_fwd_hopper(q, k, v, causal)[0]
+
+
+def hopper_attention_v2(q, k, v, causal=False):
+    """v2: like v1, the two consumer warpgroups ping-pong: one's softmax overlaps the other's
+    GEMMs (FlashAttention-3's inter-warpgroup scheduling); the output only."""
+    return flash_fwd_hopper_pingpong(q, k, v, causal)[0]
 
 
 def reference_output(q, k, v, causal=False):
@@ -278,6 +313,12 @@ hopper_attention_fwd.add(Impl("v0", cudnn_attention, "PyTorch", "SDPA, cuDNN bac
                               origin="library"))
 hopper_attention_fwd.add(Impl("v1", hopper_attention_v1, "CUDA",
                               "TMA + wgmma, producer and 2 consumer warpgroups, P in registers",
-                              (cuda.source_path(CU_FILE), flash_fwd_hopper, check_hopper_attention,
-                               tensor_map_spec, build_cubin), device="cuda",
+                              (cuda.source_path(CU_FILE), flash_fwd_hopper, launch_step,
+                               check_hopper_attention, tensor_map_spec, build_cubin), device="cuda",
                               dtypes=(torch.bfloat16,), requires=needs_sm90))
+hopper_attention_fwd.add(Impl("v2", hopper_attention_v2, "CUDA",
+                              "like v1, the two consumer warpgroups ping-pong: one's softmax "
+                              "overlaps the other's GEMMs (3 K/V stages)",
+                              (cuda.source_path(CU_FILE), flash_fwd_hopper_pingpong, launch_step,
+                               check_hopper_attention, tensor_map_spec, build_cubin),
+                              device="cuda", dtypes=(torch.bfloat16,), requires=needs_sm90))
