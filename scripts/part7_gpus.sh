@@ -34,6 +34,15 @@ step sweep 200 $RUN -m snippets.part7.sweep --out "$OUT/sweep.json"
 step fused_smoke 60 $RUN -m snippets.part7.fast_allreduce --smoke-fused --out /dev/null
 FUSED=$(grep -q "^fused_smoke: rc 0 " "$OUT/steps.txt" 2>/dev/null && echo --fused)
 step fast_allreduce 200 $RUN -m snippets.part7.fast_allreduce --profile $FUSED --out "$OUT/fast_allreduce.json"
+# Opt-in (only when KM_STEPS names ring_channels or ring_channels_min32): the experiment Part 7's collectives chapter names for the book's ring on 4
+# GPUs, far below NCCL up to 512 MiB. The ring's graph timings alone, once with NCCL's log of the point-to-point
+# channels it sets up, once with at least 32 channels per peer; logs and JSON stay in OUTDIR, nothing is recorded.
+if [[ " ${KM_STEPS:-} " == *" ring_channels"* ]]; then
+  step ring_channels 150 env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,P2P $RUN -m snippets.part7.fast_allreduce \
+    --pieces 1 --timing graph --repeats 1 --out "$OUT/ring_channels_default.json"
+  step ring_channels_min32 150 env NCCL_MIN_P2P_NCHANNELS=32 $RUN -m snippets.part7.fast_allreduce \
+    --pieces 1 --timing graph --repeats 1 --out "$OUT/ring_channels_min32.json"
+fi
 step pipeline 45 $RUN -m snippets.part7.pipeline --micro-batches 8
 # the bubble with stages whose compute dominates: 8 blocks of width 2048 per GPU, micro-batches of
 # 4 x 512 tokens in float32: about 1.7 TFLOP per stage and micro-batch forward, three times that
