@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from exercises.catalog import part1, part2, part3, part4, part5, part6, part8
+from exercises.catalog import part1, part2, part3, part4, part5, part6, part7, part8
 from exercises.engine import REPO_ROOT, Exercise
 
 
@@ -16,10 +16,11 @@ def _nav_order() -> dict[str, int]:
 
 
 _ORDER = _nav_order()
+_PARTS = (part1, part2, part3, part4, part5, part6, part7, part8)
 EXERCISES: dict[str, Exercise] = {ex.id: ex for ex in sorted(
-    (ex for mod in (part1, part2, part3, part4, part5, part6, part8) for ex in mod.EXERCISES),
+    (ex for mod in _PARTS for ex in mod.EXERCISES),
     key=lambda ex: (ex.part, _ORDER.get(ex.chapter, 999), ex.number))}
-if len(EXERCISES) != sum(len(m.EXERCISES) for m in (part1, part2, part3, part4, part5, part6, part8)):
+if len(EXERCISES) != sum(len(m.EXERCISES) for m in _PARTS):
     raise ValueError("two exercises share an id")
 
 

@@ -1,0 +1,317 @@
+"""Part 7's exercises: the alpha-beta model of the ring collectives, the ring reduce-scatter on real
+ranks (torch.distributed's gloo backend, several processes on a CPU), DDP's gradient buckets, ZeRO's
+memory per rank, a tensor-parallel MLP simulated in one process and the 1F1B schedule, checked
+against the book's own functions (snippets/part7/)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from exercises import compare
+from exercises.catalog.helpers import close
+from exercises.engine import Exercise, Failure, Run
+
+
+# -------------------------------------------------------------------------------- cost-of-talking.7
+def _check_ring_costs(run: Run) -> None:
+    from snippets.part7 import cost
+
+    mine = run.module()
+    cases = [(n, p, a, b) for n in (1.0, 4096.0, 2.0**30) for p in (2, 3, 8, 64)
+             for a, b in ((5e-6, 4.5e11), (2e-5, 2.5e10))]
+    for name, hint in (("ring_reduce_scatter_time", "p - 1 steps of alpha, and each rank sends p - "
+                                                    "1 chunks of n / p bytes"),
+                       ("ring_all_gather_time", "the same traffic as the reduce-scatter, in the "
+                                                "other direction of the data flow"),
+                       ("ring_all_reduce_time", "a reduce-scatter and then an all-gather of the "
+                                                "same n bytes: twice each term")):
+        with run.case(f"{name}() on {len(cases)} (bytes, ranks, alpha, beta) sets, against the "
+                      "book's cost.py", hint=hint):
+            compare.functions(name, getattr(mine, name, None), getattr(cost, name), cases,
+                              rel=1e-12)
+
+
+ring_costs = Exercise(
+    id="part7.cost-of-talking.7", title="The alpha-beta cost of the ring collectives", difficulty=1,
+    kind="model", files=("part7/ring_costs.py",),
+    task="Write the alpha-beta time of the ring reduce-scatter of n bytes per rank, of the ring "
+         "all-gather of an output of n bytes, and of the ring all-reduce of n bytes per rank (a "
+         "reduce-scatter, then an all-gather), for p ranks, latency alpha and bandwidth beta.",
+    hint="(p - 1) alpha + (p - 1) / p * n / beta for each half; the all-reduce pays both",
+    check=_check_ring_costs,
+    planted={"all_reduce_once": "ring_all_reduce_time(",
+             "whole_message_per_step": "ring_reduce_scatter_time("},
+)
+
+
+# --------------------------------------------------------------------------------------- sharding.7
+def _check_zero_memory(run: Run) -> None:
+    from snippets.part7.zero import zero_memory
+
+    mine = run.module()
+    cases = [(n, p, s) for n in (7_500_000_000, 21056, 1001) for p in (1, 3, 8, 64)
+             for s in (0, 1, 2, 3)]
+    with run.case(f"zero_memory() on {len(cases)} (parameters, ranks, stage) sets, against the "
+                  "book's "
+                  "zero.py", hint="stage 1 shards the optimizer state, stage 2 also the gradients, "
+                                  "stage 3 also the parameters; a shard is ceil(n / ranks) "
+                                  "elements"):
+        compare.functions("zero_memory", getattr(mine, "zero_memory", None), zero_memory, cases)
+    other = [(10**9, 8, s, 4, 4, 8) for s in range(4)]
+    with run.case("zero_memory() with fp32 parameters and gradients and 8 bytes of state",
+                  hint="use the byte counts passed in, not the defaults"):
+        compare.functions("zero_memory", getattr(mine, "zero_memory", None), zero_memory, other)
+
+
+zero_mem = Exercise(
+    id="part7.sharding.7", title="Memory per rank under ZeRO and FSDP", difficulty=1, kind="model",
+    files=("part7/zero_memory.py",),
+    task="Write zero_memory(n_params, world_size, stage): the bytes per rank of the parameters, "
+         "the gradients and the optimizer state under ZeRO stage 0 to 3 (stage 3 is FSDP's full "
+         "sharding), for mixed-precision Adam (2 + 2 + 12 bytes per parameter), with shards of "
+         "ceil(n / world_size).",
+    hint="each of the three is either n_params or the shard, times its bytes; the stage decides "
+         "which",
+    check=_check_zero_memory,
+    planted={"grads_replicated_at_stage_2": "zero_memory(", "floor_shard": "zero_memory("},
+)
+
+
+# ---------------------------------------------------------------------------------- data-parallel.7
+def _random_params(rng: random.Random, n: int) -> list[torch.Tensor]:
+    dtypes = [torch.float32] * 6 + [torch.bfloat16, torch.float64]
+    return [torch.zeros(rng.choice([1, 3, 16, 64, 100, 256, 1000]), dtype=rng.choice(dtypes))
+            for _ in range(n)]
+
+
+def _describe(params: list[torch.Tensor]) -> str:
+    return "[" + ", ".join(f"{p.numel()} x "
+                           f"{str(p.dtype).removeprefix('torch.')}" for p in params) + "]"
+
+
+def _compare_buckets(fn, cases) -> None:
+    from snippets.part7.ddp import assign_buckets
+
+    if not callable(fn):
+        raise Failure("assign_buckets is missing or not a function")
+    for params, cap in cases:
+        want = assign_buckets(params, cap)
+        got = fn(params, cap)
+        if not isinstance(got, list) or [list(b) for b in got] != want:
+            raise Failure(f"assign_buckets(params {_describe(params)}, bucket_bytes={cap}) = "
+                          f"{got}, expected {want}")
+
+
+def _check_buckets(run: Run) -> None:
+    fn = getattr(run.module(), "assign_buckets", None)
+    same = [torch.zeros(n) for n in (10, 20, 30, 40, 50)]                       # 4 bytes an element
+    fixed = [(same, 200), (same, 160), (same, 1), (same, 10**6), ([torch.zeros(25)] * 4, 100)]
+    with run.case("five float32 parameters of 10 .. 50 elements, caps that fit some exactly",
+                  hint="go from the last parameter to the first; a parameter that would take the "
+                       "bucket past the cap starts a new one, one that brings it exactly to the "
+                       "cap does not"):
+        _compare_buckets(fn, fixed)
+    rng = random.Random(71)
+    cases = [(_random_params(rng, rng.randint(1, 30)), rng.choice([64, 400, 1024, 4096, 10**5]))
+             for _ in range(200)]
+    with run.case(f"{len(cases)} random models with mixed dtypes, against the book's ddp.py",
+                  hint="a change of dtype also starts a new bucket (one all-reduce per dtype)"):
+        _compare_buckets(fn, cases)
+
+
+buckets = Exercise(
+    id="part7.data-parallel.7", title="Gradient buckets, in the order of the "
+                                      "backward", difficulty=2,
+    kind="python", files=("part7/buckets.py",),
+    task="Write assign_buckets(params, bucket_bytes): parameter indices grouped into buckets in "
+         "the reverse of the given order; a new bucket starts when the next parameter would take "
+         "the current one past bucket_bytes, or when its dtype differs; a parameter larger than "
+         "the cap gets a bucket of its own.",
+    hint="one loop over reversed(range(len(params))), keeping the current bucket's bytes and "
+         "dtype; numel() * element_size() is a parameter's bytes",
+    check=_check_buckets,
+    planted={"forward_order": "assign_buckets(", "cap_inclusive": "assign_buckets(",
+             "ignores_dtype": "assign_buckets("},
+)
+
+
+# -------------------------------------------------------------------------------- tensor-parallel.8
+def _check_tp(run: Run) -> None:
+    import torch.nn.functional as F
+
+    mod = run.module()
+    for fn in ("column_shard", "row_shard", "rank_forward", "tp_mlp"):
+        if not callable(getattr(mod, fn, None)):
+            raise Failure(f"{fn} is missing or not a function")
+    g = torch.Generator().manual_seed(72)
+    for b, h, f, t in ((5, 8, 32, 4), (3, 6, 12, 3), (2, 4, 16, 1), (7, 16, 64, 8)):
+        w1 = torch.randn(f, h, generator=g, dtype=torch.float64)
+        b1 = torch.randn(f, generator=g, dtype=torch.float64)
+        w2 = torch.randn(h, f, generator=g, dtype=torch.float64)
+        b2 = torch.randn(h, generator=g, dtype=torch.float64)
+        x = torch.randn(b, h, generator=g, dtype=torch.float64)
+        with run.case(f"the shards of W1 ({f} x {h}) and W2 ({h} x {f}) on {t} ranks",
+                      hint="nn.Linear's weight is (out, in): column parallel splits the rows of W1 "
+                           "and of b1, row parallel the columns of W2"):
+            for r in range(t):
+                w1_r, b1_r = mod.column_shard(w1, b1, t, r)
+                k = f // t
+                close(f"rank {r}'s rows of W1", w1_r, w1[r * k:(r + 1) * k], 0, 0)
+                close(f"rank {r}'s part of b1", b1_r, b1[r * k:(r + 1) * k], 0, 0)
+                close(f"rank {r}'s columns of "
+                      "W2", mod.row_shard(w2, t, r), w2[:, r * k:(r + 1) * k], 0, 0)
+        with run.case(f"a batch of {b}, hidden {h}, MLP width {f} on {t} ranks against the "
+                      "unsharded MLP",
+                      hint="the partial outputs are summed (the all-reduce g) and b2 is added "
+                           "once, after the sum, not on every rank"):
+            want = F.gelu(x @ w1.T + b1) @ w2.T + b2
+            close("out", mod.tp_mlp(x, w1, b1, w2, b2, t), want, 1e-12, 1e-12)
+
+
+tp_linear = Exercise(
+    id="part7.tensor-parallel.8", title="Column- then row-parallel, simulated in one "
+                                        "process", difficulty=2,
+    kind="python", files=("part7/tp_linear.py",),
+    task="Shard an MLP y = W2 gelu(W1 x + b1) + b2 over t ranks: W1 and b1 column parallel, W2 row "
+         "parallel. Write the shards, one rank's partial output and the whole forward with the "
+         "all-reduce as a sum over the ranks; it must equal the unsharded MLP.",
+    hint="rank r keeps rows r f/t .. (r+1) f/t of W1 (and b1) and the same columns of W2; gelu is "
+         "applied to each rank's slice of hidden features, which needs no communication",
+    check=_check_tp,
+    planted={"bias_on_every_rank": "out[", "row_shard_rows": "columns of W2"},
+)
+
+
+# ------------------------------------------------------------------------------ pipeline-parallel.9
+def _check_1f1b(run: Run) -> None:
+    from snippets.part7 import pipeline as pp
+
+    mod = run.module()
+    for fn in ("one_f_one_b_schedule", "bubble", "peak_in_flight"):
+        if not callable(getattr(mod, fn, None)):
+            raise Failure(f"{fn} is missing or not a function")
+    sizes = [(p, m) for p in (1, 2, 4, 8) for m in (1, 2, 3, 8, 16)]
+    with run.case(f"one_f_one_b_schedule() on {len(sizes)} (stages, micro-batches) pairs, against "
+                  "the "
+                  "book's", hint="warm-up min(p - s - 1, m) forwards; then F(i + w), B(i) for i < "
+                                 "m - w; then the remaining backwards"):
+        for p, m in sizes:
+            got, want = mod.one_f_one_b_schedule(p, m), pp.one_f_one_b_schedule(p, m)
+            if not isinstance(got, list) or len(got) != p:
+                raise Failure(f"one_f_one_b_schedule({p}, {m}) should be a list of {p} stages, got "
+                              f"{compare._fmt(got)}")
+            for s in range(p):
+                acts = [tuple(a) for a in got[s]]
+                if acts != want[s]:
+                    raise Failure(f"one_f_one_b_schedule({p}, {m}): stage {s} runs {acts}, "
+                                  f"expected {want[s]}")
+    with run.case("the schedules run through the book's simulate: no deadlock, and the bubble",
+                  hint="a stage that waits for a backward it has not yet made possible deadlocks"):
+        for p, m in sizes:
+            tl = pp.simulate(mod.one_f_one_b_schedule(p, m))
+            compare.number(f"the simulated bubble of one_f_one_b_schedule({p}, "
+                           f"{m})", float(tl.bubble),
+                           float(pp.bubble_formula(p, m)))
+    with run.case("bubble()", hint="(p - 1) / (m + p - 1): the idle time over p times the "
+                                   "makespan"):
+        compare.functions("bubble", lambda p, m: float(mod.bubble(p, m)),
+                          lambda p, m: float(pp.bubble_formula(p, m)), sizes)
+    with run.case("peak_in_flight() of every stage's 1F1B and GPipe actions",
+                  hint="count up on a forward, down on a backward, and keep the maximum"):
+        cases = [(acts,) for p, m in sizes for sched in (pp.one_f_one_b_schedule(p, m),
+                                                         pp.gpipe_schedule(p, m)) for acts in sched]
+        compare.functions("peak_in_flight", mod.peak_in_flight, pp.peak_in_flight, cases)
+
+
+one_f_one_b = Exercise(
+    id="part7.pipeline-parallel.9", title="The 1F1B schedule and its "
+                                          "bubble", difficulty=3, kind="python",
+    files=("part7/one_f_one_b.py",),
+    task="Write one_f_one_b_schedule(p, m), each stage's list of ('F', i) and ('B', i) under 1F1B "
+         "(a warm-up of min(p - s - 1, m) forwards, then one forward and one backward in turn, "
+         "then the remaining backwards), bubble(p, m) for equal action times, and "
+         "peak_in_flight(actions). The check compares the schedules with the book's and runs them "
+         "through the book's simulate.",
+    hint="stage s's warm-up covers the micro-batches in flight below it before its first backward "
+         "can arrive from the last stage",
+    check=_check_1f1b,
+    planted={"warmup_off_by_one": "one_f_one_b_schedule(",
+             "backward_first": "one_f_one_b_schedule("},
+)
+
+
+# ------------------------------------------------------------------------------------ collectives.7
+def _ring_world(rank: int, p: int, path: str, numel: int, seed: int):
+    """One rank of the check (top level: run_world pickles it into new processes): the learner's
+    reduce-scatter and all-reduce on this rank's vector, and dist.all_reduce's answer."""
+    import torch.distributed as dist
+
+    from exercises.engine import load_module
+
+    mod = load_module(Path(path))
+    g = torch.Generator().manual_seed(seed + rank)
+    x = torch.randint(-50, 50, (numel,), generator=g).double()  # integers: any order sums exactly
+    chunks = list(x.clone().tensor_split(p))
+    mod.reduce_scatter_chunks(chunks, rank, p)
+    rs = chunks[rank].clone()
+    ar = mod.ring_all_reduce(x.view(numel // 2, 2) if numel % 2 == 0 else x).reshape(-1)
+    ref = x.clone()
+    dist.all_reduce(ref)
+    return rs, ar, ref
+
+
+def _check_ring(run: Run) -> None:
+    from snippets.part7.launch import run_world
+
+    mod = run.module()
+    for fn in ("reduce_scatter_chunks", "ring_all_reduce"):
+        if not callable(getattr(mod, fn, None)):
+            raise Failure(f"{fn} is missing or not a function")
+    with run.case("one rank alone (no step to take): its chunk is its own",
+                  hint="a ring of p ranks takes p - 1 steps"):
+        x = torch.arange(5.0)
+        chunks = [x.clone()]
+        mod.reduce_scatter_chunks(chunks, 0, 1)
+        close("chunk 0", chunks[0], x, 0, 0)
+    for p, numel in ((4, 10), (3, 12)):
+        with run.case(f"{p} gloo ranks, vectors of {numel} elements (chunks of unequal sizes), "
+                      "against "
+                      "dist.all_reduce", hint="in step s rank r sends chunk (r - s - 1) mod p to "
+                                              "the right and adds what comes from the left into "
+                                              "chunk (r - s - 2) mod p"):
+            try:
+                results = run_world(_ring_world, p, str(run.path()), numel, 70, backend="gloo",
+                                    timeout_s=90)
+            except RuntimeError as exc:
+                text = str(exc)
+                tail = text.split("--- rank", 1)[1] if "--- rank" in text else ""
+                detail = tail.strip().splitlines()[-1] if tail.strip() else ""
+                first = text.splitlines()[0]
+                extra = f" ({detail})" if detail and detail.split(": ", 1)[-1] not in first else ""
+                raise Failure(first + extra) from exc
+            for r, (rs, ar, ref) in enumerate(results):
+                close(f"rank {r}'s reduce-scatter chunk", rs, ref.tensor_split(p)[r], 0, 0)
+                close(f"rank {r}'s all-reduce", ar, ref, 0, 0)
+
+
+ring = Exercise(
+    id="part7.collectives.7", title="The ring reduce-scatter, on real "
+                                    "ranks", difficulty=3, kind="python",
+    files=("part7/ring_reduce_scatter.py",),
+    task="Write reduce_scatter_chunks(chunks, rank, p), the ring reduce-scatter in place on this "
+         "rank's p chunks, with the given exchange(send, recv, right, left). The check runs it "
+         "with the given all-gather on 4 and 3 processes joined by torch.distributed's gloo "
+         "backend and compares every rank's chunk and all-reduce with dist.all_reduce.",
+    hint="p - 1 steps; in step s rank r sends chunk (r - s - 1) mod p to rank r + 1 and adds the "
+         "chunk it receives from rank r - 1 into its chunk (r - s - 2) mod p; receive into a fresh "
+         "buffer, not into the chunk being sent",
+    check=_check_ring,
+    planted={"sends_own_chunk": "reduce-scatter chunk|chunk index",
+             "overwrites": "reduce-scatter chunk"},
+    gpu="",
+)
+
+EXERCISES = [ring_costs, zero_mem, buckets, tp_linear, one_f_one_b, ring]
