@@ -1,12 +1,18 @@
-"""Part 6's exercises: layouts as functions, coalesce, swizzles (all Python, checked on a CPU)."""
+"""Part 6's exercises: layouts as functions, coalesce, complement, swizzles, FP8 scaling, the wgmma
+descriptor (all Python, checked on a CPU against the book's own code)."""
 
 from __future__ import annotations
 
 import math
 import random
 
+import torch
+
 from exercises import compare
-from exercises.engine import Exercise, Run
+from exercises.engine import Exercise, Failure, Run
+from snippets.part6 import hopper as book_hopper
+from snippets.part6 import layout as book_layout
+from snippets.part6.fp8 import format_facts, quantize_per_tensor
 
 
 def _random_layout(rng: random.Random, depth: int = 2):
@@ -158,4 +164,249 @@ swizzle = Exercise(
     planted={"wrong_mask": "swizzle(16, 3, 4, 3)"},
 )
 
-EXERCISES = [crd2idx, coalesce, swizzle]
+
+
+# -------------------------------------------------------------------------------------- layout-algebra.5
+def _book_complement(shape, stride, cotarget=None):
+    """snippets/part6/layout.py's complement as (shape, stride); a layout of size 1 is (1, 0)
+    (its stride is never used)."""
+    out = book_layout.complement(book_layout.Layout(shape, stride), cotarget)
+    return (1, 0) if out.size == 1 else (out.shape, out.stride)
+
+
+def _random_injective(rng: random.Random):
+    """A flat layout whose modes do not overlap: strides built in a random order, each a multiple
+    of the span below it (with gaps), some modes of size 1 or stride 0."""
+    n = rng.randint(1, 4)
+    sizes = [rng.randint(1, 4) for _ in range(n)]
+    strides = [0] * n
+    covered = 1
+    for i in rng.sample(range(n), n):
+        if rng.random() < 0.15:
+            continue  # a broadcast mode: stride 0
+        strides[i] = covered * rng.choice([1, 1, 2, 3, 4])
+        covered = strides[i] * sizes[i]
+    if n == 1:
+        return sizes[0], strides[0]
+    return tuple(sizes), tuple(strides)
+
+
+def _check_complement(run: Run) -> None:
+    mine = getattr(run.module(), "complement", None)
+    fixed = [
+        (4, 1, 24),
+        (4, 2, 24),
+        ((2, 2), (1, 6), 24),
+        ((4, 6), (1, 4), None),
+        ((2, 4), (8, 1), 64),
+        (3, 0, 12),
+        ((2, 1, 3), (3, 7, 1), 36),
+    ]
+    with run.case(
+        "the chapter's layouts",
+        hint="before a mode of stride d there is room for d // covered copies of what is covered: "
+        "the complement's mode (d // covered):covered; then covered = d * size",
+    ):
+        compare.functions("complement", mine, _book_complement, fixed)
+    rng = random.Random(65)
+    cases = []
+    for _ in range(400):
+        shape, stride = _random_injective(rng)
+        cosize = book_layout.Layout(shape, stride).cosize
+        cases.append((shape, stride, rng.choice([None, cosize, 2 * cosize, 3 * cosize + 1])))
+    with run.case(
+        f"{len(cases)} random flat layouts, with and without a cotarget",
+        hint="walk the modes by increasing stride, skipping sizes of 1 and strides of 0; the last "
+        "mode is ceil(cotarget / covered):covered; coalesce the result",
+    ):
+        compare.functions("complement", mine, _book_complement, cases)
+    with run.case(
+        "overlapping modes are refused",
+        hint="a stride smaller than the span the smaller strides already cover means overlap: "
+        "raise ValueError",
+    ):
+        for shape, stride in (((2, 2), (1, 1)), ((4, 2), (1, 2)), ((3, 2), (2, 3))):
+            try:
+                got = mine(shape, stride, 24)
+            except ValueError:
+                continue
+            raise Failure(f"complement({shape}, {stride}, 24) returned {got}: the modes overlap, "
+                          "expected ValueError")
+
+
+complement = Exercise(
+    id="part6.layout-algebra.5",
+    title="Complement of a flat layout",
+    difficulty=3,
+    kind="model",
+    files=("part6/complement.py",),
+    task="Write complement(shape, stride, cotarget): the layout of the offsets in [0, cotarget) that "
+    "the flat layout shape:stride leaves out. Drop the modes of size 1 or stride 0, sort the rest by "
+    "stride and walk them keeping covered, the span the modes so far tile with their holes filled: "
+    "before a mode of stride d the complement gets a mode (d // covered):covered, and covered becomes "
+    "d * size. A last mode ceil(cotarget / covered):covered repeats everything up to the cotarget (the "
+    "whole span when cotarget is None). Raise ValueError when a stride falls inside the span already "
+    "covered. Return the result coalesced.",
+    hint="covered starts at 1; the cosize is 1 + the sum of (size - 1) * stride; coalesce() is given",
+    check=_check_complement,
+    planted={
+        "no_gap_modes": "complement(4, 2, 24)",
+        "unsorted": "complement((2, 4), (8, 1), 64)",
+    },
+)
+
+
+# ------------------------------------------------------------------------------------------------ fp8.3
+def _fp8_bits(q: torch.Tensor) -> torch.Tensor:
+    return q.view(torch.uint8).to(torch.int16)
+
+
+def _compare_fp8(name: str, got, expected: torch.Tensor) -> None:
+    """Bit for bit: the same fp8 codes (NaN and the sign of zero included)."""
+    if not isinstance(got, torch.Tensor) or got.dtype != expected.dtype:
+        raise Failure(f"{name} should be a {expected.dtype} tensor, got "
+                      f"{getattr(got, 'dtype', type(got).__name__)}")
+    compare.tensors(f"{name} as fp8 values", got.float(), expected.float(), rtol=0, atol=0)
+    compare.tensors(f"{name} as fp8 codes", _fp8_bits(got), _fp8_bits(expected), rtol=0, atol=0,
+                    check_dtype=False)
+
+
+def _check_fp8_scale(run: Run) -> None:
+    mine = run.module()
+    scale_fn, quant_fn = getattr(mine, "per_tensor_scale", None), getattr(mine, "quantize", None)
+    if not callable(scale_fn) or not callable(quant_fn):
+        raise Failure("per_tensor_scale and quantize must both be functions")
+    g = torch.Generator().manual_seed(66)
+    data = [
+        ("randn", torch.randn(64, 96, generator=g)),
+        ("with an outlier", torch.randn(33, 17, generator=g) * torch.where(
+            torch.rand(33, 17, generator=g) < 0.01, 1e4, 1.0)),
+        ("tiny values", torch.randn(7, 300, generator=g) * 1e-7),
+        ("some zeros", torch.randn(50, generator=g).relu()),
+        ("all zeros", torch.zeros(5, 5)),
+        ("bf16", torch.randn(40, 24, generator=g).bfloat16() * 3),
+    ]
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        label = str(dtype).removeprefix("torch.")
+        with run.case(
+            f"{label}: the scales of snippets/part6/fp8.py (random, outliers, tiny, zeros, bf16)",
+            hint="scale = amax / the format's largest value, amax in fp32 and at least 1e-12 (all "
+            "zeros)",
+        ):
+            for what, x in data:
+                try:
+                    scale = scale_fn(x, dtype)
+                except NotImplementedError as exc:
+                    raise Failure(f"per_tensor_scale is not written yet ({exc})") from exc
+                compare.number(f"per_tensor_scale({what}, {label})", scale,
+                               float(quantize_per_tensor(x, dtype)[1]), rel=1e-6)
+        with run.case(
+            f"{label}: the codes of snippets/part6/fp8.py, bit for bit",
+            hint="divide by the scale in fp32, then cast",
+        ):
+            for what, x in data:
+                q_ref, s_ref = quantize_per_tensor(x, dtype)
+                try:
+                    q = quant_fn(x, s_ref, dtype)
+                except NotImplementedError as exc:
+                    raise Failure(f"quantize is not written yet ({exc})") from exc
+                _compare_fp8(f"quantize({what}, {label})", q, q_ref)
+    with run.case(
+        "an infinity or a NaN is refused by per_tensor_scale",
+        hint="check torch.isfinite(x).all() first: an infinite amax makes the scale infinite",
+    ):
+        for bad in (float("inf"), float("-inf"), float("nan")):
+            x = torch.randn(16, generator=g)
+            x[3] = bad
+            try:
+                got = scale_fn(x, torch.float8_e4m3fn)
+            except ValueError:
+                continue
+            raise Failure(f"per_tensor_scale of a tensor holding {bad} returned {got}, expected "
+                          "ValueError")
+    x = torch.randn(64, 64, generator=g) * 100
+    x[0, :4] = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        top = format_facts(dtype).max
+        stale = torch.tensor(float(x[1:].abs().amax()) / top / 8)  # a scale 8 times too small
+        expected = (x / stale).clamp(-top, top).to(dtype)
+        label = str(dtype).removeprefix("torch.")
+        with run.case(
+            f"{label}: a stale scale and infinities saturate to +-{top:g} (NaN stays NaN)",
+            hint="clamp x / scale to [-max, max] before the cast: a cast does not always saturate "
+            "(e5m2 has infinities, so a value past 57344 becomes inf)",
+        ):
+            _compare_fp8(f"quantize(stale scale, {label}) (saturation)", quant_fn(x, stale, dtype),
+                         expected)
+
+
+fp8_scale = Exercise(
+    id="part6.fp8.3",
+    title="A per-tensor scale and a saturating cast",
+    difficulty=2,
+    kind="model",
+    files=("part6/fp8_scale.py",),
+    task="Write per_tensor_scale(x, dtype): the fp32 scale that maps the largest magnitude of x to the "
+    "format's largest finite value (amax / max, amax kept at least 1e-12 so that a tensor of zeros gets "
+    "a usable scale), raising ValueError when x holds an infinity or a NaN. Then quantize(x, scale, "
+    "dtype): x / scale in fp32, clamped to [-max, max] before the cast, so that a stale scale or an "
+    "infinity saturates to the largest value; NaN stays NaN.",
+    hint="torch.finfo(dtype).max is the largest value (largest() is given); .clamp(-top, top) keeps NaN",
+    check=_check_fp8_scale,
+    planted={
+        "inverted_scale": "per_tensor_scale(randn, float8_e4m3fn)",
+        "no_zero_guard": "all zeros",
+        "no_saturation": "saturation",
+        "accepts_inf": "expected ValueError",
+    },
+)
+
+
+# --------------------------------------------------------------------------------------------- hopper.3
+def _check_wgmma_desc(run: Run) -> None:
+    mine = getattr(run.module(), "descriptor", None)
+
+    def book(smem_addr, lbo, sbo, layout_type, base_offset=0):
+        swizzle = {s.layout_type: s for s in book_hopper.Swizzle}[layout_type]
+        return book_hopper.wgmma_descriptor(smem_addr, lbo, sbo, swizzle, base_offset)
+
+    lbo, sbo = book_hopper.kmajor_offsets(128, 128, "128B")
+    with run.case(
+        "a 128 x 64 bf16 K-major tile with the 128B swizzle, at byte 1024",
+        hint="each of the three byte counts goes in as (x & 0x3FFFF) >> 4: encode() is given",
+    ):
+        compare.functions("descriptor", mine, book, [(1024, lbo, sbo, 1)])
+    rng = random.Random(67)
+    cases = []
+    for _ in range(300):
+        layout_type = rng.randrange(4)
+        cases.append((rng.randrange(1 << 14) * 16, rng.randrange(1 << 14) * 16,
+                      rng.randrange(1 << 14) * 16, layout_type,
+                      rng.randrange(8) if layout_type else 0))
+    with run.case(
+        f"{len(cases)} random addresses, offsets, layout types and base offsets",
+        hint="the fields sit at bits 0, 16, 32, 49 and 62; shift, then OR them together",
+    ):
+        compare.functions("descriptor", mine, book, cases)
+
+
+wgmma_desc = Exercise(
+    id="part6.hopper.3",
+    title="The wgmma shared-memory descriptor",
+    difficulty=1,
+    kind="model",
+    files=("part6/wgmma_desc.py",),
+    task="Write descriptor(smem_addr, lbo, sbo, layout_type, base_offset): the 64-bit matrix descriptor "
+    "of a wgmma operand. The start address, the leading byte offset and the stride byte offset are "
+    "byte counts kept in 16-byte units, 14 bits each (encode() does that), at bits 0, 16 and 32; the "
+    "base offset takes bits 49-51 and the layout type (0 none, 1 128B, 2 64B, 3 32B) bits 62-63.",
+    hint="encode(smem_addr) | encode(lbo) << 16 | encode(sbo) << 32 | base_offset << 49 | "
+    "layout_type << 62",
+    check=_check_wgmma_desc,
+    planted={
+        "bytes_not_units": "descriptor(1024, 16, 1024, 1)",
+        "swizzle_at_60": "descriptor(",
+    },
+)
+
+EXERCISES = [crd2idx, coalesce, swizzle, complement, fp8_scale, wgmma_desc]
