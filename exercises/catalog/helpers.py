@@ -114,6 +114,13 @@ class Output:
         return self.tensor.detach().cpu()
 
 
+def require(mod: Any, *names: str) -> None:
+    """Fail, naming it, on the first of ``names`` that the learner's module lacks or that is not a function."""
+    for fn in names:
+        if not callable(getattr(mod, fn, None)):
+            raise Failure(f"{fn} is missing or not a function")
+
+
 def close(name: str, got: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> None:
     compare.tensors(name, got, expected, rtol, atol)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from exercises import compare
-from exercises.catalog.helpers import close
+from exercises.catalog.helpers import close, require
 from exercises.engine import Exercise, Failure, Run
 
 
@@ -143,9 +143,7 @@ def _check_tp(run: Run) -> None:
     import torch.nn.functional as F
 
     mod = run.module()
-    for fn in ("column_shard", "row_shard", "rank_forward", "tp_mlp"):
-        if not callable(getattr(mod, fn, None)):
-            raise Failure(f"{fn} is missing or not a function")
+    require(mod, "column_shard", "row_shard", "rank_forward", "tp_mlp")
     g = torch.Generator().manual_seed(72)
     for b, h, f, t in ((5, 8, 32, 4), (3, 6, 12, 3), (2, 4, 16, 1), (7, 16, 64, 8)):
         w1 = torch.randn(f, h, generator=g, dtype=torch.float64)
@@ -190,9 +188,7 @@ def _check_1f1b(run: Run) -> None:
     from snippets.part7 import pipeline as pp
 
     mod = run.module()
-    for fn in ("one_f_one_b_schedule", "bubble", "peak_in_flight"):
-        if not callable(getattr(mod, fn, None)):
-            raise Failure(f"{fn} is missing or not a function")
+    require(mod, "one_f_one_b_schedule", "bubble", "peak_in_flight")
     sizes = [(p, m) for p in (1, 2, 4, 8) for m in (1, 2, 3, 8, 16)]
     with run.case(f"one_f_one_b_schedule() on {len(sizes)} (stages, micro-batches) pairs, against "
                   "the "
@@ -267,9 +263,7 @@ def _check_ring(run: Run) -> None:
     from snippets.part7.launch import run_world
 
     mod = run.module()
-    for fn in ("reduce_scatter_chunks", "ring_all_reduce"):
-        if not callable(getattr(mod, fn, None)):
-            raise Failure(f"{fn} is missing or not a function")
+    require(mod, "reduce_scatter_chunks", "ring_all_reduce")
     with run.case("one rank alone (no step to take): its chunk is its own",
                   hint="a ring of p ranks takes p - 1 steps"):
         x = torch.arange(5.0)

@@ -10,7 +10,7 @@ import random
 import torch
 
 from exercises import compare
-from exercises.catalog.helpers import close
+from exercises.catalog.helpers import close, require
 from exercises.engine import Exercise, Failure, Run
 
 
@@ -132,9 +132,7 @@ def _chunks(n: int, splits: int, tile: int) -> list[tuple[int, int]]:
 def _check_split_merge(run: Run) -> None:
     mine = run.module()
     g = torch.Generator().manual_seed(86)
-    for fn in ("partial", "merge"):
-        if not callable(getattr(mine, fn, None)):
-            raise Failure(f"{fn} is missing or not a function")
+    require(mine, "partial", "merge")
     with run.case("partial() on one chunk of 37 tokens: its softmax output and its log-sum-exp",
                   hint="o_s is the chunk's own softmax (normalised by the chunk's sum) times its V "
                        "rows; lse_s = m + log(sum exp(s - m)) with m the chunk's largest score"):
@@ -187,9 +185,7 @@ def _check_int4(run: Run) -> None:
 
     mine = run.module()
     g = torch.Generator().manual_seed(87)
-    for fn in ("int4_params", "quantize", "dequantize", "pack", "unpack"):
-        if not callable(getattr(mine, fn, None)):
-            raise Failure(f"{fn} is missing or not a function")
+    require(mine, "int4_params", "quantize", "dequantize", "pack", "unpack")
     for n, k, gs in ((5, 64, 16), (3, 256, 128), (4, 96, 32)):
         w = torch.randn(n, k, generator=g) * 0.05
         w[0, :gs] = 0.0                                     # a group of zeros: scale 1
@@ -462,9 +458,7 @@ def _check_scheduler(run: Run) -> None:
     from snippets.part8.serving import Request
 
     mod = run.module()
-    for fn in ("admit", "make_room", "serve"):
-        if not callable(getattr(mod, fn, None)):
-            raise Failure(f"{fn} is missing or not a function")
+    require(mod, "admit", "make_room", "serve")
     for seed, n, num_blocks, block_size, max_batch in ((93, 12, 400, 16, 4), (94, 16, 30, 8, 8),
                                                       (95, 20, 24, 4, 6), (96, 10, 12, 16, 16)):
         rng = random.Random(seed)
