@@ -339,6 +339,28 @@ def test_reference_is_part5s():
         torch.testing.assert_close(lse, torch.logsumexp(scores, -1))
 
 
+
+@pytest.mark.parametrize("module", ["hopper_attention", "fp8_attention"])
+def test_reference_a_few_heads_at_a_time(module, monkeypatch):
+    """The references take heads in groups (so that S = 16384 fits in a GPU's memory beside the
+    inputs): with room for 1 and for 3 of 7 heads' scores, o (and lse) equal the all-at-once
+    formula's, the last, partial group included."""
+    import importlib
+    mod = importlib.import_module(f"snippets.part6.{module}")
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 7, 24, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    for causal in (False, True):
+        scores = q @ k.transpose(-1, -2) / 4.0
+        if causal:
+            scores = scores.masked_fill(torch.ones(24, 24, dtype=torch.bool).triu(1), -math.inf)
+        for heads in (1, 3):
+            monkeypatch.setattr(mod, "REFERENCE_SCORES", heads * 24 * 24)
+            got = mod.attention_ref(q, k, v, causal)
+            o = got[0] if module == "hopper_attention" else got
+            torch.testing.assert_close(o, torch.softmax(scores, -1) @ v, rtol=1e-12, atol=1e-12)
+            if module == "hopper_attention":
+                torch.testing.assert_close(got[1], torch.logsumexp(scores, -1), rtol=1e-12, atol=1e-12)
+
 # --------------------------------------------------------------------------------------------------
 # Step 2's turns, on paper: the named-barrier protocol, run over every interleaving
 # --------------------------------------------------------------------------------------------------

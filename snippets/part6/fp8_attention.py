@@ -89,16 +89,24 @@ def dequantize_heads(x8: torch.Tensor, scale: torch.Tensor, dtype=torch.float32)
 
 
 # --8<-- [start:reference]
+REFERENCE_SCORES = 2**27  # score elements the reference holds at once: 1 GiB of float64
+
+
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   causal: bool = False) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D), masked if causal) v in float64, for (B, H, S, D) tensors."""
-    q, k, v = q.double(), k.double(), v.double()
-    s = q.shape[-2]
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(mask, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+    """softmax(q k^T / sqrt(D), masked if causal) v in float64, for (B, H, S, D) tensors. A few
+    heads at a time, so that their S x S scores stay under 2^27 elements (1 GiB of float64)."""
+    b, h, s, d = q.shape
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1) if causal else None
+    out = torch.empty((b * h, s, v.shape[-1]), dtype=torch.float64, device=q.device)
+    qs, ks, vs = (t.reshape(b * h, s, t.shape[-1]) for t in (q, k, v))
+    step = max(1, REFERENCE_SCORES // (s * s))
+    for i in range(0, b * h, step):
+        scores = qs[i:i + step].double() @ ks[i:i + step].double().transpose(-1, -2) / math.sqrt(d)
+        if causal:
+            scores = scores.masked_fill(mask, float("-inf"))
+        out[i:i + step] = torch.softmax(scores, dim=-1) @ vs[i:i + step].double()
+    return out.view(b, h, s, -1)
 
 
 def attention_fp8_ref(q8, k8, vt8, q_scale, k_scale, v_scale, q, k, v, causal=False):

@@ -136,19 +136,29 @@ def check_hopper_attention(name: str, q: object, k: object, v: object, causal: o
 
 
 # --8<-- [start:reference]
+REFERENCE_SCORES = 2**27  # score elements the reference holds at once: 1 GiB of float64
+
+
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """What the kernel computes, in float64: o = softmax(q k^T * scale, masked if causal) v and
-    lse = logsumexp of each row of the scaled (masked) scores. Shapes (B, H, S, D) and (B, H, S)."""
-    q, k, v = q.double(), k.double(), v.double()
-    s, d = q.shape[-2], q.shape[-1]
+    lse = logsumexp of each row of the scaled (masked) scores. Shapes (B, H, S, D) and (B, H, S).
+    A few heads at a time: their S x S scores stay under 2^27 elements (1 GiB of float64), where
+    all B x H heads at once would not fit in a GPU's memory at S = 16384."""
+    b, h, s, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if causal:
-        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    return torch.matmul(torch.exp(scores - lse[..., None]), v), lse
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1) if causal else None
+    o = torch.empty((b * h, s, v.shape[-1]), dtype=torch.float64, device=q.device)
+    lse = torch.empty((b * h, s), dtype=torch.float64, device=q.device)
+    qs, ks, vs = (t.reshape(b * h, s, t.shape[-1]) for t in (q, k, v))
+    step = max(1, REFERENCE_SCORES // (s * s))
+    for i in range(0, b * h, step):
+        scores = torch.matmul(qs[i:i + step].double(), ks[i:i + step].double().transpose(-1, -2)) * scale
+        if causal:
+            scores = scores.masked_fill(mask, float("-inf"))
+        lse[i:i + step] = torch.logsumexp(scores, dim=-1)
+        o[i:i + step] = torch.matmul(torch.exp(scores - lse[i:i + step, :, None]), vs[i:i + step].double())
+    return o.view(b, h, s, -1), lse.view(b, h, s)
 # --8<-- [end:reference]
 
 
