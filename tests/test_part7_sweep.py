@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from snippets.part7 import sweep
 from snippets.part7.cost import bus_bandwidth
-from snippets.part7.launch import run_world
+from snippets.part7.launch import default_backend, run_world
 from snippets.registry import REPO_ROOT
 
 
@@ -51,7 +51,7 @@ def _messages(rank: int, world: int) -> dict:
 
 
 def test_a_sweep_on_gloo_gives_every_rank_the_same_records():
-    results = run_world(_messages, 2)
+    results = run_world(_messages, 2, backend="gloo")
     assert results[0]["records"] == results[1]["records"]  # the slowest rank's time, on every rank
     recs = results[0]["records"]
     # gloo has no reduce-scatter of tensors: left out, the others at both sizes
@@ -76,7 +76,8 @@ def test_the_command_line_writes_records_fits_and_provenance(tmp_path):
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
-    assert data["provenance"]["backend"] == "gloo" and data["provenance"]["world_size"] == 2
+    # NCCL where there are two GPUs, gloo otherwise (the command line's default)
+    assert data["provenance"]["backend"] == default_backend(2) and data["provenance"]["world_size"] == 2
     assert {r["op"] for r in data["records"]} == {"all_reduce", "all_to_all"}
     assert len(data["records"]) == 2 * 4  # 1, 2, 4 and 8 KiB
     for fit in data["fits"]:

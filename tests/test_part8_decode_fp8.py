@@ -61,30 +61,6 @@ def test_block_quantisation_error_bound():
     assert (s0 == 1).all() and (zero.float() == 0).all()          # an empty block: no 0/0
 
 
-
-def test_op_check_is_the_reference_one_sequence_at_a_time():
-    """The op's own check (the harness's and the tests' comparison, sequence by sequence so that
-    the largest size fits): it passes the reference's output and names what is wrong with a value
-    off by a little more than the tolerance in one sequence, a sequence swapped with another, an
-    element never written and the wrong dtype."""
-    from snippets.bench.harness import compare_outputs
-    op = da.paged_decode_fp8
-    args = op.make_inputs({"b": 3, "ctx": 40, "hq": 4, "hkv": 2, "d": 16, "page": 8}, torch.float32,
-                          "cpu", torch.Generator().manual_seed(0))
-    ref = op.reference_fp64(args)
-    out = ref.to(torch.float32)
-    compare_outputs(op, "v", out, ref, torch.float32)          # the whole-batch comparison agrees
-    op.check(out, args, torch.float32)
-    rtol, atol = op.tolerance(torch.float32)
-    wrong = {"off": out.clone(), "swapped": out[[0, 2, 1]].clone(), "unwritten": out.clone()}
-    wrong["off"][2, 1, 3] += 2 * (atol + rtol * abs(float(ref[2, 1, 3])))
-    wrong["unwritten"][1, 0, 0] = float("nan")
-    for bad in wrong.values():
-        with pytest.raises(AssertionError, match="paged_decode_attention_fp8"):
-            op.check(bad, args, torch.float32)
-    with pytest.raises(AssertionError, match="dtype"):
-        op.check(out.double(), args, torch.float32)
-
 CASES = [([5, 40, 1], 8, 2, 32, 16), ([37], 4, 4, 16, 5), ([3, 17, 64, 9], 8, 1, 16, 8)]
 
 

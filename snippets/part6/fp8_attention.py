@@ -545,7 +545,8 @@ SWEEP = [{"b": 4, "h": 32, "s": 4096, "d": 128, "causal": True},
          {"b": 1, "h": 32, "s": 16384, "d": 128, "causal": False},
          {"b": 1, "h": 32, "s": 16384, "d": 128, "causal": True}]
 # Small, for the interpreter: S = 1, a ragged tail, both masks, both head dims.
-TEST_SIZES = [{"b": 1, "h": 2, "s": 1, "d": 64, "causal": False},
+# (cuDNN, v0, refuses a single query: the book's versions at S = 1 are in test_part6_fp8_attention)
+TEST_SIZES = [{"b": 1, "h": 2, "s": 3, "d": 64, "causal": False},
               {"b": 2, "h": 1, "s": 17, "d": 64, "causal": True},
               {"b": 1, "h": 1, "s": 130, "d": 128, "causal": False}]
 # --8<-- [start:tolerance]

@@ -153,11 +153,12 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     qs, ks, vs = (t.reshape(b * h, s, t.shape[-1]) for t in (q, k, v))
     step = max(1, REFERENCE_SCORES // (s * s))
     for i in range(0, b * h, step):
-        scores = torch.matmul(qs[i:i + step].double(), ks[i:i + step].double().transpose(-1, -2)) * scale
+        qi, ki, vi = (t[i:i + step].double() for t in (qs, ks, vs))
+        scores = torch.matmul(qi, ki.transpose(-1, -2)) * scale
         if causal:
             scores = scores.masked_fill(mask, float("-inf"))
         lse[i:i + step] = torch.logsumexp(scores, dim=-1)
-        o[i:i + step] = torch.matmul(torch.exp(scores - lse[i:i + step, :, None]), vs[i:i + step].double())
+        o[i:i + step] = torch.matmul(torch.exp(scores - lse[i:i + step, :, None]), vi)
     return o.view(b, h, s, -1), lse.view(b, h, s)
 # --8<-- [end:reference]
 

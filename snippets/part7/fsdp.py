@@ -24,14 +24,19 @@ def shard_model(model: nn.Module, prefetch: bool = True, mixed: bool = False,
     each block asks for the next block's all-gather in the forward and the previous block's in
     the backward, so that it is in flight while this block computes. ``mixed``: gather and
     compute in bf16, keep fp32 shards (the master weights) and reduce gradients in fp32."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if mixed else MixedPrecisionPolicy())
+    # the mesh on the model's own device: left to itself, fully_shard picks CUDA whenever there is a
+    # GPU, and would move a CPU model of gloo ranks there
+    device = next(model.parameters()).device.type
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
     blocks = list(model.blocks)
     for block in blocks:
-        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     if prefetch:
         for before, after in zip(blocks, blocks[1:]):
             before.set_modules_to_forward_prefetch([after])

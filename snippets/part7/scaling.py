@@ -110,12 +110,14 @@ def train_steps(mode: str, config: str, batch: int, steps: int, warmup: int) -> 
         wrapped = nn.parallel.DistributedDataParallel(
             model, device_ids=[torch.device(device).index] if device != "cpu" else None)
     elif mode == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        mesh = init_device_mesh(torch.device(device).type, (world,))  # gloo ranks: a CPU mesh
         for block in model.blocks:
-            fully_shard(block, mp_policy=policy)
-        wrapped = fully_shard(model, mp_policy=policy)
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        wrapped = fully_shard(model, mesh=mesh, mp_policy=policy)
     else:
         wrapped = model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
