@@ -309,7 +309,8 @@ def timing_run(tmp_path_factory):
     """``scripts/part7_gpus.sh``'s pipeline_timing step at a tiny size on 2 CPU processes: the
     sleep per action stands in for the compute of a large model."""
     out = tmp_path_factory.mktemp("pipeline_timing")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    # a CPU run (gloo) on any machine: with GPUs visible the command line would take NCCL
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "snippets.part7.pipeline", "--micro-batches", "4", "--steps", str(BUBBLE_STEPS + 1),

@@ -503,7 +503,10 @@ def train_torch_pp(rank: int, world_size: int, steps: int = 10,
     opt = _make_optimizer(optimizer, stage.parameters())
     losses = []
     for step in range(steps):
-        tokens, targets = (t.to(device) for t in tiny_batch(step, global_batch, seq_len))
+        # contiguous: torch.distributed.pipelining (torch 2.11) checks an input's strides against
+        # the stage's, and tiny_batch's tokens are a slice of (B, S + 1) text
+        batch = tiny_batch(step, global_batch, seq_len)
+        tokens, targets = (t.to(device).contiguous() for t in batch)
         opt.zero_grad()
         mb_losses: list = []
         if rank == 0:
