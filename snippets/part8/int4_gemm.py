@@ -665,7 +665,7 @@ def dequant_linear(x, packed, scales, dense=None):
 # M = 16 tokens against an 8192 x 8192 layer: the weight is 32 MiB of codes + 1 MiB of scales
 # (128 MiB in bf16), so every size here reads well past the 50 MB L2 in v0 and v3.
 HEADLINE = {"m": 16, "n": 8192, "k": 8192, "g": 128}
-SWEEP = [{"m": m, "n": 8192, "k": 8192, "g": 128} for m in (1, 4, 16, 64)]
+SWEEP = [{"m": m, "n": 8192, "k": 8192, "g": 128} for m in (1, 4, 16, 64, 128)]  # 128: issue 22
 # every group size, M = 1, ragged M and N, and K not a multiple of the interpreter's BLOCK_K = 64
 TEST_SIZES = [{"m": m, "n": n, "k": k, "g": g}
               for m, n, k, g in ((1, 64, 128, 32), (5, 40, 192, 64), (16, 96, 256, 128),
