@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 import torch
@@ -149,6 +150,112 @@ def test_simulate_errors():
         _sim(tr, "static", chunk=64)
     with pytest.raises(ValueError, match="empty"):
         _sim([], "static")
+
+
+# ---------------------------------------------------------------- throughput at equal latency
+
+def test_summarise_p50_is_the_median_end_to_end_latency():
+    for n in (61, 60):                                 # odd: the median; even: the lower middle
+        res = _sim(_trace(n=n, rate=100.0), "continuous")
+        s = sv.summarise(res)
+        e2e = sorted(r.e2e for r in res.requests)
+        assert s["e2e_p50"] == e2e[(n - 1) // 2] == sv.percentile(e2e, 50)
+        if n % 2:
+            assert s["e2e_p50"] == statistics.median(e2e)
+        assert s["e2e_p50"] != s["e2e_mean"]           # not the mean under another name
+        assert s["e2e_mean"] == pytest.approx(sum(e2e) / n, rel=1e-12)
+
+
+def test_at_rate_scales_arrivals_only():
+    tr = _trace(n=40, rate=40.0)
+    slow = sv.at_rate(tr, 40.0, 10.0)
+    assert [(r.rid, r.prompt, r.output) for r in slow] == [(r.rid, r.prompt, r.output)
+                                                           for r in tr]
+    assert [r.arrival for r in slow] == pytest.approx([4 * r.arrival for r in tr], rel=1e-12)
+    assert sv.at_rate(tr, 40.0, 40.0) == tr
+    # the same requests make_trace draws at the new rate: one uniform draw per gap, over the rate
+    drawn = _trace(n=40, rate=10.0)
+    assert [(r.rid, r.prompt, r.output) for r in drawn] == [(r.rid, r.prompt, r.output)
+                                                            for r in slow]
+    assert [r.arrival for r in drawn] == pytest.approx([r.arrival for r in slow], rel=1e-12)
+    for bad in (0.0, -5.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="at_rate: new_rate"):
+            sv.at_rate(tr, 40.0, bad)
+    with pytest.raises(ValueError, match="at_rate: rate"):
+        sv.at_rate(tr, 0.0, 10.0)
+    with pytest.raises(TypeError, match="at_rate: new_rate"):
+        sv.at_rate(tr, 40.0, "10")
+
+
+def test_load_curve_points_are_the_simulator_at_each_rate():
+    tr = _trace(n=30, rate=40.0)
+    rates = [5.0, 20.0, 80.0]
+    for policy, kw in [("static", {}), ("continuous", {"chunk": 256})]:
+        curve = sv.load_curve(tr, 40.0, rates, policy, CFG, BW, PEAK, num_blocks=3000,
+                              max_batch=16, **kw)
+        assert [p.rate for p in curve] == rates
+        for p in curve:
+            s = sv.summarise(_sim(sv.at_rate(tr, 40.0, p.rate), policy, **kw))
+            assert (p.tokens_per_s, p.e2e_p50) == (s["tokens_per_s"], s["e2e_p50"])
+        assert len({p.e2e_p50 for p in curve}) == 3     # the rate did change the arrivals
+    for bad, msg in [([], "none given"), ([20.0, 5.0], "increasing"), ([5.0, 5.0], "increasing"),
+                     ([0.0, 5.0], "positive"), ([5.0, math.nan], "positive")]:
+        with pytest.raises(ValueError, match=f"load_curve: rates.*{msg}"):
+            sv.load_curve(tr, 40.0, bad, "static", CFG, BW, PEAK, num_blocks=3000)
+    with pytest.raises(ValueError, match="load_curve: rate must be positive"):
+        sv.load_curve(tr, -1.0, rates, "static", CFG, BW, PEAK, num_blocks=3000)
+    with pytest.raises(ValueError, match="chunk"):              # simulate's own check
+        sv.load_curve(tr, 40.0, rates, "static", CFG, BW, PEAK, num_blocks=3000, chunk=64)
+
+
+def _pts(*xs):
+    return [sv.CurvePoint(float(i + 1), tp, lat) for i, (tp, lat) in enumerate(xs)]
+
+
+def test_throughput_at_latency_interpolates_exactly():
+    # latency falls, then rises (static batching's shape): 3.5 s is met twice, the larger wins
+    curve = _pts((100.0, 5.0), (200.0, 3.0), (300.0, 4.0), (400.0, 8.0))
+    at = sv.throughput_at_latency
+    assert at(curve, 3.5) == 250.0                      # 175 on the way down, 250 on the way up
+    assert at(curve, 6.0) == 350.0
+    assert at(curve, 5.0) == 325.0                      # a point (100) and a segment (325)
+    assert at(curve, 3.0) == 200.0 and at(curve, 8.0) == 400.0   # the ends of the range
+    assert at(curve, 2.999) is None and at(curve, 8.001) is None
+    assert at(curve[:2], 4.5) == 125.0 and at(curve[:2], 3.5) == 175.0
+    assert at(_pts((100.0, 5.0)), 5.0) == 100.0 and at(_pts((100.0, 5.0)), 4.0) is None
+    assert at(_pts((100.0, 5.0), (200.0, 5.0)), 5.0) == 200.0      # flat: the larger end
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="throughput_at_latency: target"):
+            at(curve, bad)
+    with pytest.raises(TypeError, match="throughput_at_latency: target"):
+        at(curve, "5")
+    with pytest.raises(ValueError, match="none given"):
+        at([], 5.0)
+    with pytest.raises(ValueError, match="increasing"):
+        at(curve[::-1], 5.0)
+
+
+SCHEDULERS = [("static", None), ("continuous", None), ("continuous", 512)]   # (policy, chunk)
+
+
+def test_equal_latency_goal_as_the_chapter_reads_it():
+    """The chapter's comparison at a median latency of 5 s, with only the rates that bracket
+    5 s on each curve (the same neighbouring points as the chapter's grid, so the same
+    interpolation): plain continuous batching stays under 2x static's tokens/s, chunks of 512
+    reach it; with every answer of one length the ratio falls far below."""
+    def at_5s(trace, rates):
+        return [sv.throughput_at_latency(sv.load_curve(
+            trace, 50.0, r, policy, CFG, BW, PEAK, num_blocks=4096, max_batch=32, chunk=chunk),
+            5.0) for r, (policy, chunk) in zip(rates, SCHEDULERS)]
+
+    trace = sv.make_trace(200, 50.0, sv.uniform_lengths(32, 1024), sv.uniform_lengths(8, 512),
+                          seed=0)
+    static, cont, chunked = at_5s(trace, [[12, 14], [50, 100], [50, 100]])
+    assert (round(cont / static, 2), round(chunked / static, 2)) == (1.86, 2.08)
+    assert cont < 2 * static <= chunked
+    one_length = [sv.Request(r.rid, r.arrival, r.prompt, 263) for r in trace]
+    static, cont, chunked = at_5s(one_length, [[30, 40], [40, 50], [50, 100]])
+    assert (round(cont / static, 2), round(chunked / static, 2)) == (1.07, 1.19)
 
 
 # ---------------------------------------------------------------- the real engine loop

@@ -21,6 +21,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -302,16 +303,86 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 def summarise(res: SimResult) -> dict[str, float]:
     """The numbers a serving team watches: time to first token (mean, p99), inter-token
-    latency (mean over all gaps, p99), end-to-end latency (mean), throughput, mean cache use."""
+    latency (mean over all gaps, p99), end-to-end latency (mean, and the median ``e2e_p50``:
+    nearest rank, so for an even count the lower of the two middle values), throughput, mean
+    cache use."""
     ttft = [r.ttft for r in res.requests]
     itl = [g for r in res.requests for g in r.itl]
+    e2e = [r.e2e for r in res.requests]
     return dict(ttft_mean=sum(ttft) / len(ttft), ttft_p99=percentile(ttft, 99),
                 itl_mean=sum(itl) / len(itl) if itl else 0.0,
                 itl_p99=percentile(itl, 99) if itl else 0.0,
-                e2e_mean=sum(r.e2e for r in res.requests) / len(res.requests),
+                e2e_mean=sum(e2e) / len(e2e), e2e_p50=percentile(e2e, 50),
                 tokens_per_s=res.throughput, steps=res.steps, preemptions=res.preemptions,
                 cache_use_mean=sum(u for _, u in res.cache_use) / len(res.cache_use))
 # --8<-- [end:summary]
+
+
+# --8<-- [start:equal_latency]
+class CurvePoint(NamedTuple):
+    """One point of a scheduler's load curve: the arrival rate (requests/s), the output tokens
+    per second over the trace, and the median end-to-end latency (s)."""
+
+    rate: float
+    tokens_per_s: float
+    e2e_p50: float
+
+
+def _check_rates(where: str, rates: Sequence[float]) -> list[float]:
+    """Arrival rates: at least one, each positive and finite, strictly increasing."""
+    rates = [check_scalar(where, r) for r in rates]
+    if not rates:
+        raise ValueError(f"{where}: none given")
+    bad = [r for r in rates if not (r > 0 and math.isfinite(r))]
+    if bad:
+        raise ValueError(f"{where} must be positive and finite, got {bad[0]}")
+    if any(b <= a for a, b in zip(rates, rates[1:])):
+        raise ValueError(f"{where} must be strictly increasing, got {rates}")
+    return rates
+
+
+def at_rate(trace: Sequence[Request], rate: float, new_rate: float) -> list[Request]:
+    """The requests of ``trace`` (a Poisson trace of ``rate`` requests/s) arriving at
+    ``new_rate``: every arrival time times ``rate / new_rate``; ids, lengths and order kept. A
+    Poisson process with its time axis scaled by c is a Poisson process of rate / c."""
+    rate = _check_rates("at_rate: rate", [rate])[0]
+    new_rate = _check_rates("at_rate: new_rate", [new_rate])[0]
+    return [Request(r.rid, r.arrival * (rate / new_rate), r.prompt, r.output) for r in trace]
+
+
+def load_curve(trace: Sequence[Request], rate: float, rates: Sequence[float], policy: str,
+               cfg: dm.DecoderConfig, bandwidth: float, peak_flops: float,
+               **simulate_kw) -> list[CurvePoint]:
+    """Serve the same requests at each arrival rate of ``rates`` (increasing; ``trace`` was
+    drawn at ``rate``) and record, at each, the throughput and the median end-to-end latency.
+    ``simulate_kw`` goes to :func:`simulate` (num_blocks, max_batch, chunk, ...)."""
+    rate = _check_rates("load_curve: rate", [rate])[0]
+    rates = _check_rates("load_curve: rates", rates)
+    curve = []
+    for r in rates:
+        s = summarise(simulate(at_rate(trace, rate, r), policy, cfg, bandwidth, peak_flops,
+                               **simulate_kw))
+        curve.append(CurvePoint(r, s["tokens_per_s"], s["e2e_p50"]))
+    return curve
+
+
+def throughput_at_latency(curve: Sequence[CurvePoint], target: float) -> float | None:
+    """The tokens/s at which the curve's median latency equals ``target`` seconds, by linear
+    interpolation between neighbouring points (in rate order). Where the curve meets the
+    target more than once, the largest: static batching's median first falls as the rate
+    rises (batches fill sooner), then climbs (requests queue). None if it never meets it."""
+    target = check_scalar("throughput_at_latency: target", target)
+    if not (target > 0 and math.isfinite(target)):
+        raise ValueError(f"throughput_at_latency: target must be positive and finite, got "
+                         f"{target}")
+    _check_rates("throughput_at_latency: the curve's rates", [p.rate for p in curve])
+    hits = [p.tokens_per_s for p in curve if p.e2e_p50 == target]
+    for a, b in zip(curve, curve[1:]):
+        if (a.e2e_p50 - target) * (b.e2e_p50 - target) < 0:     # strictly on either side
+            f = (target - a.e2e_p50) / (b.e2e_p50 - a.e2e_p50)
+            hits.append(a.tokens_per_s + f * (b.tokens_per_s - a.tokens_per_s))
+    return max(hits) if hits else None
+# --8<-- [end:equal_latency]
 
 
 # ---------------------------------------------------------------- a real engine loop, on the CPU
