@@ -1,4 +1,4 @@
-"""FlashAttention's forward on Hopper, steps 1 and 2 (csrc/hopper_attn/flash_fwd.cu,
+"""FlashAttention's forward on Hopper, steps 1 to 3 (csrc/hopper_attn/flash_fwd.cu,
 snippets/part6/hopper_attention.py).
 
 On a CPU: the file compiles for sm_90a with the launcher's own nvcc command, without spills and
@@ -12,7 +12,12 @@ SDPA's own error; every element written; the same bits on every call. Step 2 (pi
 kernels use named barriers 1 and 2 (BAR.SYNC / BAR.ARV over 256 threads) and hand the turn on
 after issuing a turn's HGMMAs and before waiting for them; a model of the turn protocol runs every
 interleaving up to 64 key tiles (no deadlock, strict alternation, no pending arrival); on a GPU
-its output is v1's, bit for bit."""
+its output is v1's, bit for bit. Step 3 (softmax under the GEMMs): its loop waits with
+wgmma.wait_group 1 (WARPGROUP.DEPBAR.LE gsb0, 0x1, in no other step) after issuing S_t and then
+P_{t-1} V_{t-1}, and every exp2 of the softmax lies between that wait and wait_group 0; the
+protocol model also tracks the wgmma groups in flight (no stage refilled, no register written,
+while a group still reads it); a float32 transcription of its order equals v1's; on a GPU its
+output is v1's, bit for bit."""
 
 from __future__ import annotations
 
@@ -36,8 +41,10 @@ pytestmark = pytest.mark.op("hopper_attention_fwd")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CU = REPO_ROOT / "csrc" / ha.CU_FILE
 ALL_KERNELS = {**{f"v1 d{d}": k for d, k in ha.KERNELS.items()},
-               **{f"v2 d{d}": k for d, k in ha.PINGPONG_KERNELS.items()}}
-ENTRY_POINTS = [ha.flash_fwd_hopper, ha.flash_fwd_hopper_pingpong]
+               **{f"v2 d{d}": k for d, k in ha.PINGPONG_KERNELS.items()},
+               **{f"v3 d{d}": k for d, k in ha.OVERLAP_KERNELS.items()}}
+ENTRY_POINTS = [ha.flash_fwd_hopper, ha.flash_fwd_hopper_pingpong, ha.flash_fwd_hopper_overlap]
+TURN_KERNELS = [*ha.PINGPONG_KERNELS.values(), *ha.OVERLAP_KERNELS.values()]  # steps 2 and 3
 NVCC = shutil.which("nvcc")
 requires_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 
@@ -72,7 +79,7 @@ def test_compiles_for_sm90a_without_spills(cubin):
                            flags=re.S))
     for name in ha.KERNELS.values():
         assert used[name] == "1", report
-    for name in ha.PINGPONG_KERNELS.values():
+    for name in TURN_KERNELS:  # steps 2 and 3
         assert used[name] == str(1 + len(ha.PINGPONG_BARRIERS)), report
 
 
@@ -83,13 +90,14 @@ def test_sass_uses_wgmma_tma_and_mbarriers(cubin):
     UTMALDG; the waits are SYNCS; setmaxnreg is USETMAXREG; nothing falls back to mma.sync."""
     sass = sass_by_function(cubin[0])
     assert set(sass) == set(ALL_KERNELS.values())
-    for d, name in [*ha.KERNELS.items(), *ha.PINGPONG_KERNELS.items()]:
+    for d, name in [*ha.KERNELS.items(), *ha.PINGPONG_KERNELS.items(),
+                    *ha.OVERLAP_KERNELS.items()]:
         code = sass[name]
         qk = re.findall(r"HGMMA\.64x128x16\.F32\.BF16 R\d+, gdesc\[UR\d+\]", code)
         pv = re.findall(rf"HGMMA\.64x{d}x16\.F32\.BF16 R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", code)
         assert qk, f"{name}: no shared-memory HGMMA for Q K^T"
-        # step 2 issues the P V of tiles 0 .. n-2 in its loop and the last one's after it
-        copies = 2 if name in ha.PINGPONG_KERNELS.values() else 1
+        # steps 2 and 3 issue the P V of tiles 0 .. n-2 in the loop and the last one's after it
+        copies = 2 if name in TURN_KERNELS else 1
         assert len(pv) == copies * ha.BLOCK_N // 16, f"{name}: {len(pv)} register-A HGMMAs"
         assert "UTMALDG.3D" in code, f"{name}: no 3-D TMA load (one head per box)"
         assert "SYNCS.PHASECHK" in code, f"{name}: no mbarrier wait"
@@ -115,7 +123,7 @@ def test_sass_pingpong_barriers(cubin):
         code = _instructions(sass[name])
         assert not any("BAR.ARV" in i for i in code), name
         assert [i for i in code if "BAR.SYNC" in i] == ["BAR.SYNC.DEFER_BLOCKING 0x0"], name
-    for name in ha.PINGPONG_KERNELS.values():
+    for name in TURN_KERNELS:  # step 3 takes step 2's turns
         code = _instructions(sass[name])
         bars = [i for i in code if re.search(r"\bBAR\.(SYNC|ARV)", i)]
         assert bars[0] == "BAR.SYNC.DEFER_BLOCKING 0x0", name  # __syncthreads, once
@@ -142,6 +150,48 @@ def test_sass_pingpong_barriers(cubin):
 
 
 @requires_nvcc
+def test_sass_overlap_waits_once_under_the_softmax(cubin):
+    """Step 3's loop in the SASS: a turn's D / 16 HGMMAs of S_t (both operands from shared memory),
+    then the 8 register-A HGMMAs of P_{t-1} V_{t-1}, the hand-over (BAR.ARV), then
+    WARPGROUP.DEPBAR.LE gsb0, 0x1 (wgmma.wait_group 1: S_t is done, P V may run), and only then
+    the softmax: between that wait and the next (wait_group 0) lie every MUFU.EX2 of the tile
+    (BLOCK_N / 2 for P, 2 for alpha), the 4 shuffles of the row maxima, no HGMMA and no F2FP (P is
+    packed into p after wait_group 0, since P V reads p's registers), and the one STS of
+    pin_softmax. Steps 1 and 2 wait only with count 0. The highest register any step's code
+    names fits the consumers' setmaxnreg budget."""
+    sass = sass_by_function(cubin[0])
+    budget = _cu_constants()["CONSUMER_REGS"]
+    for name in ALL_KERNELS.values():
+        regs = {int(r) for r in re.findall(r"\bR(\d+)\b", sass[name])}
+        assert max(regs) < budget, f"{name}: R{max(regs)} past setmaxnreg's {budget}"
+    for name in [*ha.KERNELS.values(), *ha.PINGPONG_KERNELS.values()]:
+        deps = [i for i in _instructions(sass[name]) if "WARPGROUP.DEPBAR" in i]
+        assert deps and all(i == "WARPGROUP.DEPBAR.LE gsb0, 0x0" for i in deps), name
+    for d, name in ha.OVERLAP_KERNELS.items():
+        code = _instructions(sass[name])
+        deps = [k for k, i in enumerate(code) if "WARPGROUP.DEPBAR" in i]
+        ones = [k for k in deps if code[k] == "WARPGROUP.DEPBAR.LE gsb0, 0x1"]
+        assert len(ones) == 1, f"{name}: {len(ones)} waits with count 1"
+        a = ones[0]
+        before, b = max(k for k in deps if k < a), min(k for k in deps if k > a)
+        assert code[b] == "WARPGROUP.DEPBAR.LE gsb0, 0x0", code[b]
+        hgmma = [i for i in code[before:a] if "HGMMA" in i]
+        assert len(hgmma) == d // 16 + ha.BLOCK_N // 16, f"{name}: {hgmma}"
+        assert all("tnspB" not in i for i in hgmma[:d // 16]), "S_t must be issued first"
+        assert all("tnspB" in i for i in hgmma[d // 16:]), "then P_{t-1} V_{t-1}"
+        last = max(k for k in range(before, a) if "HGMMA" in code[k])
+        assert any("BAR.ARV" in i for i in code[last:a]), f"{name}: no hand-over before the wait"
+        between = code[a:b]
+        exps = sum("MUFU.EX2" in i for i in between)
+        assert exps == ha.BLOCK_N // 2 + 2, f"{name}: {exps} exp2 under P V"
+        assert sum("SHFL.BFLY" in i for i in between) == 4, name
+        assert not any("HGMMA" in i or "F2FP" in i for i in between), name
+        assert sum(re.match(r"(@!?P\d+ )?STS\b", i) is not None for i in between) == 1, name
+        nxt = min(k for k in range(b, len(code)) if "HGMMA" in code[k])
+        assert sum("F2FP" in i for i in code[b:nxt]) == ha.BLOCK_N // 4, f"{name}: P's packing"
+
+
+@requires_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_other_targets_compile_to_traps(arch, tmp_path):
     """Without sm_90a's features every kernel body is a trap, so the file still builds for the
@@ -160,7 +210,8 @@ def _cu_constants() -> dict[str, int]:
 def test_constants_match_the_launcher():
     c = _cu_constants()
     assert (c["BLOCK_M"], c["BLOCK_N"], c["STAGES"]) == (ha.BLOCK_M, ha.BLOCK_N, ha.STAGES)
-    assert c["PINGPONG_STAGES"] == ha.PINGPONG_STAGES == ha.STEPS[2][1]
+    assert c["PINGPONG_STAGES"] == ha.PINGPONG_STAGES == ha.STEPS[2][1] == ha.STEPS[3][1]
+    assert ha.OVERLAP_SCRATCH == c["CONSUMERS"] * c["WG_THREADS"] * 4 == ha.STEPS[3][2]
     assert (c["PANEL_COLS"], c["BOX_ROWS"], c["SWIZZLE_REPEAT"]) == (ha.PANEL_COLS, ha.BOX_ROWS,
                                                                      ha.SWIZZLE_REPEAT)
     assert (1 + c["CONSUMERS"]) * c["WG_THREADS"] == ha.THREADS
@@ -171,15 +222,53 @@ def test_constants_match_the_launcher():
         assert re.search(rf"__launch_bounds__\({ha.THREADS}, 1\)\s*{ha.PINGPONG_KERNELS[d]}\(",
                          text)
         assert f"ha::flash_fwd<{d}, true>" in text
+        assert re.search(rf"__launch_bounds__\({ha.THREADS}, 1\)\s*{ha.OVERLAP_KERNELS[d]}\(",
+                         text)
+        assert f"ha::flash_fwd<{d}, true, true>" in text
         # Smem<D, NS>::LAUNCH_BYTES: Q + NS x (K + V) + the barriers + the alignment slack
         tile = c["BOX_ROWS"] * d * 2
         for stages in (c["STAGES"], c["PINGPONG_STAGES"]):
             assert ha.smem_bytes(d, stages) == (tile * (1 + 2 * stages) + (1 + 2 * stages) * 8
                                                 + c["SWIZZLE_REPEAT"])
             assert ha.smem_bytes(d, stages) <= 227 * 1024
+        # step 3: OVERLAP_SCRATCH = CONSUMERS * WG_THREADS * 4 bytes after the barriers
+        assert "OVERLAP_SCRATCH = CONSUMERS * WG_THREADS * 4;" in text
+        scratch = c["CONSUMERS"] * c["WG_THREADS"] * 4
+        assert ha.smem_bytes(d, c["PINGPONG_STAGES"], scratch) == (
+            ha.smem_bytes(d, c["PINGPONG_STAGES"]) + scratch) <= 227 * 1024
+
+
+def _function_body(text: str, signature: str) -> list[str]:
+    """The statements of a device function of flash_fwd.cu (its braces matched), stripped."""
+    start = text.index("{", text.index(signature))
+    depth, end = 0, start
+    while True:
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            break
+        end += 1
+    return [line.strip() for line in text[start + 1:end].splitlines() if line.strip()]
+
+
+def test_softmax_scores_is_online_softmax_without_the_rescale():
+    """Step 3's softmax_scores is step 1's online_softmax, statement by statement, with alpha kept
+    per row (alpha[h]) and without the loop that rescales o, which rescale_o is, line for line:
+    the three copies cannot drift apart (and online_softmax stays as steps 1 and 2 compiled it)."""
+    text = CU.read_text()
+    whole = _function_body(text, "void online_softmax(")
+    scores = _function_body(text, "void softmax_scores(")
+    rescale = _function_body(text, "void rescale_o(")
+    cut = whole.index("m[h] = mx;") + 1
+    rescale_loop = whole[cut:-1]  # the o loop, then the h loop's closing brace
+    assert rescale_loop[0] == "#pragma unroll" and "D / 8" in rescale_loop[1], rescale_loop
+    assert [s.replace("const float alpha =", "alpha[h] =").replace("* alpha +", "* alpha[h] +")
+            for s in whole[:cut]] + ["}"] == scores[:cut] + ["}"]
+    assert scores[cut:] == ["}"]  # the h loop closes: nothing after m[h] = mx
+    assert [s.replace("*= alpha;", "*= alpha[h];") for s in rescale_loop] == rescale[2:-1]
 
 
 # --------------------------------------------------------------------------------------------------
+# Descriptors and register fragments, on paper# --------------------------------------------------------------------------------------------------
 # Descriptors and register fragments, on paper
 # --------------------------------------------------------------------------------------------------
 
@@ -255,12 +344,17 @@ def test_p_fragment_is_the_register_a_operand():
                 assert _acc_coord(ha.BLOCK_N, t, 8 * kk + v) == (row, 16 * kk + col)
 
 
-def _kernel_transcription(q, k, v, causal, scale, deferred=False):
+def _kernel_transcription(q, k, v, causal, scale, deferred=False, order="v1"):
     """flash_fwd.cu's arithmetic in float32 on one (S, D) head: tiles of 128 keys, scores in log2
     units, the last tile masked (keys >= S, keys right of the diagonal), m = -inf guarded, p
     rounded to bf16 before P V, l summed from the unrounded p, lse = (m + log2 l) ln 2.
-    ``deferred``: step 2's order, P_t V_t added in the next turn (before tile t + 1's softmax
-    rescales O) or after the loop, instead of right after tile t's softmax."""
+    ``deferred`` (or ``order="v2"``): step 2's order, P_t V_t added in the next turn (before tile
+    t + 1's softmax rescales O) or after the loop, instead of right after tile t's softmax.
+    ``order="v3"``: step 3's, the softmax of tile t + 1 (its m, alpha, p and l) first, then
+    P_t V_t added (wait_group 0), then O rescaled by tile t + 1's alpha. ``order="v3_bug"``: a
+    planted bug, O rescaled before P_t V_t is added."""
+    deferred = deferred or order == "v2"
+    overlap = order in ("v3", "v3_bug")
     s, d = q.shape
     q, k, v = q.float(), k.float(), v.float()
     o = torch.empty(s, d)
@@ -274,7 +368,7 @@ def _kernel_transcription(q, k, v, causal, scale, deferred=False):
         key_tiles = -(-s // ha.BLOCK_N)
         n_tiles = min(key_tiles, m0 // ha.BLOCK_M + 1) if causal else key_tiles
         for t in range(n_tiles):
-            if pending is not None:  # turn t: O += P_{t-1} V_{t-1}, before the softmax of t
+            if pending is not None and not overlap:  # turn t: O += P_{t-1} V_{t-1}, then softmax
                 acc = acc + pending[0] @ pending[1]
             keys = torch.arange(t * ha.BLOCK_N, min((t + 1) * ha.BLOCK_N, s))
             sc = (q[rows] @ k[keys].T) * (scale * ha.LOG2E)
@@ -286,7 +380,14 @@ def _kernel_transcription(q, k, v, causal, scale, deferred=False):
             p = torch.exp2(sc - m_use[:, None])
             l_sum = l_sum * alpha + p.sum(dim=1)
             m = mx
-            if deferred:
+            if overlap:  # step 3: P_{t-1} V_{t-1} lands (wait_group 0) after the softmax of t
+                if pending is not None and order == "v3":
+                    acc = acc + pending[0] @ pending[1]
+                acc = acc * alpha[:, None]
+                if pending is not None and order == "v3_bug":
+                    acc = acc + pending[0] @ pending[1]
+                pending = (p.bfloat16().float(), v[keys])
+            elif deferred:
                 acc = acc * alpha[:, None]
                 pending = (p.bfloat16().float(), v[keys])
             else:
@@ -322,6 +423,24 @@ def test_pingpong_order_is_v1s_arithmetic(s, d, causal):
     o1, lse1 = _kernel_transcription(q, k, v, causal, 1 / math.sqrt(d))
     o2, lse2 = _kernel_transcription(q, k, v, causal, 1 / math.sqrt(d), deferred=True)
     assert torch.equal(o1, o2) and torch.equal(lse1, lse2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", ha.HEAD_DIMS)
+@pytest.mark.parametrize("s", [1, 77, 128, 129, 300, 1000, 2049])
+def test_overlap_order_is_v1s_arithmetic(s, d, causal):
+    """Step 3 computes the softmax of tile t + 1 before P_t V_t is added to O, but O still sees
+    v1's sequence (+ P_t V_t, then * alpha_{t+1}): the transcriptions agree bit for bit, from 1
+    to 17 key tiles, ragged, both masks. The planted bug (O rescaled before P_t V_t is added)
+    does not, from three key tiles on: the comparison can fail."""
+    gen = torch.Generator().manual_seed(s * 5 + d + causal)
+    q, k, v = (torch.randn(s, d, generator=gen).bfloat16() for _ in range(3))
+    o1, lse1 = _kernel_transcription(q, k, v, causal, 1 / math.sqrt(d))
+    o3, lse3 = _kernel_transcription(q, k, v, causal, 1 / math.sqrt(d), order="v3")
+    assert torch.equal(o1, o3) and torch.equal(lse1, lse3)
+    if s >= 300:  # a few full key tiles: some row's max grows after its first tile (alpha < 1)
+        bug, _ = _kernel_transcription(q, k, v, causal, 1 / math.sqrt(d), order="v3_bug")
+        assert not torch.equal(o1, bug)
 
 
 def test_reference_is_part5s():
@@ -365,12 +484,19 @@ def test_reference_a_few_heads_at_a_time(module, monkeypatch):
 # Step 2's turns, on paper: the named-barrier protocol, run over every interleaving
 # --------------------------------------------------------------------------------------------------
 
-def _pingpong_program(c: int, n_tiles: int, first: int, plant: str = "") -> list[tuple]:
-    """consume_pingpong's operations for consumer c, transcribed in order: ("arrive", barrier),
-    ("sync", barrier), ("full", tile) (the mbarrier wait for a K / V tile), ("turn", t) (the
-    products of turn t are issued) and ("release", tile). Consumer c waits on
+def _pingpong_program(c: int, n_tiles: int, first: int, plant: str = "",
+                      step: int = 2) -> list[tuple]:
+    """consume_pingpong's (step 2) or consume_overlap's (step 3) operations for consumer c,
+    transcribed in order: ("arrive", barrier), ("sync", barrier), ("full", tile) (the mbarrier
+    wait for a K / V tile), ("turn", t) (turn t begins), ("issue", (product, tile)) (a wgmma group
+    reading the tile's K, product "S", or its V, "PV"), ("wait", n) (wgmma.wait_group n),
+    ("softmax", tile) (reads S of the tile), ("write", "o" or "p") (O's rescale, P's packing:
+    registers an in-flight P V writes or reads) and ("release", tile). Consumer c waits on
     PINGPONG_BARRIERS[c]. ``plant`` plants a bug: "last_arrive", the last consumer hands on its
-    last turn; "double_start", the first turn is handed over twice."""
+    last turn; "double_start", the first turn is handed over twice; step 3's "early_release",
+    tile t - 1 released after wait_group 1 (P_{t-1} V_{t-1} may still read its V); "pv_first",
+    P V issued before S (wait_group 1 then leaves S in flight); "early_pack", P_t packed into p
+    before wait_group 0."""
     own, other = ha.PINGPONG_BARRIERS[c], ha.PINGPONG_BARRIERS[1 - c]
     ops: list[tuple] = []
     if c != first:
@@ -381,11 +507,41 @@ def _pingpong_program(c: int, n_tiles: int, first: int, plant: str = "") -> list
         if t < n_tiles:
             ops.append(("full", t))
         ops += [("sync", own), ("turn", t)]
-        if t < n_tiles or c == first or plant == "last_arrive":  # the last consumer's last turn: no arrive
+        products = ([("PV", t - 1)] if t > 0 else []) + ([("S", t)] if t < n_tiles else [])
+        if step == 3 and plant != "pv_first":
+            products.reverse()  # S_t first, so that wait_group 1 leaves only P V in flight
+        ops += [("issue", g) for g in products]
+        # the last consumer's last turn hands nothing on
+        if t < n_tiles or c == first or plant == "last_arrive":
             ops.append(("arrive", other))
-        if t > 0:
-            ops.append(("release", t - 1))
+        if step == 3 and 0 < t < n_tiles:  # the softmax of t under P_{t-1} V_{t-1}
+            ops += [("wait", 1), ("softmax", t)]
+            ops += {"early_pack": [("write", "p")],
+                    "early_release": [("release", t - 1)]}.get(plant, [])
+            ops.append(("wait", 0))
+            ops += [] if plant == "early_release" else [("release", t - 1)]
+            ops += [("write", "o")] + ([] if plant == "early_pack" else [("write", "p")])
+        else:
+            ops.append(("wait", 0))
+            if t > 0:
+                ops.append(("release", t - 1))
+            if t < n_tiles:
+                ops += [("softmax", t), ("write", "o"), ("write", "p")]
     return ops
+
+
+def _in_flight(program: list[tuple]) -> list[tuple]:
+    """The wgmma groups in flight before each operation of a program (and after the last): an
+    issue adds its group, wait_group n keeps the newest n."""
+    groups: tuple = ()
+    out = [groups]
+    for op, arg in program:
+        if op == "issue":
+            groups += (arg,)
+        elif op == "wait":
+            groups = groups[len(groups) - arg:] if arg else ()
+        out.append(groups)
+    return out
 
 
 def _block_tiles(block: int, key_tiles: int, causal: bool) -> tuple[int, int]:
@@ -395,7 +551,27 @@ def _block_tiles(block: int, key_tiles: int, causal: bool) -> tuple[int, int]:
     return n, n
 
 
-def _run_protocol(tiles: tuple[int, int], first: int, warps: int = 1, plant: str = "") -> int:
+LOCAL = ("turn", "softmax", "write")  # operations on a warp's own registers only
+
+
+def _check_local(c: int, op: str, arg, groups: tuple, loaded: int) -> None:
+    """A consumer's own operation, with the wgmma groups it has in flight before it: an issued
+    group reads a tile in shared memory; the softmax reads scores no longer in flight; O and p
+    are written with no P V in flight."""
+    if op == "issue":
+        assert loaded - ha.PINGPONG_STAGES <= arg[1] < loaded, (
+            f"consumer {c} issues {arg} with tiles {loaded - ha.PINGPONG_STAGES} .. {loaded - 1} "
+            "in shared memory")
+    elif op == "softmax":
+        assert ("S", arg) not in groups, (
+            f"consumer {c} reads S of tile {arg} while {groups} are in flight")
+    elif op == "write":
+        assert not any(kind == "PV" for kind, _ in groups), (
+            f"consumer {c} writes {arg} while {groups} are in flight")
+
+
+def _run_protocol(tiles: tuple[int, int], first: int, warps: int = 1, plant: str = "",
+                  step: int = 2) -> int:
     """Explore every interleaving of the producer and the consumers' warps (``warps`` model warps
     a consumer, each running its consumer's program and standing for 4 / warps hardware warps).
     A named barrier counts arriving warps (sync and arrive alike) and completes at
@@ -405,8 +581,13 @@ def _run_protocol(tiles: tuple[int, int], first: int, warps: int = 1, plant: str
     instruction on a barrier before it completes (the PTX ISA calls that unpredictable); no
     deadlock; a consumer's turn t begins only when every warp of the other has issued exactly
     the turns that come before it in the alternation first, other, first, ...; at the end, no
-    barrier holds a pending arrival. Returns the number of states explored."""
-    programs = [_pingpong_program(c, tiles[c], first, plant) for c in (0, 1)]
+    barrier holds a pending arrival. The wgmma groups: a group reads a tile that is in shared
+    memory (loaded, not yet overwritten); the producer never overwrites a tile that a group in
+    flight still reads; the softmax never reads scores still in flight; O and p are never
+    written while a P V is in flight; no group is left in flight at the end. Returns the number of
+    states explored."""
+    programs = [_pingpong_program(c, tiles[c], first, plant, step) for c in (0, 1)]
+    flights = [_in_flight(prog) for prog in programs]
     procs = [c for c in (0, 1) for _ in range(warps)]
     hw_per_model = (ha.PINGPONG_THREADS // 32) // len(procs)
     turns = [[sum(op == "turn" for op, _ in prog[:k]) for k in range(len(prog) + 1)]
@@ -425,6 +606,11 @@ def _run_protocol(tiles: tuple[int, int], first: int, warps: int = 1, plant: str
         moves = []
         if loaded < n_load and (loaded < ha.PINGPONG_STAGES or all(
                 releases[c][pcs[i]] > loaded - ha.PINGPONG_STAGES for i, c in enumerate(procs))):
+            gone = loaded - ha.PINGPONG_STAGES  # the tile this load overwrites
+            for i, c in enumerate(procs):
+                assert all(tile != gone for _, tile in flights[c][pcs[i]]), (
+                    f"the producer overwrites tile {gone} while consumer {c}'s wgmma "
+                    f"{flights[c][pcs[i]]} reads it (tiles {tiles}, first {first})")
             moves.append((pcs, loaded + 1, counted, blocked))
         waiting = set(blocked[0]) | set(blocked[1])
         for i, c in enumerate(procs):
@@ -458,11 +644,20 @@ def _run_protocol(tiles: tuple[int, int], first: int, warps: int = 1, plant: str
                 continue
             if op == "full" and loaded <= arg:
                 continue  # its K / V tile has not arrived
-            new_pcs[i] += 1
+            # this op, and the register-only ops after it at once (no other warp or the
+            # producer can observe them: they change nothing shared, and what they check, the
+            # groups in flight, only issue and wait change)
+            while True:
+                _check_local(c, op, arg, flights[c][new_pcs[i]], loaded)
+                new_pcs[i] += 1
+                if new_pcs[i] == len(programs[c]) or programs[c][new_pcs[i]][0] not in LOCAL:
+                    break
+                op, arg = programs[c][new_pcs[i]]
             moves.append((tuple(new_pcs), loaded, counted, blocked))
         if all(pcs[i] == len(programs[c]) for i, c in enumerate(procs)):
             assert counted == ((), ()), (
                 f"barrier arrivals pending at the end: {counted} (tiles {tiles}, first {first})")
+            assert all(flights[c][-1] == () for c in (0, 1)), "wgmma groups left in flight"
             continue
         assert moves, f"deadlock: tiles {tiles}, first {first}, pcs {pcs}, loaded {loaded}"
         for m in moves:
@@ -472,10 +667,12 @@ def _run_protocol(tiles: tuple[int, int], first: int, warps: int = 1, plant: str
     return len(seen)
 
 
-def test_pingpong_protocol_has_no_deadlock_and_alternates():
+@pytest.mark.parametrize("step", [2, 3])
+def test_pingpong_protocol_has_no_deadlock_and_alternates(step):
     """Every key-tile count up to 64, with and without the causal mask (every block of the
     causal grid), either consumer first: no deadlock, no second barrier instruction before a
-    barrier completes, strict alternation, no pending arrival at the end (the model above)."""
+    barrier completes, strict alternation, no pending arrival at the end, no stage refilled or
+    register written under a wgmma in flight (the model above), for step 2's turns and step 3's."""
     checked = set()
     for key_tiles in range(1, 65):
         for causal in (False, True):
@@ -484,28 +681,36 @@ def test_pingpong_protocol_has_no_deadlock_and_alternates():
                     case = (_block_tiles(block, key_tiles, causal), first)
                     if case not in checked:
                         checked.add(case)
-                        assert _run_protocol(*case) > 0
+                        assert _run_protocol(*case, step=step) > 0
     assert len(checked) == 64 * 2
 
 
-def test_pingpong_protocol_warp_by_warp():
+@pytest.mark.parametrize("step", [2, 3])
+def test_pingpong_protocol_warp_by_warp(step):
     """The same with every consumer split into two model warps (each standing for two hardware
     warps), so a fast warp may run ahead of its warpgroup's others."""
     for n in range(1, 9):
         for first in (0, 1):
-            _run_protocol((n, n), first, warps=2)
+            _run_protocol((n, n), first, warps=2, step=step)
 
 
-@pytest.mark.parametrize("tiles, first, plant, match", [
-    ((3, 2), 0, "", "deadlock"),  # consumers walking different tile counts
-    ((2, 3), 1, "", "deadlock"),
-    ((4, 4), 0, "last_arrive", "pending"),  # the last turn handed on: an arrival left behind
-    ((4, 4), 1, "double_start", "second barrier instruction"),
+@pytest.mark.parametrize("tiles, first, plant, step, match", [
+    ((3, 2), 0, "", 2, "deadlock"),  # consumers walking different tile counts
+    ((2, 3), 1, "", 2, "deadlock"),
+    ((4, 4), 0, "last_arrive", 2, "pending"),  # the last turn handed on: an arrival left behind
+    ((4, 4), 1, "double_start", 2, "second barrier instruction"),
+    ((3, 2), 0, "", 3, "deadlock"),
+    ((4, 4), 0, "last_arrive", 3, "pending"),
+    ((4, 4), 0, "early_release", 3, "overwrites tile"),  # V still read by P V in flight
+    ((2, 2), 1, "pv_first", 3, "reads S of tile 1"),  # wait_group 1 leaves S_1 in flight
+    ((2, 2), 0, "early_pack", 3, "writes p"),  # P packed over the registers P V reads
 ])
-def test_pingpong_model_catches_planted_bugs(tiles, first, plant, match):
-    """The model can fail: per-consumer tile counts deadlock, an extra arrive is caught."""
+def test_pingpong_model_catches_planted_bugs(tiles, first, plant, step, match):
+    """The model can fail: per-consumer tile counts deadlock, an extra arrive is caught; in step
+    3, a stage released before the wait for the P V reading it, the products issued in the other
+    order, and P packed before that wait are caught."""
     with pytest.raises(AssertionError, match=match):
-        _run_protocol(tiles, first, plant=plant)
+        _run_protocol(tiles, first, plant=plant, step=step)
 
 
 def test_pingpong_program_is_the_kernels():
@@ -538,6 +743,57 @@ def test_pingpong_program_is_the_kernels():
     ], seq
     prog = _pingpong_program(0, 3, first=0)
     assert [op for op, _ in prog].count("sync") == 3 + 1  # n + 1 turns
+
+
+def _program_tokens(ops: list[tuple]) -> list[str]:
+    """A model program in the words of the kernel's source (as the tests below read it)."""
+    words = {"sync": "sync", "arrive": "arrive", "full": "full", "release": "release",
+             "softmax": "softmax"}
+    out = []
+    for op, arg in ops:
+        if op == "issue":
+            out.append(arg[0])
+        elif op == "wait":
+            out.append(f"wait{arg}")
+        elif op == "write":
+            out.append(f"write {arg}")
+        elif op != "turn":
+            out.append(words[op])
+    return out
+
+
+def test_overlap_program_is_the_kernels():
+    """consume_overlap's operations in source order are what the model runs for step 3: the
+    prologue and the last turn as in step 2, and in the loop S_t issued before P_{t-1} V_{t-1},
+    the hand-over, wait_group 1, the softmax, the pin, wait_group 0, the release of tile t - 1,
+    O's rescale and P's packing. (The pin is a scheduling device for ptxas, outside the model.)"""
+    text = CU.read_text()
+    body = text[text.index("[start:overlap]"):text.index("[end:overlap]")]
+    body = body[body.index("consume_overlap("):]
+    tokens = {"turn_pass(c)": "arrive", "turn_wait(c)": "sync", "qk_issue": "S", "pv_issue": "PV",
+              "mbar_wait(full": "full", "mbar_arrive(empty": "release", "for (int t = 1": "loop",
+              "wgmma_wait<1>": "wait1", "wgmma_wait<0>": "wait0", "softmax_scores(": "softmax",
+              "online_softmax<": "softmax", "pin_softmax(pin": "pin", "rescale_o<": "write o",
+              "pack_p(": "write p", "c != PINGPONG_FIRST) turn_pass": "arrive if not first",
+              "c == PINGPONG_FIRST) turn_pass": "arrive if first"}
+    seq = []
+    for line in body.splitlines():
+        for k, v in tokens.items():
+            if k in line and not (v == "arrive" and "PINGPONG_FIRST" in line):
+                seq.append(v)
+    loop = ["full", "sync", "S", "PV", "arrive", "wait1", "softmax", "pin", "wait0", "release",
+            "write o", "write p"]
+    assert seq == [
+        "arrive if not first",
+        "full", "sync", "S", "arrive", "wait0", "softmax", "write p",  # turn 0 (the prologue)
+        "loop", *loop,                                                 # turns 1 .. n - 1
+        "sync", "PV", "arrive if first", "wait0", "release",           # turn n
+    ], seq
+    # the model's turn 1 of 3 (consumer 0, first) is the loop's body, less the pin
+    prog = _pingpong_program(0, 3, first=0, step=3)
+    starts = [k for k, (op, _) in enumerate(prog) if op == "full"] + [len(prog)]
+    turn1 = _program_tokens(prog[starts[1]:starts[2]])
+    assert turn1 == [w for w in loop if w != "pin"], turn1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -674,6 +930,24 @@ def test_pingpong_is_v1_bit_for_bit(s, d, causal):
     torch.cuda.synchronize()
     torch.testing.assert_close(o2, o1, rtol=0, atol=0)
     torch.testing.assert_close(lse2, lse1, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", ha.HEAD_DIMS)
+@pytest.mark.parametrize("s", [1, 77, 128, 129, 300, 1024, 2000, 2049])
+def test_overlap_is_v1_bit_for_bit(s, d, causal):
+    """Step 3 moves the softmax of tile t + 1 under P_t V_t, not any operation on O, m or l: O
+    still gets + P_t V_t, then * alpha_{t+1} (the transcription test above), with the same wgmma
+    shapes and operands, so o and lse must be step 1's exactly. Ragged S, 1 to 17 key tiles, both
+    masks."""
+    _skip_unless_sm90()
+    q, k, v = _inputs(2, 3, s, d, seed=s * 7 + d + causal)
+    o1, lse1 = ha.flash_fwd_hopper(q, k, v, causal)
+    o3, lse3 = ha.flash_fwd_hopper_overlap(q, k, v, causal)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(o3, o1, rtol=0, atol=0)
+    torch.testing.assert_close(lse3, lse1, rtol=0, atol=0)
 
 
 @pytest.mark.gpu

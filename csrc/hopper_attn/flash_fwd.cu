@@ -18,6 +18,11 @@
 // take turns at the tensor cores through two named barriers, so that one's softmax runs while the
 // other's products do (FlashAttention-3's ping-pong scheduling), with three K / V stages.
 //
+// Step 3 (PINGPONG and OVERLAP, the kernels hopper_flash_fwd_overlap_d*): step 2's turns, and
+// inside a turn the next tile's S = Q K^T issued before the previous tile's O += P V as two wgmma
+// groups; wgmma.wait_group 1 lets the softmax run while P V is still on the tensor cores
+// (FlashAttention-3's intra-warpgroup overlap).
+//
 // Shared memory holds every tile in the layout TMA's 128-byte swizzle writes: a row of D bf16 is
 // D * 2 bytes, more than the swizzle's 128-byte span when D = 128, so each tile is D / 64 panels
 // of 64 columns, one TMA box (64 columns x 128 rows, 16 KB) each.
@@ -61,9 +66,12 @@ constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;  // 128 x 40 + 256 x 232 
 constexpr int PINGPONG_BAR = 1;         // consumer c waits for its turn on barrier PINGPONG_BAR + c
 constexpr int PINGPONG_THREADS = CONSUMERS * WG_THREADS;  // 256: 128 arrive, 128 sync
 constexpr int PINGPONG_FIRST = 0;       // the consumer whose turn comes first
+// Step 3: a 4-byte word of shared memory per consumer thread, after the barriers (pin_softmax)
+constexpr int OVERLAP_SCRATCH = CONSUMERS * WG_THREADS * 4;
 
-// Shared memory of a head dim: Q's tile, then NS x (K's tile, V's tile), then the barriers
-template <int D, int NS = STAGES>
+// Shared memory of a head dim: Q's tile, then NS x (K's tile, V's tile), then the barriers, then
+// SCRATCH_BYTES of scratch (step 3's only)
+template <int D, int NS = STAGES, int SCRATCH_BYTES = 0>
 struct Smem {
     static constexpr int PANELS = D / PANEL_COLS;           // boxes per tile row block
     static constexpr int TILE_BYTES = PANELS * PANEL_BYTES;  // 128 rows x D bf16
@@ -71,7 +79,8 @@ struct Smem {
     static constexpr int KV = TILE_BYTES;                    // stage s: K at KV + s * STAGE
     static constexpr int STAGE = 2 * TILE_BYTES;             // a K tile and a V tile
     static constexpr int BARRIERS = KV + NS * STAGE;        // q_full, full[NS], empty[NS]
-    static constexpr int BYTES = BARRIERS + (1 + 2 * NS) * 8;
+    static constexpr int SCRATCH = BARRIERS + (1 + 2 * NS) * 8;
+    static constexpr int BYTES = SCRATCH + SCRATCH_BYTES;
     static constexpr int LAUNCH_BYTES = BYTES + SWIZZLE_REPEAT;  // + slack to align the base
 };
 
@@ -90,6 +99,8 @@ static_assert(Smem<128>::LAUNCH_BYTES <= 227 * 1024 && Smem<64>::LAUNCH_BYTES <=
               "Q and the K / V stages must fit 227 KB of shared memory");
 static_assert(Smem<128, PINGPONG_STAGES>::LAUNCH_BYTES <= 227 * 1024,
               "step 2's Q and three K / V stages must fit 227 KB of shared memory");
+static_assert(Smem<128, PINGPONG_STAGES, OVERLAP_SCRATCH>::LAUNCH_BYTES <= 227 * 1024,
+              "step 3's scratch words must fit beside step 2's tiles");
 }  // namespace ha
 // --8<-- [end:constants]
 
@@ -431,6 +442,65 @@ __device__ __forceinline__ void online_softmax(float (&sc)[BLOCK_N / 2], float (
 }
 // --8<-- [end:softmax]
 
+// --8<-- [start:softmax_split]
+// Step 3's online softmax, in two parts: softmax_scores is online_softmax without O's rescale (the
+// same statements in the same order, less the last loop; a test compares the two texts), and
+// alpha = 2^(m_old - m_new) is returned for rescale_o, which applies it once the P V product that
+// is still reading O has completed. online_softmax itself is left as it was, so that steps 1 and 2
+// compile to the same instructions as before step 3 existed.
+__device__ __forceinline__ void softmax_scores(float (&sc)[BLOCK_N / 2], float (&m)[2],
+                                               float (&l)[2], float (&alpha)[2],
+                                               float scale_log2, bool mask, int key0, int q0,
+                                               int S, bool causal) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; ++i) {
+        sc[i] *= scale_log2;
+        if (mask) {  // the last tile: keys past S, and keys right of the diagonal
+            const int key = key0 + 8 * (i / 4) + 2 * (lane % 4) + (i & 1);
+            const int q = q0 + 8 * ((i / 2) & 1);
+            if (key >= S || (causal && key > q)) sc[i] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // row 0 and row 1 of this thread
+        float mx = m[h];
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * h],
+                                                                   sc[4 * j + 2 * h + 1]));
+        mx = quad_max(mx);
+        // a row with every score so far masked keeps m = -inf: subtract 0 instead (its p are 0)
+        const float m_use = mx == -INFINITY ? 0.0f : mx;
+        alpha[h] = exp2f(m[h] - m_use);  // 0 on the first tile (m = -inf)
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = sc[4 * j + 2 * h + e];
+                x = exp2f(x - m_use);
+                sum += x;
+            }
+        }
+        l[h] = l[h] * alpha[h] + sum;
+        m[h] = mx;
+    }
+}
+
+// O *= alpha: online_softmax's last loop, row h's registers by alpha[h]
+template <int D>
+__device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            o[4 * j + 2 * h] *= alpha[h];
+            o[4 * j + 2 * h + 1] *= alpha[h];
+        }
+    }
+}
+// --8<-- [end:softmax_split]
+
 // --8<-- [start:products]
 // S = Q K^T issued (not waited for): D / 16 wgmmas of 16 along D, each +32 bytes in the row or the
 // next panel of both tiles; sc must hold zeros.
@@ -639,15 +709,110 @@ __device__ __forceinline__ void consume_pingpong(uint32_t base, uint32_t q_full,
 }
 // --8<-- [end:pingpong]
 
+// --8<-- [start:overlap]
+// Step 3: step 2's turns, and inside a turn the two products in two wgmma groups, S_t = Q K_t^T
+// first, O += P_{t-1} V_{t-1} second (FlashAttention-3's intra-warpgroup overlap of the softmax
+// with the GEMMs, section 3.2 of its paper). wgmma.wait_group 1 waits for the older group only:
+// the softmax of tile t runs while P_{t-1} V_{t-1} is still on the tensor cores. O's rescale by
+// tile t's alpha waits for wait_group 0 (the product is writing O), and so does P_t's packing into
+// p (the product is reading p's registers). O still sees v1's sequence: + P_{t-1} V_{t-1}, then
+// * alpha_t, then + P_t V_t, so the result is v1's bit for bit.
+//
+// Turn 0 and turn n_tiles are step 2's. A stage holds K_t and V_t; it is released after the
+// wait_group 0 of turn t + 1, when P_t V_t (the last reader of the stage, after S_t) is complete.
+// Live across the softmax: S_t (fp32, BLOCK_N / 2 registers), P_{t-1} (bf16 pairs, BLOCK_N / 4)
+// and O (D / 2), all in one thread's registers; ptxas reports no spill (the compile test).
+//
+// pin_softmax: ptxas schedules register arithmetic freely across wgmma.wait_group (the wait has no
+// register operands), and without the pin it placed the WARPGROUP.DEPBAR of wait_group 0 before
+// the row maxima and the exp2s (seen in this file's SASS, nvcc 13.0): the softmax ran after P V,
+// as in step 2. A shared-memory store stays on its side of the wait, so a store of a value that
+// depends on every exp2 of the tile (the row sums) keeps the whole softmax above the wait. It
+// stores to this thread's own word of OVERLAP_SCRATCH, which nothing reads. The SASS test checks
+// that every MUFU.EX2 of the softmax lies between the two waits.
+__device__ __forceinline__ void pin_softmax(uint32_t addr, float x) {
+    asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(x) : "memory");
+}
+
+template <int D>
+__device__ __forceinline__ void consume_overlap(uint32_t base, uint32_t q_full, uint32_t full,
+                                                uint32_t empty, int c, int n_tiles, int S,
+                                                int m0, bool causal, float scale_log2,
+                                                __nv_bfloat16* O, float* Lse, size_t bh_row) {
+    using L = Smem<D, PINGPONG_STAGES, OVERLAP_SCRATCH>;
+    const int t_wg = threadIdx.x % WG_THREADS, warp = t_wg / 32, lane = t_wg % 32;
+    const int q0 = m0 + 64 * c + 16 * warp + lane / 4;  // this thread's row 0; row 1 is q0 + 8
+    float o[D / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    uint32_t p[BLOCK_N / 4];  // P of tile t - 1: the A operand of turn t's P V
+    mbar_wait(q_full, 0);
+    const uint32_t q_tile = base + L::Q + c * 64 * ROW_BYTES;  // this consumer's 64 rows of Q
+    const uint32_t pin = base + L::SCRATCH + 4 * (c * WG_THREADS + t_wg);  // this thread's word
+    if (c != PINGPONG_FIRST) turn_pass(c);  // the first turn is the other consumer's
+
+    // Turn 0 (the prologue): S_0 and its softmax
+    float sc[BLOCK_N / 2];
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; ++i) sc[i] = 0.0f;
+    mbar_wait(full, 0);
+    turn_wait(c);
+    qk_issue<D>(sc, q_tile, base + L::KV);
+    turn_pass(c);  // n_tiles >= 1: never the last turn
+    wgmma_wait<0>();
+    fence_regs(sc);
+    online_softmax<D>(sc, o, m, l, scale_log2, n_tiles == 1, 0, q0, S, causal);
+    pack_p(p, sc);
+
+    // Turns 1 .. n_tiles - 1: S_t, then P_{t-1} V_{t-1}; the softmax of t under P_{t-1} V_{t-1}
+    for (int t = 1; t < n_tiles; ++t) {
+        const uint32_t s = t % PINGPONG_STAGES, k_tile = base + L::KV + s * L::STAGE;
+        const uint32_t s_prev = (t - 1) % PINGPONG_STAGES;
+        const uint32_t v_prev = base + L::KV + s_prev * L::STAGE + L::TILE_BYTES;
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 2; ++i) sc[i] = 0.0f;
+        mbar_wait(full + 8 * s, (t / PINGPONG_STAGES) & 1);
+        turn_wait(c);
+        qk_issue<D>(sc, q_tile, k_tile);  // group 1: S_t
+        pv_issue<D>(o, p, v_prev);        // group 2: O += P_{t-1} V_{t-1}
+        turn_pass(c);
+        wgmma_wait<1>();  // group 1 is complete; group 2 may still be running
+        fence_regs(sc);
+        float alpha[2];
+        softmax_scores(sc, m, l, alpha, scale_log2, t == n_tiles - 1, t * BLOCK_N, q0, S, causal);
+        pin_softmax(pin, l[0] + l[1]);  // keeps ptxas from moving the wait above the softmax
+        wgmma_wait<0>();  // group 2 is complete: O and p are this thread's again
+        fence_regs(o);
+        fence_regs(p);
+        if (lane == 0) mbar_arrive(empty + 8 * s_prev);  // this warp is done with tile t - 1
+        rescale_o<D>(o, alpha);
+        pack_p(p, sc);
+    }
+
+    // Turn n_tiles (the epilogue): P V of the last tile; the last consumer hands no turn on
+    const uint32_t s_last = (n_tiles - 1) % PINGPONG_STAGES;
+    turn_wait(c);
+    pv_issue<D>(o, p, base + L::KV + s_last * L::STAGE + L::TILE_BYTES);
+    if (c == PINGPONG_FIRST) turn_pass(c);
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(p);
+    if (lane == 0) mbar_arrive(empty + 8 * s_last);
+    write_rows<D>(o, m, l, q0, S, O, Lse, bh_row);
+}
+// --8<-- [end:overlap]
+
 // --8<-- [start:kernel]
 // Grid (ceil(S / 128), H, B). tmaps: Q's, K's and V's tensor maps, 128 bytes each. O is (B, H, S,
 // D) bf16, Lse (B, H, S) fp32; scale_log2 = scale * log2(e). PINGPONG: step 2's consumers
-// (consume_pingpong) instead of step 1's; everything else is shared.
-template <int D, bool PINGPONG = false>
+// (consume_pingpong) instead of step 1's; PINGPONG and OVERLAP: step 3's (consume_overlap);
+// everything else is shared.
+template <int D, bool PINGPONG = false, bool OVERLAP = false>
 __device__ __forceinline__ void flash_fwd(const uint8_t* tmaps, __nv_bfloat16* O, float* Lse,
                                           int S, float scale_log2, int causal) {
+    static_assert(PINGPONG || !OVERLAP, "step 3 overlaps inside step 2's turns");
     constexpr int NS = PINGPONG ? PINGPONG_STAGES : STAGES;  // K / V stages
-    using L = Smem<D, NS>;
+    using L = Smem<D, NS, OVERLAP ? OVERLAP_SCRATCH : 0>;
     extern __shared__ uint8_t smem[];
     const uint32_t base = align_up(smem_u32(smem), SWIZZLE_REPEAT);
     const uint32_t q_full = base + L::BARRIERS, full = q_full + 8, empty = full + 8 * NS;
@@ -676,7 +841,10 @@ __device__ __forceinline__ void flash_fwd(const uint8_t* tmaps, __nv_bfloat16* O
             produce<D, NS>(base, q_full, full, empty, tmaps, m0, plane, n_tiles);
     } else {
         regs_inc<CONSUMER_REGS>();
-        if constexpr (PINGPONG)
+        if constexpr (OVERLAP)
+            consume_overlap<D>(base, q_full, full, empty, wg - 1, n_tiles, S, m0, causal != 0,
+                               scale_log2, O, Lse, bh_row);
+        else if constexpr (PINGPONG)
             consume_pingpong<D>(base, q_full, full, empty, wg - 1, n_tiles, S, m0, causal != 0,
                                 scale_log2, O, Lse, bh_row);
         else
@@ -723,6 +891,27 @@ hopper_flash_fwd_pingpong_d128(const uint8_t* __restrict__ tmaps, __nv_bfloat16*
                                float* __restrict__ Lse, int S, float scale_log2, int causal) {
 #if HA_SM90A
     ha::flash_fwd<128, true>(tmaps, O, Lse, S, scale_log2, causal);
+#else
+    __trap();
+#endif
+}
+
+// Step 3: the same kernel with ping-pong consumers that overlap their softmax with their own P V
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_fwd_overlap_d64(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ O,
+                             float* __restrict__ Lse, int S, float scale_log2, int causal) {
+#if HA_SM90A
+    ha::flash_fwd<64, true, true>(tmaps, O, Lse, S, scale_log2, causal);
+#else
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_fwd_overlap_d128(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ O,
+                              float* __restrict__ Lse, int S, float scale_log2, int causal) {
+#if HA_SM90A
+    ha::flash_fwd<128, true, true>(tmaps, O, Lse, S, scale_log2, causal);
 #else
     __trap();
 #endif

@@ -1,5 +1,6 @@
-"""FlashAttention's forward on Hopper: step 1 (TMA, mbarriers and ``wgmma``, written by hand) and
-step 2 (the two consumer warpgroups ping-pong).
+"""FlashAttention's forward on Hopper: step 1 (TMA, mbarriers and ``wgmma``, written by hand),
+step 2 (the two consumer warpgroups ping-pong) and step 3 (each warpgroup's softmax overlaps its
+own P V product).
 
 ``o = softmax(q k^T * scale) v`` for bf16 q, k, v of shape (B, H, S, D) with D = 64 or 128, the same
 S for queries and keys, with or without the causal mask (query i sees keys j <= i), and the row
@@ -11,7 +12,10 @@ with ``wgmma`` from shared memory, the online softmax in registers, and O += P V
 registers (the register-A form of ``wgmma``) and V read as an MN-major (transposed) operand.
 Step 2 (``flash_fwd_hopper_pingpong``) is the same kernel compiled with ``PINGPONG``: the two
 consumers take turns through two named barriers, each issuing one tile's products while the other
-runs its softmax, with three K / V stages instead of two.
+runs its softmax, with three K / V stages instead of two. Step 3 (``flash_fwd_hopper_overlap``)
+adds ``OVERLAP``: inside a turn, the next tile's Q K^T is issued before the previous tile's P V,
+in two ``wgmma`` groups, and the softmax runs after ``wgmma.wait_group 1`` (the scores are done),
+while P V is still on the tensor cores.
 
 This module checks the inputs, builds the three TMA tensor maps (Q, K and V viewed as 3-D
 (B*H, S, D) tensors, boxes of 64 columns x 128 rows x one head with the 128-byte swizzle: a 128-wide
@@ -53,6 +57,8 @@ THREADS = 384  # a producer warpgroup and two consumers
 HEAD_DIMS = (64, 128)
 KERNELS = {64: "hopper_flash_fwd_d64", 128: "hopper_flash_fwd_d128"}
 PINGPONG_KERNELS = {64: "hopper_flash_fwd_pingpong_d64", 128: "hopper_flash_fwd_pingpong_d128"}
+OVERLAP_KERNELS = {64: "hopper_flash_fwd_overlap_d64", 128: "hopper_flash_fwd_overlap_d128"}
+OVERLAP_SCRATCH = 256 * 4  # step 3: a word of shared memory per consumer thread (pin_softmax)
 PINGPONG_BARRIERS = (1, 2)  # the named barrier consumer 0, 1 waits on for its turn
 PINGPONG_THREADS = 256  # each counts both consumer warpgroups
 PINGPONG_FIRST = 0  # the consumer whose turn comes first
@@ -61,11 +67,12 @@ GRID_YZ_MAX = 65535  # gridDim.y carries the heads, gridDim.z the batch
 # --8<-- [end:constants]
 
 
-def smem_bytes(d: int, stages: int = STAGES) -> int:
+def smem_bytes(d: int, stages: int = STAGES, scratch: int = 0) -> int:
     """Dynamic shared memory of the kernel for head dim ``d``: Q's tile, ``stages`` x (K's tile, V's
-    tile), 1 + 2 * stages mbarriers of 8 bytes, and the slack to align the base to 1024 bytes."""
+    tile), 1 + 2 * stages mbarriers of 8 bytes, ``scratch`` bytes (step 3's), and the slack to
+    align the base to 1024 bytes."""
     tile = BOX_ROWS * d * 2
-    return tile * (1 + 2 * stages) + (1 + 2 * stages) * 8 + SWIZZLE_REPEAT
+    return tile * (1 + 2 * stages) + (1 + 2 * stages) * 8 + scratch + SWIZZLE_REPEAT
 
 
 def tensor_map_spec(heads: int, s: int, d: int, address: int) -> TensorMapSpec:
@@ -123,9 +130,9 @@ def check_hopper_attention(name: str, q: object, k: object, v: object, causal: o
     scale = float(scale)
     if not math.isfinite(scale) or not math.isfinite(scale * LOG2E):
         raise ValueError(f"{name}: scale = {scale} must be finite")
-    if smem_bytes(d, PINGPONG_STAGES) > SMEM_LIMIT_SM90:  # the larger of the two steps
-        raise ValueError(f"{name}: {smem_bytes(d, PINGPONG_STAGES)} bytes of shared memory exceed "
-                         f"{SMEM_LIMIT_SM90}")
+    smem = smem_bytes(d, PINGPONG_STAGES, OVERLAP_SCRATCH)  # the largest of the steps (3)
+    if smem > SMEM_LIMIT_SM90:
+        raise ValueError(f"{name}: {smem} bytes of shared memory exceed {SMEM_LIMIT_SM90}")
     for arg, t in (("q", q), ("k", k), ("v", v)):  # what cuTensorMapEncodeTiled would refuse
         try:
             tensor_map_spec(b * h, s, d, t.data_ptr())
@@ -186,8 +193,9 @@ def kernel(name: str, device_index: int):
 
 
 # --8<-- [start:launch]
-# What a step changes on the host: its kernels and its K / V stages (shared memory)
-STEPS = {1: (KERNELS, STAGES), 2: (PINGPONG_KERNELS, PINGPONG_STAGES)}
+# What a step changes on the host: its kernels, its K / V stages and its scratch (shared memory)
+STEPS = {1: (KERNELS, STAGES, 0), 2: (PINGPONG_KERNELS, PINGPONG_STAGES, 0),
+         3: (OVERLAP_KERNELS, PINGPONG_STAGES, OVERLAP_SCRATCH)}
 
 
 def launch_step(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -201,13 +209,13 @@ def launch_step(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch
     reason = needs_sm90()
     if reason:
         raise RuntimeError(f"{name}: {reason}")
-    kernels, stages = STEPS[step]
+    kernels, stages, scratch = STEPS[step]
     o = torch.empty_like(q)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     specs = tuple(tensor_map_spec(b * h, s, d, t.data_ptr()) for t in (q, k, v))
     tmaps = device_tensor_maps(specs, q.device)
     fn = kernel(kernels[d], q.device.index if q.device.index is not None else 0)
-    smem = smem_bytes(d, stages)
+    smem = smem_bytes(d, stages, scratch)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem  # above 48 KB needs the opt-in
     grid = (-(-s // BLOCK_M), h, b)
@@ -231,6 +239,15 @@ def flash_fwd_hopper_pingpong(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Step 2: like ``flash_fwd_hopper`` (same checks, same outputs), the two consumer warpgroups
     ping-pong: one's softmax runs while the other's products do."""
     return launch_step(2, "flash_fwd_hopper_pingpong", q, k, v, causal, scale)
+
+
+def flash_fwd_hopper_overlap(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             causal: bool = False,
+                             scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 3: like ``flash_fwd_hopper_pingpong`` (same checks, same outputs, the same bits as
+    step 1), each warpgroup issues the next tile's Q K^T before the previous tile's P V and runs
+    its softmax while that P V is on the tensor cores."""
+    return launch_step(3, "flash_fwd_hopper_overlap", q, k, v, causal, scale)
 # --8<-- [end:launch]
 
 
@@ -273,6 +290,13 @@ def hopper_attention_v2(q, k, v, causal=False):
     """v2: like v1, the two consumer warpgroups ping-pong: one's softmax overlaps the other's
     GEMMs (FlashAttention-3's inter-warpgroup scheduling); the output only."""
     return flash_fwd_hopper_pingpong(q, k, v, causal)[0]
+
+
+def hopper_attention_v3(q, k, v, causal=False):
+    """v3: like v2, each warpgroup issues the next tile's QK^T before the previous tile's PV and
+    runs its softmax while the PV product is on the tensor cores (FlashAttention-3's
+    intra-warpgroup overlap); the output only."""
+    return flash_fwd_hopper_overlap(q, k, v, causal)[0]
 
 
 def reference_output(q, k, v, causal=False):
@@ -331,5 +355,11 @@ hopper_attention_fwd.add(Impl("v2", hopper_attention_v2, "CUDA",
                               "like v1, the two consumer warpgroups ping-pong: one's softmax "
                               "overlaps the other's GEMMs (3 K/V stages)",
                               (cuda.source_path(CU_FILE), flash_fwd_hopper_pingpong, launch_step,
+                               check_hopper_attention, tensor_map_spec, build_cubin),
+                              device="cuda", dtypes=(torch.bfloat16,), requires=needs_sm90))
+hopper_attention_fwd.add(Impl("v3", hopper_attention_v3, "CUDA",
+                              "like v2, each warpgroup issues the next tile's QK^T before its "
+                              "softmax, which overlaps the PV product",
+                              (cuda.source_path(CU_FILE), flash_fwd_hopper_overlap, launch_step,
                                check_hopper_attention, tensor_map_spec, build_cubin),
                               device="cuda", dtypes=(torch.bfloat16,), requires=needs_sm90))
