@@ -39,9 +39,12 @@ fi
 FILES=("$@")
 [ ${#FILES[@]} -gt 0 ] || FILES=(tests/test_*.py)
 SPLIT=" ${KM_SPLIT-tests/test_ops.py:10 tests/test_part5_lora.py:3 tests/test_part4_matmul.py:3} "
-# Files that took minutes on an H100 (after the split ones): started next, so none starts last and runs alone
+# Files that took minutes on an H100 (after the split ones; Part 7's spawn process groups): started next, so none
+# starts last and runs alone
 SLOW=" ${KM_SLOW-tests/test_part5_epilogue.py tests/test_part3_profiling.py tests/test_part5_flash_attention.py
-tests/test_cuda_compile.py tests/test_gradients.py tests/test_export.py tests/test_mutate.py} "
+tests/test_cuda_compile.py tests/test_gradients.py tests/test_export.py tests/test_mutate.py
+tests/test_part7_pipeline.py tests/test_part7_tensor_parallel.py tests/test_part7_zero.py
+tests/test_part7_context_expert.py tests/test_part7_fsdp.py tests/test_part7_ddp.py} "
 SLOW=$(tr '\n' ' ' <<< "$SLOW")
 ALONE=" ${KM_ALONE-tests/test_part2_memory.py} "
 # Jobs as FILE or FILE@k/N, split files first (they are the longest), the files that run alone last.
