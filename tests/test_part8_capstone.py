@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_matches_reference
 
 from conftest import DEVICE
 from snippets.part8 import capstone as cp
@@ -194,6 +195,124 @@ def test_bad_arguments_raise(tiny, monkeypatch):
         cp.decode_step(model, prompt[:, 0], cp.ModelCache(model, 2, "contiguous"), "book")
 
 
+# ---------------------------------------------------------------- the prefill as an op
+
+PREFILL = cp.capstone_prefill
+CPU_VERSIONS = [v for v, impl in PREFILL.impls.items() if impl.runs_on("cpu")]
+
+
+def _prefill_args(size, dtype=torch.float32, seed=0):
+    return PREFILL.make_inputs(size, dtype, DEVICE, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.op("capstone_prefill")
+@pytest.mark.parametrize("size", PREFILL.test_sizes, ids=lambda s: f"b{s['b']}-s{s['s']}")
+@pytest.mark.parametrize("version", CPU_VERSIONS)
+def test_prefill_versions_match_the_reference(version, size):
+    """float32: each version's last-position logits (B, 1, vocab) within the op's tolerance of the
+    float64 reference, written out independently of the backends (poisoned outputs, shape and
+    dtype checked by the harness's comparison)."""
+    assert_matches_reference(PREFILL, PREFILL.impls[version], _prefill_args(size), torch.float32,
+                             size)
+
+
+@pytest.mark.op("capstone_prefill")
+@pytest.mark.parametrize("size", PREFILL.test_sizes, ids=lambda s: f"b{s['b']}-s{s['s']}")
+def test_prefill_book_equals_torch_and_the_whole_forward(size):
+    """float32: the book's kernels give the torch backend's logits to fp32 rounding, and both are
+    the last column of the whole sequence's logits (the model's forward: every position's head),
+    so ``last_only`` drops nothing but the other positions."""
+    model, tokens, embed = _prefill_args(size)
+    book = cp.prefill_book(model, tokens, embed)
+    torch_ = cp.prefill_torch(model, tokens, embed)
+    with torch.no_grad():
+        whole = model(tokens)[:, -1:]
+    assert book.shape == (size["b"], 1, cp.TINY.vocab)
+    torch.testing.assert_close(book, torch_, rtol=0, atol=2e-5)
+    # 1e-5: the head's product has B rows here and B x S there (cuBLAS may sum in another order)
+    torch.testing.assert_close(torch_, whole, rtol=0, atol=1e-5)
+
+
+def _non_causal(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
+
+
+@pytest.mark.op("capstone_prefill")
+def test_prefill_comparison_catches_a_missing_causal_mask(monkeypatch):
+    """The last position attends to every token either way, but the first layer's earlier
+    positions feed the second layer's keys and values: attention without its mask must fail the
+    comparison with the reference (the test above can fail)."""
+    size = PREFILL.test_sizes[1]
+    args = _prefill_args(size)
+    monkeypatch.setitem(cp.OPS["torch"], "prefill_attention", _non_causal)
+    with pytest.raises(AssertionError, match="exceeds"):
+        assert_matches_reference(PREFILL, PREFILL.impls["v0"], args, torch.float32, size)
+
+
+@pytest.mark.op("capstone_prefill")
+def test_prefill_cost_model():
+    """FLOPs: torch's FlopCounterMode counts the torch backend's products, with attention over the
+    whole S x S square (the mask is applied after), and the LM head once per prompt; the model
+    counts the causal half (S (S + 1) / 2 pairs), and decode_model counts the norm gains among
+    the weights (2 FLOPs per gain per token). Bytes: every weight but the embedding table once,
+    each token's embedding row and K and V, in the dtype's bytes."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    size = {"config": "tiny", "b": 3, "s": 9}
+    model, tokens, embed = _prefill_args(size)
+    c, (b, s) = cp.TINY, (3, 9)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        cp.prefill_torch(model, tokens, embed)
+    attention = 4 * c.n_layers * c.dim * b                # q.k and p.v per (query, key) pair
+    gains = (2 * c.n_layers + 1) * c.dim
+    want = counter.get_total_flops() - attention * s * s + attention * s * (s + 1) // 2
+    assert PREFILL.flops(size, torch.float32) == want + 2 * gains * b * s
+    kv = c.n_layers * 2 * c.n_kv_heads * c.head_dim      # K and V elements per token
+    weights = c.n_params() - c.vocab * c.dim
+    want = (weights + b * s * c.dim) * 2 + b * s * kv * 2
+    assert PREFILL.bytes_moved(size, torch.bfloat16) == want
+
+
+@pytest.mark.op("capstone_prefill")
+def test_prefill_op_refuses_bad_input(monkeypatch):
+    """Refused with a clear exception before any kernel runs (every op of both backends is
+    replaced by one that fails the test if called): a prompt past max_seq, int32 ids, a 1-D
+    prompt, an embedding table that is not the model's, a head_dim FlashAttention lacks (book);
+    with grad mode on, an embedding table or a model weight that requires grad."""
+    model, tokens, embed = _prefill_args(PREFILL.test_sizes[0])
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a kernel was launched for bad input")
+
+    for backend in cp.BACKENDS:
+        monkeypatch.setitem(cp.OPS, backend, dict.fromkeys(cp.OPS[backend], boom))
+    long = torch.zeros(1, cp.TINY.max_seq + 1, dtype=torch.long, device=DEVICE)
+    odd = cp.Llama(cp.Config(vocab=16, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=16,
+                             max_seq=16), device=DEVICE)
+    cases = [
+        ((model, long, embed), ValueError, "exceeds max_seq"),
+        ((model, tokens.int(), embed), TypeError, "int64"),
+        ((model, tokens[0], embed), ValueError, "2-D"),
+        ((model, tokens, embed.clone()), ValueError, "model's own embedding"),
+        ((model, tokens, embed.detach().requires_grad_()), RuntimeError, "grad"),
+        (("model", tokens, embed), TypeError, "must be a Llama"),
+    ]
+    for fn in (cp.prefill_torch, cp.prefill_book):
+        for args, error, message in cases:
+            with pytest.raises(error, match=message):
+                fn(*args)
+    with pytest.raises(ValueError, match="head_dim in"):
+        cp.prefill_book(odd, tokens[:, :3] % 16, odd.embed)
+    model.lm_head.requires_grad_(True)
+    try:
+        with pytest.raises(RuntimeError, match="grad"):
+            cp.prefill_torch(model, tokens, embed)
+    finally:
+        model.lm_head.requires_grad_(False)
+
+
 # ---------------------------------------------------------------- GPU
 
 @pytest.mark.gpu
@@ -225,3 +344,25 @@ def test_gpu_small_model_bf16():
     assert torch.equal(book.argmax(-1)[clear], want.argmax(-1)[clear])
     agree = (book.argmax(-1) == torch_bf16.argmax(-1)).float().mean().item()
     assert agree >= 0.75, agree
+
+
+@pytest.mark.gpu
+@pytest.mark.op("capstone_prefill")
+def test_gpu_prefill_llama_1b_bf16():
+    """The op's headline (Llama 3.2 1B's shapes, random weights, bf16, one prompt of 2048 tokens):
+    every version within the op's bf16 tolerance of the float64 reference, and the book's largest
+    error at most twice the eager torch backend's plus a little (FlashAttention's rule for a
+    kernel against PyTorch at the same precision)."""
+    op = PREFILL
+    args = op.make_inputs(op.headline, torch.bfloat16, "cuda", torch.Generator().manual_seed(0))
+    ref = op.reference_fp64(args)
+    rtol, atol = op.tolerance(torch.bfloat16)
+    err = {}
+    for v, impl in op.impls.items():
+        out = impl.fn(*args)
+        assert out.dtype == torch.bfloat16 and out.shape == ref.shape, (v, out.dtype, out.shape)
+        assert not out.isnan().any(), v
+        torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=atol,
+                                   msg=lambda m, v=v: f"{v}: {m}")
+        err[v] = (out.double() - ref).abs().max().item()
+    assert err["v2"] <= 2 * err["v0"] + 0.05, err

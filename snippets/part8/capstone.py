@@ -206,6 +206,12 @@ OPS = {   # backend -> the five ops a model needs besides the matrix products
 def _check_backend(name: str, model: Llama, backend: str) -> dict:
     if not isinstance(model, Llama):
         raise TypeError(f"{name}: model must be a Llama, got {type(model).__name__}")
+    return _backend_ops(name, model, backend)
+
+
+def _backend_ops(name: str, model: Llama, backend: str) -> dict:
+    """_check_backend less the model's class: the backend's name and, for the book's kernels,
+    the head_dim and the device; the backend's ops."""
     if backend not in BACKENDS:
         raise ValueError(f"{name}: backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "book":
@@ -221,6 +227,14 @@ def _check_backend(name: str, model: Llama, backend: str) -> dict:
 
 
 def _check_tokens(name: str, model: Llama, tokens: torch.Tensor, dims: int) -> None:
+    _check_token_tensor(name, model, tokens, dims)
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= model.cfg.vocab:
+        raise ValueError(f"{name}: token ids must be in [0, {model.cfg.vocab}), got [{lo}, {hi}]")
+
+
+def _check_token_tensor(name: str, model: Llama, tokens: torch.Tensor, dims: int) -> None:
+    """_check_tokens less the ids' range: type, shape and device only (no read-back)."""
     if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long:
         raise TypeError(f"{name}: tokens must be an int64 tensor, got "
                         f"{getattr(tokens, 'dtype', type(tokens).__name__)}")
@@ -230,9 +244,6 @@ def _check_tokens(name: str, model: Llama, tokens: torch.Tensor, dims: int) -> N
     if tokens.device != model.embed.device:
         raise ValueError(f"{name}: tokens are on {tokens.device}, the model on "
                          f"{model.embed.device}")
-    lo, hi = int(tokens.min()), int(tokens.max())
-    if lo < 0 or hi >= model.cfg.vocab:
-        raise ValueError(f"{name}: token ids must be in [0, {model.cfg.vocab}), got [{lo}, {hi}]")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,13 +354,22 @@ def prefill(model: Llama, tokens: torch.Tensor, backend: str = "torch",
     can outweigh the model), and each layer's K and V (after RoPE) written to ``cache`` if one is
     given. Attention is causal over the prompt."""
     ops = _check_backend("prefill", model, backend)
-    _check_tokens("prefill", model, tokens, 2)
-    if tokens.shape[1] > model.cfg.max_seq:
-        raise ValueError(f"prefill: prompt of {tokens.shape[1]} tokens exceeds max_seq "
-                         f"{model.cfg.max_seq}")
+    _check_prompt("prefill", model, tokens)
     if not isinstance(last_only, bool):
         raise TypeError(f"prefill: last_only must be a bool, got {last_only!r}")
     return _prefill(model, tokens, ops, cache, last_only), cache
+
+
+def _check_prompt(name: str, model: Llama, tokens: torch.Tensor, ids: bool = True) -> None:
+    """A (B, S) prompt of int64 ids on the model's device, S <= max_seq; ``ids`` also checks each
+    id is in the vocabulary (a read-back from the device, which a timed call leaves out)."""
+    if ids:
+        _check_tokens(name, model, tokens, 2)
+    else:
+        _check_token_tensor(name, model, tokens, 2)
+    if tokens.shape[1] > model.cfg.max_seq:
+        raise ValueError(f"{name}: prompt of {tokens.shape[1]} tokens exceeds max_seq "
+                         f"{model.cfg.max_seq}")
 
 
 def _prefill(model: Llama, tokens: torch.Tensor, ops: dict, cache: ModelCache | None,
@@ -968,6 +988,143 @@ capstone_decode.add(Impl("v4", decode_torch_graph, "PyTorch",
                          (*_STEP, da.paged_attention_sdpa), requires=needs_cuda_graphs,
                          origin="library"))
 # --8<-- [end:op]
+
+
+# --------------------------------------------------------------------------------------------------
+# The prefill as an op
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:prefill_op]
+def prefill_ref(model: Llama, tokens: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
+    """The prompt's pass written out in the dtype of ``embed`` (the model's embedding table;
+    float64 when the harness calls it, which upcasts tensor arguments but cannot upcast the
+    model): every other weight converted to that dtype, causal grouped-query attention as a
+    masked softmax over all the prompt's keys, and the last position's logits (B, 1, vocab)."""
+    cfg, (b, s) = model.cfg, tokens.shape
+    h, hkv, d, dt = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, embed.dtype
+
+    def w(t):
+        return t.to(dt)
+
+    cos, sin = w(model.cos[:s]), w(model.sin[:s])
+    later = torch.ones(s, s, dtype=torch.bool, device=tokens.device).triu(1)   # key after query
+    x = embed[tokens]                                                 # (B, S, dim)
+    for layer in model.layers:
+        a = rn.rmsnorm_ref(x, w(layer.attn_norm), EPS)
+        q = (a @ w(layer.wq).T).view(b, s, h, d)
+        k = (a @ w(layer.wk).T).view(b, s, hkv, d)
+        v = (a @ w(layer.wv).T).view(b, s, hkv, d)
+        q, k = rp.rope_ref(q, k, cos, sin)
+        k, v = k.repeat_interleave(h // hkv, dim=2), v.repeat_interleave(h // hkv, dim=2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
+        p = torch.softmax(scores.masked_fill(later, float("-inf")), dim=-1)
+        x = x + torch.einsum("bhqk,bkhd->bqhd", p, v).reshape(b, s, h * d) @ w(layer.wo).T
+        m = rn.rmsnorm_ref(x, w(layer.mlp_norm), EPS)
+        x = x + sw.swiglu_ref(m @ w(layer.wg).T, m @ w(layer.wu).T) @ w(layer.wd).T
+    return rn.rmsnorm_ref(x[:, -1:], w(model.norm), EPS) @ w(model.lm_head).T
+
+
+def _prefill_timed(name: str, model, tokens, embed, backend: str) -> dict:
+    """The checks of a timed call: the backend's (model, device, head_dim), the prompt's type,
+    shape, device and length (not its ids: their range is a read-back from the device, which
+    decode's timed versions leave out too), ``embed`` the model's own table, and no input autograd
+    tracks. Returns the backend's ops."""
+    # by its attributes, not its class: an exported copy of this module has a class of its own
+    if not all(hasattr(model, a) for a in ("cfg", "embed", "layers", "lm_head")):
+        raise TypeError(f"{name}: model must be a Llama, got {type(model).__name__}")
+    ops = _backend_ops(name, model, backend)
+    _check_prompt(name, model, tokens, ids=False)
+    if not isinstance(embed, torch.Tensor) or embed.data_ptr() != model.embed.data_ptr():
+        raise ValueError(f"{name}: embed must be the model's own embedding table")
+    refuse_grad(name, embed, *model.parameters(), instead='prefill(model, tokens, "torch")')
+    return ops
+
+
+def prefill_torch(model, tokens, embed):
+    """v0: the prompt through the torch backend's ops, eager (cuBLAS's products, PyTorch's
+    kernels for the norms, RoPE, SwiGLU and the masked-softmax attention); the last logits."""
+    ops = _prefill_timed("prefill_torch", model, tokens, embed, "torch")
+    return _prefill(model, tokens, ops, None, last_only=True)
+
+
+def _torch_prefill(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
+    return _prefill(model, tokens, OPS["torch"], None, last_only=True)
+
+
+_torch_prefill_compiled = compiled(_torch_prefill)
+
+
+def prefill_torch_compiled(model, tokens, embed):
+    """v1: v0 through torch.compile (default mode: Inductor fuses the element-wise work and the
+    attention's mask and softmax; the products stay cuBLAS's or Inductor's templates)."""
+    _prefill_timed("prefill_torch_compiled", model, tokens, embed, "torch")
+    with torch.no_grad():
+        return _torch_prefill_compiled(model, tokens)
+
+
+def prefill_book(model, tokens, embed):
+    """v2: the prompt through the book's kernels (Part 5's RMSNorm, RoPE, SwiGLU and causal
+    FlashAttention, each kv head repeated for its query heads first), eager; the products are
+    cuBLAS's, as in v0."""
+    ops = _prefill_timed("prefill_book", model, tokens, embed, "book")
+    return _prefill(model, tokens, ops, None, last_only=True)
+
+
+def _make_prefill_inputs(size, dtype, device, gen):
+    """A model of ``size["config"]`` with seeded random weights (drawn on ``device``) and a random
+    prompt of ``b`` x ``s`` tokens. Returns (model, prompt, the model's embedding table)."""
+    seed = int(torch.randint(2**31, (1,), generator=gen))
+    model = Llama(CONFIGS[size["config"]], seed=seed, dtype=dtype, device=device,
+                  draw_on_device=True)
+    prompt = torch.randint(model.cfg.vocab, (size["b"], size["s"]), generator=gen).to(device)
+    return model, prompt, model.embed
+
+
+def _prefill_flops(size, dtype) -> int:
+    """decode_model.prefill_flops for each of the b prompts, less the LM head at all but the
+    last position: the op returns the last position's logits only."""
+    cfg, s = decoder_config(size, dtype), size["s"]
+    return size["b"] * (dm.prefill_flops(cfg, s) - 2 * (s - 1) * cfg.vocab * cfg.hidden)
+
+
+def _prefill_bytes(size, dtype) -> int:
+    # decode_model.prefill_bytes of all b x s tokens: the weights once, each token's embedding row,
+    # and each token's K and V written once (here for attention to read, there being no cache)
+    return dm.prefill_bytes(decoder_config(size, dtype), size["b"] * size["s"])
+
+
+PREFILL_HEADLINE = {"config": "llama_1b", "b": 1, "s": 2048}
+PREFILL_SWEEP = [*({"config": "llama_1b", "b": 1, "s": s} for s in (512, 1024, 2048, 4096)),
+                 {"config": "llama_1b", "b": 4, "s": 1024}]             # the headline among them
+# Tiny, for the CPU: two prompts of 5 tokens (shorter than any attention tile), one of 37 (under
+# the interpreter FlashAttention's tiles are 32 queries by 16 keys: a ragged last tile of each).
+PREFILL_TEST_SIZES = [{"config": "tiny", "b": 2, "s": 5}, {"config": "tiny", "b": 1, "s": 37}]
+
+# decode's table: the last position's logits pass through the same layers, and here every earlier
+# position's K and V are rounded in bf16 too (decode's reference reads the cache as written, this
+# one recomputes it); checked against the CPU's bf16 error of the torch backend at Llama 3.2 1B's
+# widths and depth with the full vocabulary, prompts of 128 to 2048 tokens, against prefill_ref:
+# within this table, with room for a GPU's summation order.
+capstone_prefill = register(Op(
+    name="capstone_prefill", part=8, chapter="part8/capstone.md",
+    title="Capstone prefill (the prompt in one pass, last logits)", reference=prefill_ref,
+    make_inputs=_make_prefill_inputs, bytes_moved=_prefill_bytes, flops=_prefill_flops,
+    metric="TFLOP/s", ceiling="gemm_bf16", headline=PREFILL_HEADLINE, sweep=PREFILL_SWEEP,
+    dtypes=(torch.bfloat16, torch.float32), bench_dtypes=(torch.bfloat16,),
+    test_sizes=PREFILL_TEST_SIZES, tolerances=TOLERANCES, sweep_axis="s"))
+_PASS = (_prefill, _prefill_timed, _check_prompt, causal_gqa_attention)
+capstone_prefill.add(Impl("v0", prefill_torch, "PyTorch",
+                          "prefill, torch ops (masked-softmax attention), eager",
+                          _PASS, device="any", origin="library"))
+capstone_prefill.add(Impl("v1", prefill_torch_compiled, "PyTorch",
+                          "v0's prefill through torch.compile (default mode)",
+                          (*_PASS, _torch_prefill), requires=needs_gpu, origin="library",
+                          bench_if=_compile_is_short))
+capstone_prefill.add(Impl("v2", prefill_book, "Triton",
+                          "prefill, the book's kernels (causal FlashAttention), eager",
+                          (*_PASS, _book_prefill_attention, fa.attention_triton,
+                           rn.rmsnorm_triton, rp.rope_triton, sw.swiglu_triton), device="any"))
+# --8<-- [end:prefill_op]
 
 
 def main(argv: list[str] | None = None) -> None:
