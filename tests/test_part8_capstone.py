@@ -252,6 +252,21 @@ def test_prefill_comparison_catches_a_missing_causal_mask(monkeypatch):
 
 
 @pytest.mark.op("capstone_prefill")
+def test_compiled_prefill_is_one_graph():
+    """v1's function under torch.compile, checked without Inductor (which needs a GPU here):
+    Dynamo traces the whole pass as one graph with no break, and AOTAutograd's graph (backend
+    "aot_eager") gives v0's logits."""
+    model, tokens, embed = _prefill_args(PREFILL.test_sizes[1])
+    want = cp.prefill_torch(model, tokens, embed)
+    with torch.no_grad():
+        explained = torch._dynamo.explain(cp._torch_prefill)(model, tokens)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+        got = torch.compile(cp._torch_prefill, backend="aot_eager", dynamic=False)(model, tokens)
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.op("capstone_prefill")
 def test_prefill_cost_model():
     """FLOPs: torch's FlopCounterMode counts the torch backend's products, with attention over the
     whole S x S square (the mask is applied after), and the LM head once per prompt; the model
