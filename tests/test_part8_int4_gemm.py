@@ -139,7 +139,7 @@ def test_registration_and_cost():
     assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4", "v5"]
     assert op.impls["v0"].origin == op.impls["v3"].origin == "library"
     assert op.metric == "GB/s" and op.ceiling == "copy"
-    assert [s["m"] for s in op.sweep] == [1, 4, 16, 64]
+    assert [s["m"] for s in op.sweep] == [1, 4, 16, 64, 128]  # 128: issue 22's third goal
     size = op.headline
     # 8192 x 8192 codes at half a byte, 64 scales per row of 2 bytes, x and y
     assert op.bytes_moved(size, torch.bfloat16) == 8192 * 4096 + 8192 * 64 * 2 + 2 * 16 * 8192 * 2
