@@ -917,37 +917,21 @@ def test_matches_float64_reference(b, h, s, d, causal, fn):
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", ha.HEAD_DIMS)
-@pytest.mark.parametrize("s", [1, 77, 128, 129, 300, 1024, 2000])
-def test_pingpong_is_v1_bit_for_bit(s, d, causal):
-    """Step 2 reorders when the products are issued, not what is computed: per consumer, every
-    operation on O, m and l is step 1's, in step 1's order (the same inlined code, the same wgmma
-    shapes and operands), so o and lse must be step 1's exactly. Ragged S, every tile count from
-    1 to 16, both masks."""
-    _skip_unless_sm90()
-    q, k, v = _inputs(2, 3, s, d, seed=s * 7 + d + causal)
-    o1, lse1 = ha.flash_fwd_hopper(q, k, v, causal)
-    o2, lse2 = ha.flash_fwd_hopper_pingpong(q, k, v, causal)
-    torch.cuda.synchronize()
-    torch.testing.assert_close(o2, o1, rtol=0, atol=0)
-    torch.testing.assert_close(lse2, lse1, rtol=0, atol=0)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", ha.HEAD_DIMS)
 @pytest.mark.parametrize("s", [1, 77, 128, 129, 300, 1024, 2000, 2049])
-def test_overlap_is_v1_bit_for_bit(s, d, causal):
-    """Step 3 moves the softmax of tile t + 1 under P_t V_t, not any operation on O, m or l: O
-    still gets + P_t V_t, then * alpha_{t+1} (the transcription test above), with the same wgmma
-    shapes and operands, so o and lse must be step 1's exactly. Ragged S, 1 to 17 key tiles, both
-    masks."""
+@pytest.mark.parametrize("fn", ENTRY_POINTS[1:], ids=lambda f: f.__name__)
+def test_later_steps_are_v1_bit_for_bit(fn, s, d, causal):
+    """Steps 2 and 3 reorder when work is issued, not what is computed. Step 2 takes turns between
+    the consumers; step 3 moves the softmax of tile t + 1 under P_t V_t. Per consumer, every
+    operation on O, m and l is step 1's, in step 1's order (O gets + P_t V_t, then * alpha_{t+1}:
+    the transcription tests above), with the same wgmma shapes and operands, so o and lse must be
+    step 1's exactly. Ragged S, 1 to 17 key tiles, both masks."""
     _skip_unless_sm90()
     q, k, v = _inputs(2, 3, s, d, seed=s * 7 + d + causal)
     o1, lse1 = ha.flash_fwd_hopper(q, k, v, causal)
-    o3, lse3 = ha.flash_fwd_hopper_overlap(q, k, v, causal)
+    o, lse = fn(q, k, v, causal)
     torch.cuda.synchronize()
-    torch.testing.assert_close(o3, o1, rtol=0, atol=0)
-    torch.testing.assert_close(lse3, lse1, rtol=0, atol=0)
+    torch.testing.assert_close(o, o1, rtol=0, atol=0)
+    torch.testing.assert_close(lse, lse1, rtol=0, atol=0)
 
 
 @pytest.mark.gpu

@@ -346,20 +346,20 @@ hopper_attention_fwd.add(Impl("v0", cudnn_attention, "PyTorch", "SDPA, cuDNN bac
                               (torch.nn.functional.scaled_dot_product_attention,),
                               device="cuda", dtypes=(torch.bfloat16,), requires=cudnn_missing,
                               origin="library"))
+# what every step's measurement depends on besides its own entry point
+_STEP_SOURCES = (cuda.source_path(CU_FILE), launch_step, check_hopper_attention, tensor_map_spec,
+                 build_cubin)
 hopper_attention_fwd.add(Impl("v1", hopper_attention_v1, "CUDA",
                               "TMA + wgmma, producer and 2 consumer warpgroups, P in registers",
-                              (cuda.source_path(CU_FILE), flash_fwd_hopper, launch_step,
-                               check_hopper_attention, tensor_map_spec, build_cubin), device="cuda",
+                              (flash_fwd_hopper, *_STEP_SOURCES), device="cuda",
                               dtypes=(torch.bfloat16,), requires=needs_sm90))
 hopper_attention_fwd.add(Impl("v2", hopper_attention_v2, "CUDA",
                               "like v1, the two consumer warpgroups ping-pong: one's softmax "
                               "overlaps the other's GEMMs (3 K/V stages)",
-                              (cuda.source_path(CU_FILE), flash_fwd_hopper_pingpong, launch_step,
-                               check_hopper_attention, tensor_map_spec, build_cubin),
-                              device="cuda", dtypes=(torch.bfloat16,), requires=needs_sm90))
+                              (flash_fwd_hopper_pingpong, *_STEP_SOURCES), device="cuda",
+                              dtypes=(torch.bfloat16,), requires=needs_sm90))
 hopper_attention_fwd.add(Impl("v3", hopper_attention_v3, "CUDA",
                               "like v2, each warpgroup issues the next tile's QK^T before its "
                               "softmax, which overlaps the PV product",
-                              (cuda.source_path(CU_FILE), flash_fwd_hopper_overlap, launch_step,
-                               check_hopper_attention, tensor_map_spec, build_cubin),
-                              device="cuda", dtypes=(torch.bfloat16,), requires=needs_sm90))
+                              (flash_fwd_hopper_overlap, *_STEP_SOURCES), device="cuda",
+                              dtypes=(torch.bfloat16,), requires=needs_sm90))
