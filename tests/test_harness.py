@@ -7,8 +7,10 @@ the end runs the real harness end to end on one op.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -353,6 +355,47 @@ def test_render_output(tmp_path):
     (tmp_path / "outputs" / "test-gpu" / "device_query.txt").write_text("sm_count: 1\n")
     md = site.render_page("<!-- bench:output device_query -->\n", "p.md", tmp_path)
     assert "sm_count: 1" in md and "test-gpu" in md
+
+
+def _cells(line: str) -> list[str]:
+    return [c for c in re.split(r"  +", line.strip()) if c]
+
+
+def test_wide_capture_tables_are_cut_into_column_groups(tmp_path):
+    from snippets.site.tables import split_wide_tables
+
+    cols = [f"launch {i}" for i in range(12)]
+    header = "counter   " + "  ".join(c.rjust(12) for c in cols)
+    rule = "-" * 8 + "  " + "  ".join("-" * 12 for _ in cols)
+    rows = [f"row {r}     " + "  ".join(f"{r * 100 + i:>12}" for i in range(12)) for r in range(3)]
+    cmd = "$ ncu " + " ".join(f"--section S{i}" for i in range(20)) + " python3 x.py"
+    text = "\n".join(["title", cmd, "", rule, header, rule, *rows, rule, "total: 1 ms", "", "narrow  table",
+                      "------  -----", "a       b"])
+    out = split_wide_tables(text, width=60).splitlines()
+    assert max(len(line) for line in out) <= 60
+    # the command: continuation lines, the same words in order
+    wrapped = out[1:out.index("")]
+    assert all(line.endswith(" \\") for line in wrapped[:-1]) and len(wrapped) > 2
+    assert " ".join(w for line in wrapped for w in line.split() if w != "\\") == cmd
+    # the table: every part repeats the first column, and the parts' cells in order are the row's
+    heads = [i for i, line in enumerate(out) if line.startswith("counter")]
+    assert len(heads) == 4  # 12 columns of 14 characters in 60: 3 per part (plus the first column)
+    for r, row in enumerate(rows):
+        got = [c for line in out if line.startswith(f"row {r}") for c in _cells(line)[1:]]
+        assert got == _cells(row)[1:] and sum(line.startswith(f"row {r}") for line in out) == 4
+    assert out.count("total: 1 ms") == 1  # after the closing rule: once, whole
+    assert out[out.index("total: 1 ms") - 1] == "-" * 8 + "  " + "  ".join("-" * 12 for _ in range(3))
+    assert out[-3:] == ["narrow  table", "------  -----", "a       b"]  # narrow: untouched
+    # a committed capture keeps every cell of every row
+    path = next(iter(sorted(Path("benchmarks/results/outputs").glob("*/ncu_counters_rows.txt"))), None)
+    if path is not None:
+        orig = path.read_text().splitlines()
+        cut = split_wide_tables(path.read_text()).splitlines()
+        for line in orig:
+            if line.startswith(("time (us)", "registers per thread")):
+                label = line[:32].strip()
+                parts = [c for ln in cut if ln.startswith(label) for c in _cells(ln[32:])]
+                assert parts == _cells(line[32:])
 
 
 @pytest.mark.gpu

@@ -256,6 +256,82 @@ def capture_mark(path: Path) -> str:
     return "" if s.fresh else f'<span class="bench-stale">{s.state}</span> ({s.why})'
 
 
+OUTPUT_WIDTH = 110  # an aligned table in a capture wider than this is cut into column groups
+_RULE = re.compile(r"^-+(?:  +-+)+$")
+
+
+def _wrap_command(line: str, width: int) -> list[str]:
+    """A long ``$ command`` line as shell continuation lines, broken before options (`` --x``)."""
+    words = re.split(r" (?=--?\w)", line)
+    out = [words[0]]
+    for w in words[1:]:
+        if len(out[-1]) + 1 + len(w) + 2 <= width:
+            out[-1] += " " + w
+        else:
+            out[-1] += " \\"
+            out.append("    " + w)
+    return out
+
+
+def split_wide_tables(text: str, width: int = OUTPUT_WIDTH) -> str:
+    """A capture made readable at a page's width without changing a cell. An aligned table (a block of
+    non-blank lines holding a rule of dash runs two or more spaces apart, like Nsight Compute's counters or
+    torch.profiler's table) wider than ``width`` is cut into several tables of the same rows, each repeating
+    the first column, the cells sliced by the rule's dash runs; a line of the block with nothing beyond the
+    first column is kept once, in the first part, and the lines after a closing rule (torch.profiler's
+    totals) once, whole, after the last part. A long ``$ command`` line is
+    broken before its options into shell continuation lines. Everything else stays as it is."""
+    lines = text.splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("$ ") and len(line) > width:
+            out += _wrap_command(line, width)
+            i += 1
+            continue
+        if not (_RULE.match(line.rstrip()) and len(line.rstrip()) > width):
+            out.append(line)
+            i += 1
+            continue
+        start = i
+        while start > 0 and lines[start - 1].strip() and out and out[-1] == lines[start - 1]:
+            start -= 1
+            out.pop()
+        end = i + 1
+        while end < len(lines) and lines[end].strip():
+            end += 1
+        table = lines[start:end]
+        # torch.profiler's style closes the table with a rule: what follows it (the totals) is kept once, whole
+        rules = [k for k, row in enumerate(table) if _RULE.match(row.rstrip())]
+        trailer = table[rules[-1] + 1:] if len(rules) > 1 else []
+        table = table[:len(table) - len(trailer)]
+        spans = [(m.start(), m.end()) for m in re.finditer(r"-+", line)]
+        first = spans[0][1] - spans[0][0]
+        groups: list[list[int]] = []
+        used = first
+        for c in range(1, len(spans)):
+            w = spans[c][1] - spans[c][0] + 2
+            if groups and used + w <= width:
+                groups[-1].append(c)
+                used += w
+            else:
+                groups.append([c])
+                used = first + w
+        for g, cols in enumerate(groups):
+            if g:
+                out.append("")
+            for row in table:
+                if g and not row[spans[0][1]:].strip():
+                    continue
+                cells = [row[spans[0][0]:spans[0][1]].ljust(first)]
+                cells += [row[spans[c][0]:spans[c][1]] for c in cols]
+                out.append("  ".join(cells).rstrip())
+        out += trailer
+        i = end
+    return "\n".join(out)
+
+
 def render_output(name: str, results_dir: Path = RESULTS_DIR) -> str:
     """Program output captured on the GPU runner: ``benchmarks/results/outputs/<gpu>/<name>.txt``, one block per
     GPU (content tabs when there are several), a long one folded; a stale capture, or one without a record of
@@ -264,7 +340,7 @@ def render_output(name: str, results_dir: Path = RESULTS_DIR) -> str:
         raise ValueError(f"bench:output name must be a plain file stem, got {name!r}")
     blocks = []
     for path in sorted((results_dir / "outputs").glob(f"*/{name}.txt")):
-        text = path.read_text().rstrip()
+        text = split_wide_tables(path.read_text().rstrip())
         where = f"`benchmarks/results/outputs/{path.parent.name}/{name}.txt`"
         fence = ["```{.text .bench-output}", *text.splitlines(), "```"]
         n = len(text.splitlines())
