@@ -1,5 +1,5 @@
 """W4A16: y = x @ w.T with w stored as int4 codes (two per byte) and one fp16/bf16 scale per group
-of input channels, for the small M of decoding (1 to 64 tokens at a time).
+of input channels, for the small M of decoding and short prefills (1 to 256 tokens at a time).
 
 At small M a linear layer is a read of its weight: 2 * M * N * K FLOPs on N * K weights, M FLOPs
 per weight byte in bf16, far below any GPU's ridge point. Four bits instead of sixteen is then a
@@ -33,6 +33,12 @@ Versions of ``int4_gemm`` (never renumbered):
       registers and multiplied there, no layout conversion between; the tile is relabelled (a
       reshape and a permute of rows and k, no data moved) into the layout wgmma wants, and x and
       y are indexed with the same permutation. G a multiple of 128; otherwise v2.
+- v6  like v5, for M <= 256: 128 weight rows per program (two warpgroups, each relabelled 64-row
+      half one warpgroup's wgmma rows), so x is re-read by half as many programs; x loaded as a
+      (BLOCK_M, 128) tile in its own k order (16-byte asynchronous copies) and relabelled on chip
+      (a reshape and a permute in registers, one shared-memory round trip) instead of gathered
+      4 bytes at a time in the permuted order; a third grid axis over blocks of 128 rows of x;
+      split-K only while the programs fit the SMs. G a multiple of 128, M <= 256; otherwise v2.
 
 Layout: x (M, K) fp16/bf16 (fp32 is accepted for tests under the interpreter), packed (N, K / 2)
 uint8 (byte j of row n holds the codes of k = 2j in its low nibble and 2j + 1 in its high one, as
@@ -564,6 +570,141 @@ def int4_tc(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
 
 
 # --------------------------------------------------------------------------------------------------
+# v6: tensor cores up to 256 rows of x, 128 weight rows per program, x loaded in k order
+# --------------------------------------------------------------------------------------------------
+
+WIDE_MAX_M = 256  # past this the layer is a plain GEMM, compute-bound: v2 (or cuBLAS) takes it
+
+
+def _int_in(value, allowed) -> bool:
+    """``value`` is an int (not a bool, not a float equal to one) among ``allowed``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value in allowed
+
+
+# --8<-- [start:wide_kernel]
+@triton.jit
+def _int4_tc_wide_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER_SPLIT,
+                         stride_xm, stride_wn, stride_sn, stride_ys, stride_ym,
+                         GROUP_SIZE: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Like v5 (y^T = W x^T, the dequantised weight as wgmma's register operand), with BLOCK_N
+    weight rows per program, one warpgroup and one relabelled 64-row half each, and x loaded as a
+    (BLOCK_M, BLOCK_K) tile in its own k order, 16 contiguous bytes a thread, then relabelled in
+    registers (a reshape and a permute, as for the weight) instead of gathered in the permuted
+    order. A third grid axis takes M in blocks of BLOCK_M rows."""
+    tl.static_assert(BLOCK_N % 64 == 0 and BLOCK_K == 128)  # 64-row halves, v5's relabelling
+    HALVES: tl.constexpr = BLOCK_N // 64
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)                   # rows as loaded
+    rows = tl.minimum(offs_n, N - 1)[:, None].to(tl.int64)
+    r = tl.arange(0, BLOCK_N)                                          # rows as the dot holds them
+    dot_n = pid_n * BLOCK_N + 64 * (r // 64) + _relabel_rows(r % 64)
+    dot_rows = tl.minimum(dot_n, N - 1)[:, None].to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    x_rows = x_ptr + tl.minimum(offs_m, M - 1)[:, None].to(tl.int64) * stride_xm  # (BLOCK_M, 1)
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        word = tl.max_contiguous(tl.multiple_of(k0 // 8 + tl.arange(0, BLOCK_K // 8),
+                                                BLOCK_K // 8), BLOCK_K // 8)
+        words = tl.load(w_ptr + rows * stride_wn + word[None, :])      # (BLOCK_N, 16)
+        group = k0 // GROUP_SIZE
+        if HAS_ZEROS:
+            zero = tl.load(z_ptr + rows * stride_sn + group).to(tl.float32)
+        else:
+            zero = 8.0
+        w = _unpack_words(words, zero).to(x_ptr.dtype.element_ty)     # (BLOCK_N, 128), q - z
+        # in each half h: rows 64 h + 32 c + 8 b + a -> 64 h + 16 b + 8 c + a; k as in v5
+        w = tl.reshape(tl.permute(tl.reshape(w, (HALVES, 2, 4, 8, 4, 16, 2)),
+                                  (0, 2, 1, 3, 5, 4, 6)), (BLOCK_N, BLOCK_K))
+        ks = tl.max_contiguous(tl.multiple_of(k0 + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+        x = tl.load(x_rows + ks[None, :])                              # (BLOCK_M, 128), k order
+        # k 32 a + 2 b + c -> row 8 b + 2 a + c of x^T: the k relabelling of the weight tile
+        xt = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_M, 4, 16, 2)), (2, 1, 3, 0)),
+                        (BLOCK_K, BLOCK_M))
+        scale = tl.load(s_ptr + dot_rows * stride_sn + group).to(tl.float32)
+        acc += tl.dot(w, xt) * scale                                   # fp32 sums, scaled once
+    y_ptrs = y_ptr + pid_k * stride_ys + offs_m[None, :].to(tl.int64) * stride_ym + dot_n[:, None]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty),
+             mask=(offs_m[None, :] < M) & (dot_n[:, None] < N))
+# --8<-- [end:wide_kernel]
+
+
+# --8<-- [start:wide_launch]
+def wide_split_k(m: int, n: int, k: int, block_m: int, block_n: int) -> int:
+    """v6's K ranges: doubled while the programs still fit the SMs one each (at 8 warps and a
+    register file nearly full, an SM holds one) and each range keeps at least two slices."""
+    sms = INTERPRET_SMS if triton_interpreting() else num_sms(torch.cuda.current_device())
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    split = 1
+    while tiles * split * 2 <= sms and k // TC_BLOCK_K >= 4 * split:
+        split *= 2
+    return split
+
+
+def int4_tc_wide(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                 zeros: torch.Tensor | None = None, split_k: int | None = None, *,
+                 block_n: int = 128, block_m: int | None = None, num_warps: int | None = None,
+                 num_stages: int = 3) -> torch.Tensor:
+    """v6: y = x @ dequantised(w).T for M <= 256 on the tensor cores, as v5 (the weight as the
+    MMA's register operand), with ``block_n`` weight rows per program (64 or 128: one warpgroup
+    per 64-row half) and x read in its own k order. G and K multiples of 128. ``block_m``: rows of
+    x per program (16 to 128, a power of two; by default the smallest that holds M, at most 128,
+    more rows taking more programs); ``num_warps``: 4 or 8, at least one warpgroup per 64 rows
+    (default: exactly that); ``split_k``: an int >= 1 or None (the number of K ranges doubled
+    while the programs still fit the SMs one each, each range whole 128-deep slices)."""
+    m, n, k, g = check_int4_gemm(x, packed, scales, zeros, fn="int4_tc_wide")
+    refuse_grad("int4_tc_wide", x, scales, instead="int4_gemm_ref")
+    if m > WIDE_MAX_M:
+        raise ValueError(f"int4_tc_wide: M = {m} rows of x; v6 takes M <= {WIDE_MAX_M} (use "
+                         "int4_gemm)")
+    if g % TC_BLOCK_K:
+        raise ValueError(f"int4_tc_wide: the group size {g} must be a multiple of {TC_BLOCK_K} "
+                         "(one scale per row and slice); use int4_gemm")
+    if packed.storage_offset() % 4:
+        raise ValueError("int4_tc_wide: packed must start on a 4-byte boundary (it is read as "
+                         f"int32 words); got storage offset {packed.storage_offset()}")
+    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int)
+                                or split_k < 1):
+        raise ValueError(f"int4_tc_wide: split_k must be an int >= 1 or None, got {split_k!r}")
+    if not _int_in(block_n, (64, 128)):
+        raise ValueError(f"int4_tc_wide: block_n must be 64 or 128, got {block_n!r}")
+    if block_m is not None and not _int_in(block_m, (16, 32, 64, 128)):
+        raise ValueError(f"int4_tc_wide: block_m must be 16, 32, 64, 128 or None, got {block_m!r}")
+    # 128 rows on one warpgroup convert the dequantised tile's layout through shared memory and
+    # spill (compiled for sm_90 on the CPU): one warpgroup per relabelled 64-row half
+    num_warps = block_n // 16 if num_warps is None else num_warps
+    if not _int_in(num_warps, (4, 8)) or num_warps < block_n // 16:
+        raise ValueError(f"int4_tc_wide: num_warps must be 4 or 8 and at least {block_n // 16} "
+                         f"for block_n = {block_n} (a warpgroup per 64 rows), got {num_warps!r}")
+    if not _int_in(num_stages, range(1, 6)):
+        raise ValueError(f"int4_tc_wide: num_stages must be an int from 1 to 5, got "
+                         f"{num_stages!r}")
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    # a (BLOCK_M, 128) tile of x and a (BLOCK_N, BLOCK_M) fp32 sum: 256 rows spill (compiled)
+    block_m = block_m or min(128, max(16, triton.next_power_of_2(m)))
+    split = wide_split_k(m, n, k, block_m, block_n) if split_k is None else split_k
+    k_per_split = triton.cdiv(k // TC_BLOCK_K, split) * TC_BLOCK_K
+    out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    words = packed.view(torch.int32)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
+    _int4_tc_wide_kernel[grid](
+        x, words, scales, zeros if zeros is not None else packed, out, m, n, k, k_per_split,
+        x.stride(0), words.stride(0), scales.stride(0), out.stride(0) if split > 1 else 0,
+        out.stride(-2), GROUP_SIZE=g, HAS_ZEROS=zeros is not None, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=TC_BLOCK_K, num_warps=num_warps, num_stages=num_stages)
+    if split > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](out, y, split, m * n, BLOCK=block)
+    return y
+# --8<-- [end:wide_launch]
+
+
+
+# --------------------------------------------------------------------------------------------------
 # Baselines
 # --------------------------------------------------------------------------------------------------
 
@@ -657,6 +798,16 @@ def int4_linear_tc(x, packed, scales, dense=None):
     return int4_gemm(x, packed, scales, split_k=None)
 
 
+def int4_linear_tc_wide(x, packed, scales, dense=None):
+    """v6 with the registry's arguments: int4_tc_wide (128 weight rows per program, x read in
+    k order) for M <= 256 and G a multiple of 128; otherwise v2, as v5."""
+    refuse_grad("int4_linear_tc_wide", dense, instead="int4_gemm_ref")   # forward-only
+    groups = scales.shape[-1]
+    if x.shape[0] <= WIDE_MAX_M and groups and x.shape[-1] % (TC_BLOCK_K * groups) == 0:
+        return int4_tc_wide(x, packed, scales)
+    return int4_gemm(x, packed, scales, split_k=None)
+
+
 def dequant_linear(x, packed, scales, dense=None):
     """v3 with the registry's arguments: dequant_matmul(x, packed, scales)."""
     return dequant_matmul(x, packed, scales)
@@ -706,5 +857,12 @@ int4_gemm_op.add(Impl("v5", int4_linear_tc, "Triton",
                       "tensor cores, dequantised weight as wgmma's register operand",
                       (*SOURCES, auto_split_k, _int4_tc_kernel, _relabel_rows, _relabel_ks,
                        _unpack_words, _nibble, _sum_splits_kernel, int4_tc),
+                      device="any", dtypes=_triton_dtypes()))
+int4_gemm_op.add(Impl("v6", int4_linear_tc_wide, "Triton",
+                      "like v5, 128 weight rows a program (two warpgroups), x read in k order "
+                      "and relabelled on chip, M <= 256",
+                      (*SOURCES, auto_split_k, _int4_tc_wide_kernel, _relabel_rows,
+                       _unpack_words, _nibble, _sum_splits_kernel, _int_in, wide_split_k,
+                       int4_tc_wide),
                       device="any", dtypes=_triton_dtypes()))
 # --8<-- [end:register]
