@@ -20,6 +20,7 @@ from snippets.registry import Op
 
 NEW_OP_MODULES = (
     "snippets.part8.decode_attention",
+    "snippets.part8.decode_baselines",
     "snippets.part8.int4_gemm",
     "snippets.part6.gemm",
     "snippets.part6.cute_gemm",
