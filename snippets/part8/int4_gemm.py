@@ -524,24 +524,33 @@ def _int4_tc_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER_SPLIT,
 
 
 # --8<-- [start:tc_launch]
+def check_tc_call(fn: str, version: str, max_m: int, x, packed, scales, zeros, split_k):
+    """The checks of the tensor-core launchers (v5, v6) beyond :func:`check_int4_gemm`: M within
+    the version's limit, G a multiple of the 128-deep slice, packed on a 4-byte boundary (read as
+    int32 words), ``split_k`` an int >= 1 or None, and no input that autograd tracks. Returns
+    (M, N, K, G)."""
+    m, n, k, g = check_int4_gemm(x, packed, scales, zeros, fn=fn)
+    refuse_grad(fn, x, scales, instead="int4_gemm_ref")
+    if m > max_m:
+        raise ValueError(f"{fn}: M = {m} rows of x; {version} takes M <= {max_m} (use int4_gemm)")
+    if g % TC_BLOCK_K:
+        raise ValueError(f"{fn}: the group size {g} must be a multiple of {TC_BLOCK_K} (one "
+                         "scale per row and slice); use int4_gemm")
+    if packed.storage_offset() % 4:
+        raise ValueError(f"{fn}: packed must start on a 4-byte boundary (it is read as int32 "
+                         f"words); got storage offset {packed.storage_offset()}")
+    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int)
+                                or split_k < 1):
+        raise ValueError(f"{fn}: split_k must be an int >= 1 or None, got {split_k!r}")
+    return m, n, k, g
+
+
 def int4_tc(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
             zeros: torch.Tensor | None = None, split_k: int | None = None) -> torch.Tensor:
     """v5: y = x @ dequantised(w).T for M <= 64 on the tensor cores, the dequantised weight in
     registers as the MMA's first operand (y^T = W x^T). G and K multiples of 128. ``split_k``: an
     int >= 1 or None (two programs per SM at least, each range whole 128-deep slices)."""
-    m, n, k, g = check_int4_gemm(x, packed, scales, zeros, fn="int4_tc")
-    refuse_grad("int4_tc", x, scales, instead="int4_gemm_ref")
-    if m > 64:
-        raise ValueError(f"int4_tc: M = {m} rows of x; v5 takes M <= 64 (use int4_gemm)")
-    if g % TC_BLOCK_K:
-        raise ValueError(f"int4_tc: the group size {g} must be a multiple of {TC_BLOCK_K} (one "
-                         "scale per row and slice); use int4_gemm")
-    if packed.storage_offset() % 4:
-        raise ValueError("int4_tc: packed must start on a 4-byte boundary (it is read as int32 "
-                         f"words); got storage offset {packed.storage_offset()}")
-    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int)
-                                or split_k < 1):
-        raise ValueError(f"int4_tc: split_k must be an int >= 1 or None, got {split_k!r}")
+    m, n, k, g = check_tc_call("int4_tc", "v5", 64, x, packed, scales, zeros, split_k)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
@@ -654,20 +663,8 @@ def int4_tc_wide(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     more rows taking more programs); ``num_warps``: 4 or 8, at least one warpgroup per 64 rows
     (default: exactly that); ``split_k``: an int >= 1 or None (the number of K ranges doubled
     while the programs still fit the SMs one each, each range whole 128-deep slices)."""
-    m, n, k, g = check_int4_gemm(x, packed, scales, zeros, fn="int4_tc_wide")
-    refuse_grad("int4_tc_wide", x, scales, instead="int4_gemm_ref")
-    if m > WIDE_MAX_M:
-        raise ValueError(f"int4_tc_wide: M = {m} rows of x; v6 takes M <= {WIDE_MAX_M} (use "
-                         "int4_gemm)")
-    if g % TC_BLOCK_K:
-        raise ValueError(f"int4_tc_wide: the group size {g} must be a multiple of {TC_BLOCK_K} "
-                         "(one scale per row and slice); use int4_gemm")
-    if packed.storage_offset() % 4:
-        raise ValueError("int4_tc_wide: packed must start on a 4-byte boundary (it is read as "
-                         f"int32 words); got storage offset {packed.storage_offset()}")
-    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int)
-                                or split_k < 1):
-        raise ValueError(f"int4_tc_wide: split_k must be an int >= 1 or None, got {split_k!r}")
+    m, n, k, g = check_tc_call("int4_tc_wide", "v6", WIDE_MAX_M, x, packed, scales, zeros,
+                               split_k)
     if not _int_in(block_n, (64, 128)):
         raise ValueError(f"int4_tc_wide: block_n must be 64 or 128, got {block_n!r}")
     if block_m is not None and not _int_in(block_m, (16, 32, 64, 128)):
