@@ -51,7 +51,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch.utils.weak import WeakIdKeyDictionary
 
 from snippets._checks import refuse_grad, triton_device, triton_interpreting
 from snippets.common.gemm import INTERPRET_SMS, gemm_flops, num_sms, tolerance_for
@@ -703,83 +702,6 @@ def int4_tc_wide(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
 
 
 # --------------------------------------------------------------------------------------------------
-# v7 and v8: the same kernels launched from a CUDA graph
-# --------------------------------------------------------------------------------------------------
-
-# --8<-- [start:small_m]
-def int4_small_m(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
-                 zeros: torch.Tensor | None = None) -> torch.Tensor:
-    """The book's kernel for each M of a decoding step: the GEMV (v4) up to 8 rows when K is a
-    multiple of 8, the tensor-core kernels above (v5 up to 64 rows, v6 up to 256) when G is a
-    multiple of 128, v2 otherwise."""
-    m, k, g = x.shape[0], x.shape[-1], (x.shape[-1] // scales.shape[-1] if scales.dim() == 2
-                                        and scales.shape[-1] else 0)
-    if m <= GEMV_MAX_M and k % 8 == 0:
-        return int4_gemv(x, packed, scales, zeros)
-    if g and g % TC_BLOCK_K == 0 and k == g * scales.shape[-1]:
-        if m <= 64:
-            return int4_tc(x, packed, scales, zeros)
-        if m <= WIDE_MAX_M:
-            return int4_tc_wide(x, packed, scales, zeros)
-    return int4_gemm(x, packed, scales, zeros, split_k=None)
-# --8<-- [end:small_m]
-
-
-# --8<-- [start:graphed]
-_GRAPHS = WeakIdKeyDictionary()  # x -> {fn: (layout of the arguments, graph, its output)}
-
-
-def _layout(args: tuple) -> tuple:
-    """What a captured graph assumes of its arguments: every tensor's address, shape, strides and
-    dtype (a graph replays the kernels on the addresses it was captured with)."""
-    return tuple((a.data_ptr(), tuple(a.shape), a.stride(), a.dtype)
-                 if isinstance(a, torch.Tensor) else a for a in args)
-
-
-def graphed(fn, *args: torch.Tensor) -> torch.Tensor:
-    """``fn(*args)`` replayed from a CUDA graph, as a serving engine launches a decoding step:
-    one host call for all of ``fn``'s kernels instead of one Python launch each. The graph is
-    captured on the first call with these tensors (after a warm-up call on a side stream, which
-    compiles the kernels and runs ``fn``'s checks) and replayed by later calls with the same
-    tensors at the same addresses, shapes and strides; any other arguments capture a new graph.
-    A replay reads the inputs' memory as it is then, so in-place writes to them are seen. The
-    result is the graph's own output tensor, overwritten by the next replay: copy it to keep it."""
-    x = args[0]
-    if not (isinstance(x, torch.Tensor) and x.is_cuda):
-        raise ValueError(f"graphed: CUDA graphs need CUDA tensors, got x on "
-                         f"{getattr(x, 'device', type(x).__name__)}")
-    refuse_grad("graphed", *args, instead="the eager functions")
-    layout = _layout(args)
-    per_fn = _GRAPHS.setdefault(x, {})
-    hit = per_fn.get(fn)
-    if hit is None or hit[0] != layout:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn(*args)                           # compile, autotune, check: nothing of it captured
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn(*args)
-        hit = per_fn[fn] = (layout, graph, out)
-    hit[1].replay()
-    return hit[2]
-# --8<-- [end:graphed]
-
-
-def int4_linear_graphed(x, packed, scales, dense=None):
-    """v7 with the registry's arguments: :func:`int4_small_m` replayed from a CUDA graph."""
-    refuse_grad("int4_linear_graphed", dense, instead="int4_gemm_ref")   # forward-only
-    return graphed(int4_small_m, x, packed, scales)
-
-
-def dense_linear_graphed(x, packed, scales, dense):
-    """v8 with the registry's arguments: v0's cuBLAS product replayed from a CUDA graph (the same
-    launch as v7, for a like-for-like comparison)."""
-    return graphed(cublas_dense, x, dense)
-
-
-# --------------------------------------------------------------------------------------------------
 # Baselines
 # --------------------------------------------------------------------------------------------------
 
@@ -940,13 +862,4 @@ int4_gemm_op.add(Impl("v6", int4_linear_tc_wide, "Triton",
                        _unpack_words, _nibble, _sum_splits_kernel, _int_in, wide_split_k,
                        int4_tc_wide),
                       device="any", dtypes=_triton_dtypes()))
-int4_gemm_op.add(Impl("v7", int4_linear_graphed, "Triton",
-                      "v4 / v5 / v6 by M (the book's small-M kernels), replayed from a CUDA graph",
-                      (*SOURCES, auto_split_k, int4_small_m, graphed, _layout, int4_gemv,
-                       int4_tc, int4_tc_wide, _int4_gemv_kernel, _int4_tc_kernel,
-                       _int4_tc_wide_kernel, _sum_splits_kernel),
-                      dtypes=HALF))
-int4_gemm_op.add(Impl("v8", dense_linear_graphed, "PyTorch",
-                      "v0 (cuBLAS, fp16/bf16 weight) replayed from a CUDA graph",
-                      (cublas_dense, graphed, _layout), origin="library"))
 # --8<-- [end:register]
