@@ -17,7 +17,12 @@ wgmma.wait_group 1 (WARPGROUP.DEPBAR.LE gsb0, 0x1, in no other step) after issui
 P_{t-1} V_{t-1}, and every exp2 of the softmax lies between that wait and wait_group 0; the
 protocol model also tracks the wgmma groups in flight (no stage refilled, no register written,
 while a group still reads it); a float32 transcription of its order equals v1's; on a GPU its
-output is v1's, bit for bit."""
+output is v1's, bit for bit. Step 4 (fewer instructions per tile): step 2's consumer with a lean
+softmax; its SASS has step 2's barriers, products and waits in step 2's order; on every path
+through a middle turn's softmax it has the same MUFU.EX2s (64 + 2), no exp2f range fix-up, one
+FFMA per score, no mask, and O's D / 2 FMULs only behind a warp vote; its mask and its arithmetic
+(transcribed in float32) match the float64 reference, negative and zero scales included; on a GPU
+it is held to the float64 reference like the other steps, not to v1's bits."""
 
 from __future__ import annotations
 
@@ -42,9 +47,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CU = REPO_ROOT / "csrc" / ha.CU_FILE
 ALL_KERNELS = {**{f"v1 d{d}": k for d, k in ha.KERNELS.items()},
                **{f"v2 d{d}": k for d, k in ha.PINGPONG_KERNELS.items()},
-               **{f"v3 d{d}": k for d, k in ha.OVERLAP_KERNELS.items()}}
-ENTRY_POINTS = [ha.flash_fwd_hopper, ha.flash_fwd_hopper_pingpong, ha.flash_fwd_hopper_overlap]
-TURN_KERNELS = [*ha.PINGPONG_KERNELS.values(), *ha.OVERLAP_KERNELS.values()]  # steps 2 and 3
+               **{f"v3 d{d}": k for d, k in ha.OVERLAP_KERNELS.items()},
+               **{f"v4 d{d}": k for d, k in ha.LEAN_KERNELS.items()}}
+ENTRY_POINTS = [ha.flash_fwd_hopper, ha.flash_fwd_hopper_pingpong, ha.flash_fwd_hopper_overlap,
+                ha.flash_fwd_hopper_lean]
+BIT_EQUAL_TO_V1 = [ha.flash_fwd_hopper_pingpong, ha.flash_fwd_hopper_overlap]  # steps 2 and 3
+TURN_KERNELS = [*ha.PINGPONG_KERNELS.values(), *ha.OVERLAP_KERNELS.values(),
+                *ha.LEAN_KERNELS.values()]  # steps 2, 3 and 4
 NVCC = shutil.which("nvcc")
 requires_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 
@@ -91,12 +100,12 @@ def test_sass_uses_wgmma_tma_and_mbarriers(cubin):
     sass = sass_by_function(cubin[0])
     assert set(sass) == set(ALL_KERNELS.values())
     for d, name in [*ha.KERNELS.items(), *ha.PINGPONG_KERNELS.items(),
-                    *ha.OVERLAP_KERNELS.items()]:
+                    *ha.OVERLAP_KERNELS.items(), *ha.LEAN_KERNELS.items()]:
         code = sass[name]
         qk = re.findall(r"HGMMA\.64x128x16\.F32\.BF16 R\d+, gdesc\[UR\d+\]", code)
         pv = re.findall(rf"HGMMA\.64x{d}x16\.F32\.BF16 R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", code)
         assert qk, f"{name}: no shared-memory HGMMA for Q K^T"
-        # steps 2 and 3 issue the P V of tiles 0 .. n-2 in the loop and the last one's after it
+        # steps 2 to 4 issue the P V of tiles 0 .. n-2 in the loop and the last one's after it
         copies = 2 if name in TURN_KERNELS else 1
         assert len(pv) == copies * ha.BLOCK_N // 16, f"{name}: {len(pv)} register-A HGMMAs"
         assert "UTMALDG.3D" in code, f"{name}: no 3-D TMA load (one head per box)"
@@ -164,7 +173,7 @@ def test_sass_overlap_waits_once_under_the_softmax(cubin):
     for name in ALL_KERNELS.values():
         regs = {int(r) for r in re.findall(r"\bR(\d+)\b", sass[name])}
         assert max(regs) < budget, f"{name}: R{max(regs)} past setmaxnreg's {budget}"
-    for name in [*ha.KERNELS.values(), *ha.PINGPONG_KERNELS.values()]:
+    for name in [*ha.KERNELS.values(), *ha.PINGPONG_KERNELS.values(), *ha.LEAN_KERNELS.values()]:
         deps = [i for i in _instructions(sass[name]) if "WARPGROUP.DEPBAR" in i]
         assert deps and all(i == "WARPGROUP.DEPBAR.LE gsb0, 0x0" for i in deps), name
     for d, name in ha.OVERLAP_KERNELS.items():
@@ -191,6 +200,128 @@ def test_sass_overlap_waits_once_under_the_softmax(cubin):
         assert sum("F2FP" in i for i in code[b:nxt]) == ha.BLOCK_N // 4, f"{name}: P's packing"
 
 
+def _listing(code: str) -> list[tuple[int, str]]:
+    """(address, instruction) of a cuobjdump listing, in order."""
+    return [(int(a, 16), i) for a, i in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", code)]
+
+
+def _loop_turn_paths(code: str) -> tuple[int, list[list[str]]]:
+    """A turn kernel's middle turn: the number of instructions from its BAR.SYNC to the wait for
+    its products (the WARPGROUP.DEPBAR after the turn that issues P V and then S), and every path
+    from that wait to the next turn's BAR.SYNC that goes round the loop (it waits for the next
+    K / V tile, a TRYWAIT). Both sides of every conditional branch are followed, except that an
+    mbarrier try-wait succeeds at once (its retry loop is left out)."""
+    ins = _listing(code)
+    at = {a: k for k, (a, _) in enumerate(ins)}
+    sync, wait, pv, s = None, None, False, False
+    for k, (_, i) in enumerate(ins):
+        if re.search(r"BAR\.SYNC\S* 0x[12],", i):
+            sync, pv, s = k, False, False
+        elif "HGMMA" in i:
+            pv, s = pv or "tnspB" in i, s or (pv and "tnspB" not in i)
+        elif "WARPGROUP.DEPBAR" in i and pv and s:
+            wait = k
+            break
+    assert wait is not None, "no turn issues P V and then S"
+    paths = []
+
+    def walk(k: int, path: list[str], tried: bool, depth: int) -> None:
+        while True:
+            i = ins[k][1]
+            if re.search(r"BAR\.SYNC\S* 0x[12],", i):
+                if any("TRYWAIT" in x for x in path):
+                    paths.append(path)
+                return
+            if re.fullmatch(r"EXIT", i):
+                return
+            path = [*path, i]
+            branch = re.match(r"(@!?U?P\d+ )?BRA (0x[0-9a-f]+)", i)
+            if branch is None:
+                tried = tried or "TRYWAIT" in i
+                k += 1
+            elif branch.group(1) is None or tried:  # unconditional, or the try-wait succeeded
+                k, tried = at[int(branch.group(2), 16)], False
+            else:
+                assert depth < 16, "too many branches"
+                walk(at[int(branch.group(2), 16)], path, False, depth + 1)
+                k += 1
+
+    walk(wait, [], False, 0)
+    return wait - sync, paths
+
+
+def _opcodes(path: list[str]) -> dict[str, int]:
+    """How many of each opcode (modifiers kept, predicate dropped) a path issues."""
+    counts: dict[str, int] = {}
+    for i in path:
+        op = re.sub(r"^@!?U?P\w+ ", "", i).split()[0]
+        counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+def _mask_selects(path: list[str]) -> int:
+    return sum(re.search(r"\bFSEL R\d+, R\d+, -INF\b", i) is not None for i in path)
+
+
+@requires_nvcc
+@pytest.mark.parametrize("d", ha.HEAD_DIMS)
+def test_sass_lean_turn_issues_fewer_instructions(cubin, d):
+    """A middle turn of step 2 and of step 4, counted in the compiled code (issued instructions,
+    a count and not a time): step 2's softmax is one straight path whose exp2f is MUFU.EX2 plus a
+    range fix-up (an FSETP against -126 per exponential) and whose mask is predicated, so its
+    BLOCK_N / 2 selects issue on every tile. Step 4's has two paths round the loop without the
+    mask (the mask is the last tile's copy), O's rescale skipped or applied after a VOTE.ANY; on
+    both the same 64 + 2 MUFU.EX2 (P and the two alphas), no fix-up, at least one FFMA per score,
+    P packed in BLOCK_N / 4 F2FP pairs as in step 2, and a D / 2 FMUL difference between them:
+    the rescale. With the rescale applied, its softmax is under half of step 2's, and its whole
+    turn (from the BAR.SYNC) at most 0.55 of step 2's."""
+    sass = sass_by_function(cubin[0])
+    scores = ha.BLOCK_N // 2  # a thread's scores of a tile: 2 rows x 32
+    exps = scores + 2  # P's, and alpha of the thread's 2 rows
+    head2, step2 = _loop_turn_paths(sass[ha.PINGPONG_KERNELS[d]])
+    head4, step4 = _loop_turn_paths(sass[ha.LEAN_KERNELS[d]])
+    assert len(step2) == 1, f"step 2: {len(step2)} paths"
+    c2 = _opcodes(step2[0])
+    assert c2["MUFU.EX2"] == exps
+    assert sum("-126" in i for i in step2[0]) == exps  # exp2f's range check, per exponential
+    assert _mask_selects(step2[0]) == scores  # the mask, predicated off, issued on every tile
+    unmasked = [p for p in step4 if _mask_selects(p) == 0]
+    assert len(unmasked) == 2, [len(p) for p in step4]
+    skipped, applied = sorted(unmasked, key=len)
+    for path in unmasked:
+        c = _opcodes(path)
+        assert c["MUFU.EX2"] == exps, c
+        assert not any("-126" in i for i in path)
+        assert c.get("FFMA", 0) >= scores and c.get("FADD", 0) < c2["FADD"]
+        assert c["F2FP.BF16.F32.PACK_AB"] == c2["F2FP.BF16.F32.PACK_AB"] == scores // 2
+        assert c["VOTE.ANY"] == 1
+    assert _opcodes(applied)["FMUL"] - _opcodes(skipped)["FMUL"] == d // 2
+    assert _opcodes(applied)["FMUL"] < c2["FMUL"] - scores  # at least the scale's FMULs gone
+    assert len(applied) < len(step2[0]) / 2, (len(applied), len(step2[0]))
+    turn2, turn4 = head2 + len(step2[0]), head4 + len(applied)  # from the turn's BAR.SYNC
+    assert turn4 <= 0.55 * turn2, (turn4, turn2)
+    # exp2f's fix-up appears nowhere in step 4
+    assert not any("-126" in i for i in _instructions(sass[ha.LEAN_KERNELS[d]]))
+
+
+@requires_nvcc
+def test_sass_lean_keeps_step2s_turns(cubin):
+    """Step 4 changes the softmax only: its SASS has step 2's barrier, mbarrier, TMA, HGMMA and
+    wgmma-wait instructions in step 2's order (registers and predicates aside), so the protocol
+    model and step 2's barrier tests speak for it too."""
+    sass = sass_by_function(cubin[0])
+
+    def skeleton(name: str) -> list[str]:
+        keep = r"BAR\.|HGMMA|WARPGROUP|SYNCS|USETMAXREG|UTMALDG"
+        return [re.sub(r"\bU?R\d+|\bU?P\d+", "", i) for i in _instructions(sass[name])
+                if re.search(keep, i)]
+
+    for d in ha.HEAD_DIMS:
+        lean = skeleton(ha.LEAN_KERNELS[d])
+        assert sum("HGMMA" in i for i in lean) > 0
+        assert lean == skeleton(ha.PINGPONG_KERNELS[d]), d
+
+
 @requires_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_other_targets_compile_to_traps(arch, tmp_path):
@@ -211,6 +342,7 @@ def test_constants_match_the_launcher():
     c = _cu_constants()
     assert (c["BLOCK_M"], c["BLOCK_N"], c["STAGES"]) == (ha.BLOCK_M, ha.BLOCK_N, ha.STAGES)
     assert c["PINGPONG_STAGES"] == ha.PINGPONG_STAGES == ha.STEPS[2][1] == ha.STEPS[3][1]
+    assert ha.STEPS[4] == (ha.LEAN_KERNELS, ha.PINGPONG_STAGES, 0)  # step 2's stages, no scratch
     assert ha.OVERLAP_SCRATCH == c["CONSUMERS"] * c["WG_THREADS"] * 4 == ha.STEPS[3][2]
     assert (c["PANEL_COLS"], c["BOX_ROWS"], c["SWIZZLE_REPEAT"]) == (ha.PANEL_COLS, ha.BOX_ROWS,
                                                                      ha.SWIZZLE_REPEAT)
@@ -225,6 +357,8 @@ def test_constants_match_the_launcher():
         assert re.search(rf"__launch_bounds__\({ha.THREADS}, 1\)\s*{ha.OVERLAP_KERNELS[d]}\(",
                          text)
         assert f"ha::flash_fwd<{d}, true, true>" in text
+        assert re.search(rf"__launch_bounds__\({ha.THREADS}, 1\)\s*{ha.LEAN_KERNELS[d]}\(", text)
+        assert f"ha::flash_fwd<{d}, true, false, true>" in text  # PINGPONG and LEAN
         # Smem<D, NS>::LAUNCH_BYTES: Q + NS x (K + V) + the barriers + the alignment slack
         tile = c["BOX_ROWS"] * d * 2
         for stages in (c["STAGES"], c["PINGPONG_STAGES"]):
@@ -441,6 +575,143 @@ def test_overlap_order_is_v1s_arithmetic(s, d, causal):
     if s >= 300:  # a few full key tiles: some row's max grows after its first tile (alpha < 1)
         bug, _ = _kernel_transcription(q, k, v, causal, 1 / math.sqrt(d), order="v3_bug")
         assert not torch.equal(o1, bug)
+
+
+def _lean_mask(lane: int, q0: int, key0: int, s: int, causal: bool, see: int = 1) -> set[int]:
+    """mask_raw_scores of flash_fwd.cu, transcribed: the registers of thread ``lane`` (row 0 at
+    query q0) that are set to -inf on the tile of keys from key0. ``see=0`` plants an off-by-one
+    (min(S, q) for min(S, q + 1))."""
+    col0 = key0 + 2 * (lane % 4)
+    masked = set()
+    for h in (0, 1):
+        q = q0 + 8 * h
+        limit = (min(s, q + see) if causal else s) - col0
+        masked |= {4 * j + 2 * h + e for j in range(ha.BLOCK_N // 8) for e in (0, 1)
+                   if 8 * j + e >= limit}
+    return masked
+
+
+def test_lean_mask_is_the_mask():
+    """Step 4's mask (one compare per score against a column limit per row, key >= min(S, q + 1))
+    sets exactly the registers online_softmax's rule does (key >= S, or causal and key > q), for
+    every lane of every consumer warp, on the last tile of ragged and whole S, both masks. The
+    transcription is the kernel's two lines; a planted off-by-one (min(S, q)) is caught."""
+    text = CU.read_text()
+    assert "const int limit = (causal ? min(S, q + 1) : S) - col0;" in text
+    assert "if (8 * j + e >= limit) sc[4 * j + 2 * h + e] = -INFINITY;" in text
+    assert "const int col0 = key0 + 2 * (lane % 4);" in text
+    planted = 0
+    for s in (1, 7, 77, 128, 129, 255, 256, 300):
+        key_tiles = -(-s // ha.BLOCK_N)
+        for causal in (False, True):
+            for block in range(key_tiles):
+                n = min(key_tiles, block + 1) if causal else key_tiles
+                key0 = (n - 1) * ha.BLOCK_N  # the last tile, the only one masked
+                for warp_row in range(0, ha.BLOCK_M, 16):  # 64 c + 16 w: a warp's 16 rows
+                    for lane in range(32):
+                        q0 = block * ha.BLOCK_M + warp_row + lane // 4
+                        want = set()
+                        for i in range(ha.BLOCK_N // 2):
+                            key = key0 + 8 * (i // 4) + 2 * (lane % 4) + (i & 1)
+                            q = q0 + 8 * ((i // 2) & 1)
+                            if key >= s or (causal and key > q):
+                                want.add(i)
+                        assert _lean_mask(lane, q0, key0, s, causal) == want, (s, causal, q0)
+                        planted += _lean_mask(lane, q0, key0, s, causal, see=0) != want
+    assert planted > 0  # the off-by-one is caught
+
+
+def _lean_transcription(q, k, v, causal, scale, ex2_error=0.0):
+    """Step 4's arithmetic in float32 on one (S, D) head, as flash_fwd.cu's lean_softmax and the
+    launcher do it: a negative scale runs as -scale on -k; the last tile masked on raw scores;
+    the row max on raw scores; p = ex2(fma(s, scale_log2, -m * scale_log2)) (the FFMA rounded
+    once: a float64 product of two float32 is exact); alpha = ex2(m_old * sl - m_new * sl), 0 on
+    the first tile, and the -inf selects of the kernel for a scale of 0; O's rescale skipped when
+    every alpha of a warp's 16 rows is 1; m * scale_log2 for the log-sum-exp. ``ex2_error``
+    multiplies every ex2 by 1 + ex2_error or 1 - ex2_error (alternating columns), a stand-in for
+    ex2.approx's error."""
+    s, d = q.shape
+    if scale < 0:
+        k, scale = -k, -scale
+    sl = torch.tensor(scale * ha.LOG2E, dtype=torch.float32)
+    q, k, v = q.float(), k.float(), v.float()
+    inf = float("-inf")
+
+    def ex2(x: torch.Tensor) -> torch.Tensor:  # ex2.approx of 0 is exactly 1 (the PTX ISA)
+        wobble = torch.ones(x.shape[-1], dtype=torch.float64)
+        wobble[0::2], wobble[1::2] = 1 + ex2_error, 1 - ex2_error
+        return torch.where(x == 0, 1.0, torch.exp2(x.double()) * wobble).float()
+
+    o = torch.empty(s, d)
+    lse = torch.empty(s)
+    for m0 in range(0, s, ha.BLOCK_M):
+        rows = torch.arange(m0, min(m0 + ha.BLOCK_M, s))
+        acc = torch.zeros(len(rows), d)
+        m = torch.full((len(rows),), inf)
+        l_sum = torch.zeros(len(rows))
+        key_tiles = -(-s // ha.BLOCK_N)
+        n_tiles = min(key_tiles, m0 // ha.BLOCK_M + 1) if causal else key_tiles
+        for t in range(n_tiles):
+            keys = torch.arange(t * ha.BLOCK_N, min((t + 1) * ha.BLOCK_N, s))
+            sc = q[rows] @ k[keys].T  # raw scores
+            last = t == n_tiles - 1
+            if last and causal:
+                sc = sc.masked_fill(keys[None, :] > rows[:, None], inf)
+            mx = torch.maximum(m, sc.max(dim=1).values)
+            neg_m = torch.where(mx == inf, torch.zeros_like(mx), -(mx * sl))
+            alpha = torch.where(m == inf, torch.zeros_like(m),
+                                ex2(((m * sl) + neg_m)[None, :])[0])
+            p = ex2((sc.double() * sl.double() + neg_m.double()[:, None]).float())
+            if last:
+                p = torch.where(sc == inf, torch.zeros_like(p), p)
+            l_sum = l_sum * alpha + p.sum(dim=1)
+            m = mx
+            for w in range(0, len(rows), 16):  # a warp's 16 rows vote
+                if not bool((alpha[w:w + 16] == 1).all()):
+                    acc[w:w + 16] = acc[w:w + 16] * alpha[w:w + 16, None]
+            acc = acc + p.bfloat16().float() @ v[keys]
+        o[rows] = acc / l_sum[:, None]
+        lse[rows] = ((m * sl) + torch.log2(l_sum)) * math.log(2)
+    return o.bfloat16(), lse
+
+
+@pytest.mark.parametrize("scale", [None, 0.3, -0.3, 0.0])
+@pytest.mark.parametrize("s, d, causal", [(1, 64, False), (77, 64, True), (300, 128, False),
+                                          (300, 128, True), (640, 64, True), (1000, 128, False)])
+def test_lean_arithmetic_matches_reference(s, d, causal, scale):
+    """Step 4's arithmetic (a float32 transcription, with ex2.approx's documented error of about
+    2^-22 relative played as +-2^-21 on every exponential) against the float64 reference, within
+    the tolerance step 1's transcription meets: o to 2e-2 (P and o are rounded to bf16), lse to
+    1e-4. Not step 1's bits: FFMA rounds once where FMUL and FADD rounded twice. Scales: the
+    default, a positive one, a negative one (run as -scale on -k) and 0 (every exponent 0: the
+    kernel's selects keep -inf * 0 out)."""
+    gen = torch.Generator().manual_seed(s * 11 + d + causal)
+    q, k, v = (torch.randn(1, 1, s, d, generator=gen).bfloat16() for _ in range(3))
+    o_ref, lse_ref = ha.attention_ref(q, k, v, causal, scale)
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    for err in (0.0, 2.0**-21):
+        o, lse = _lean_transcription(q[0, 0], k[0, 0], v[0, 0], causal, scale, ex2_error=err)
+        torch.testing.assert_close(o.double(), o_ref[0, 0], rtol=0, atol=2e-2)
+        torch.testing.assert_close(lse.double(), lse_ref[0, 0], rtol=0, atol=1e-4)
+    if s >= 300 and scale > 0:  # not step 1's bits, but as close as rounding allows
+        o1, _ = _kernel_transcription(q[0, 0], k[0, 0], v[0, 0], causal, scale)
+        assert (o.double() - o1.double()).abs().max() <= 2 * 2.0**-8 * o1.double().abs().max()
+
+
+def test_lean_scale_fold_needs_a_positive_scale():
+    """Why the launcher negates k for a negative scale: the row max taken on raw scores is the
+    max of the scaled scores only when the scale is >= 0. Without the negation a negative scale
+    would subtract each row's smallest scaled score instead: every p up to 2 to the power of the
+    row's range, which overflows float32 once that range passes 128 (the softmax, shift
+    invariant, hides it below). With it, -scale on -k gives the scaled scores' max exactly."""
+    assert ha.RAW_MAX_STEPS == (4,)
+    gen = torch.Generator().manual_seed(1)
+    sc = torch.randn(8, 128, generator=gen, dtype=torch.float64)
+    for scale in (0.7, -0.7):
+        want = (sc * scale).max(dim=1).values
+        assert torch.equal(sc.max(dim=1).values * scale, want) == (scale > 0)
+        if scale < 0:  # what the launcher runs: -scale on -k
+            assert torch.equal((-sc).max(dim=1).values * -scale, want)
 
 
 def test_reference_is_part5s():
@@ -743,6 +1014,11 @@ def test_pingpong_program_is_the_kernels():
     ], seq
     prog = _pingpong_program(0, 3, first=0)
     assert [op for op, _ in prog].count("sync") == 3 + 1  # n + 1 turns
+    # step 4 is this consumer with LEAN (only its softmax differs), so the model is its protocol
+    assert "consume_pingpong<D, LEAN>(" in text
+    assert body.count("tile_softmax<D, LEAN>(") == 2 and "online_softmax" not in body
+    for d in ha.HEAD_DIMS:
+        assert f"ha::flash_fwd<{d}, true, false, true>" in text
 
 
 def _program_tokens(ops: list[tuple]) -> list[str]:
@@ -918,7 +1194,7 @@ def test_matches_float64_reference(b, h, s, d, causal, fn):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", ha.HEAD_DIMS)
 @pytest.mark.parametrize("s", [1, 77, 128, 129, 300, 1024, 2000, 2049])
-@pytest.mark.parametrize("fn", ENTRY_POINTS[1:], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", BIT_EQUAL_TO_V1, ids=lambda f: f.__name__)
 def test_later_steps_are_v1_bit_for_bit(fn, s, d, causal):
     """Steps 2 and 3 reorder when work is issued, not what is computed. Step 2 takes turns between
     the consumers; step 3 moves the softmax of tile t + 1 under P_t V_t. Per consumer, every
@@ -963,6 +1239,23 @@ def test_scale_is_applied(d, fn):
     for causal in (False, True):
         o, lse = fn(q, k, v, causal, scale=0.3)
         o_ref, lse_ref = ha.attention_ref(q, k, v, causal, scale=0.3)
+        torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=2e-2)
+        torch.testing.assert_close(lse.double(), lse_ref, rtol=0, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("scale", [-0.3, 0.0])
+@pytest.mark.parametrize("d", ha.HEAD_DIMS)
+def test_negative_and_zero_scale(d, scale, fn):
+    """A negative scale (step 4 takes the row max on raw scores: its launcher runs -scale on -k)
+    and a scale of 0 (every score 0: step 4's selects keep -inf * 0 out of the masked scores and
+    the first alpha), against the float64 reference, both masks, ragged S."""
+    _skip_unless_sm90()
+    q, k, v = _inputs(1, 2, 300, d, seed=13)
+    for causal in (False, True):
+        o, lse = fn(q, k, v, causal, scale=scale)
+        o_ref, lse_ref = ha.attention_ref(q, k, v, causal, scale=scale)
         torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=2e-2)
         torch.testing.assert_close(lse.double(), lse_ref, rtol=0, atol=1e-3)
 

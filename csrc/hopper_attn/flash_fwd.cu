@@ -23,6 +23,11 @@
 // groups; wgmma.wait_group 1 lets the softmax run while P V is still on the tensor cores
 // (FlashAttention-3's intra-warpgroup overlap).
 //
+// Step 4 (PINGPONG and LEAN, the kernels hopper_flash_fwd_lean_d*): step 2's turns with a softmax
+// of fewer instructions per score: the row max on the raw scores, the scale folded into one FFMA
+// per score before ex2.approx (one MUFU.EX2, no range fix-up), the mask only on the last tile, and
+// O's rescale skipped when no row of the warp changed its maximum. Not bit-equal to steps 1-3.
+//
 // Shared memory holds every tile in the layout TMA's 128-byte swizzle writes: a row of D bf16 is
 // D * 2 bytes, more than the swizzle's 128-byte span when D = 128, so each tile is D / 64 panels
 // of 64 columns, one TMA box (64 columns x 128 rows, 16 KB) each.
@@ -501,6 +506,96 @@ __device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&alpha
 }
 // --8<-- [end:softmax_split]
 
+// --8<-- [start:lean_softmax]
+// Step 4's online softmax: online_softmax's values up to rounding, in fewer instructions per score.
+// exp2f compiles to a range fix-up around MUFU.EX2 (FSETP, two predicated FMULs: seen in this
+// file's SASS, nvcc 13.0); ex2.approx.ftz is the MUFU.EX2 alone. Its error (PTX ISA: max
+// relative error about 2^-22) is far below the bf16 rounding that P gets before P V.
+__device__ __forceinline__ float ex2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// The last tile's mask, on raw scores: keys past S and, causal, keys right of the diagonal, i.e.
+// key >= min(S, q + 1). sc[4j + 2h + e] is key col0 + 8j + e of row h: one compare with a
+// constant and one select per score against a column limit per row.
+__device__ __forceinline__ void mask_raw_scores(float (&sc)[BLOCK_N / 2], int key0, int q0, int S,
+                                                bool causal) {
+    const int lane = threadIdx.x % 32;
+    const int col0 = key0 + 2 * (lane % 4);  // the key of sc[0]
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int q = q0 + 8 * h;
+        const int limit = (causal ? min(S, q + 1) : S) - col0;  // columns >= limit are masked
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                if (8 * j + e >= limit) sc[4 * j + 2 * h + e] = -INFINITY;
+        }
+    }
+}
+
+// MASK: the last tile (keys past S, the causal diagonal); every other tile runs without the mask's
+// instructions. The max is taken on the raw scores (scale_log2 >= 0: the host negates K for a
+// negative scale; rounding is monotonic, so m * scale_log2 is online_softmax's m exactly); then
+// one FFMA and one MUFU.EX2 per score, p = 2^(s * scale_log2 - m * scale_log2), where
+// online_softmax had FMUL, FADD and exp2f. alpha's argument is online_softmax's exactly
+// (__fmul_rn: no FFMA contraction): 0, so alpha = 1.0f exactly, when the max did not move, and
+// O's rescale, D / 2 FMULs a thread, is skipped when that holds for every row of the warp
+// (multiplying by 1.0f changes nothing). On return m holds the raw-score max: the caller turns
+// it into log2 units for write_rows.
+template <int D, bool MASK>
+__device__ __forceinline__ void lean_softmax(float (&sc)[BLOCK_N / 2], float (&o)[D / 2],
+                                             float (&m)[2], float (&l)[2], float scale_log2,
+                                             int key0, int q0, int S, bool causal) {
+    if constexpr (MASK) mask_raw_scores(sc, key0, q0, S, causal);
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // row 0 and row 1 of this thread
+        float mx = m[h];
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * h],
+                                                                   sc[4 * j + 2 * h + 1]));
+        mx = quad_max(mx);
+        // a row with every score so far masked keeps m = -inf: subtract 0 instead (its p are 0)
+        const float neg_m = mx == -INFINITY ? 0.0f : -__fmul_rn(mx, scale_log2);
+        // 0 on the first tile (m = -inf; the select keeps -inf * 0 from a scale of 0 out)
+        alpha[h] = m[h] == -INFINITY ? 0.0f : ex2_approx(__fmul_rn(m[h], scale_log2) + neg_m);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = sc[4 * j + 2 * h + e];
+                const float p = ex2_approx(fmaf(x, scale_log2, neg_m));
+                if constexpr (MASK) x = x == -INFINITY ? 0.0f : p;  // -inf * 0 when scale is 0
+                else x = p;
+                sum += x;
+            }
+        }
+        l[h] = l[h] * alpha[h] + sum;
+        m[h] = mx;
+    }
+    if (__any_sync(0xffffffff, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_o<D>(o, alpha);
+}
+
+// The softmax of one tile in step 2's loop: online_softmax (step 2), or step 4's, with the mask
+// compiled into the last tile's copy only
+template <int D, bool LEAN>
+__device__ __forceinline__ void tile_softmax(float (&sc)[BLOCK_N / 2], float (&o)[D / 2],
+                                             float (&m)[2], float (&l)[2], float scale_log2,
+                                             bool last, int key0, int q0, int S, bool causal) {
+    if constexpr (!LEAN)
+        online_softmax<D>(sc, o, m, l, scale_log2, last, key0, q0, S, causal);
+    else if (last)
+        lean_softmax<D, true>(sc, o, m, l, scale_log2, key0, q0, S, causal);
+    else
+        lean_softmax<D, false>(sc, o, m, l, scale_log2, key0, q0, S, causal);
+}
+// --8<-- [end:lean_softmax]
+
 // --8<-- [start:products]
 // S = Q K^T issued (not waited for): D / 16 wgmmas of 16 along D, each +32 bytes in the row or the
 // next panel of both tiles; sc must hold zeros.
@@ -646,7 +741,7 @@ __device__ __forceinline__ void turn_pass(int c) {
 // V of tile t - 1 is read in turn t, a turn later than in v1, so step 2 runs PINGPONG_STAGES = 3
 // stages: the load of tile t + 1 waits for the release of tile t - 2 (in turn t - 1), not of tile
 // t - 1 (in turn t, one softmax before tile t + 1 is needed).
-template <int D>
+template <int D, bool LEAN = false>
 __device__ __forceinline__ void consume_pingpong(uint32_t base, uint32_t q_full, uint32_t full,
                                                  uint32_t empty, int c, int n_tiles, int S,
                                                  int m0, bool causal, float scale_log2,
@@ -672,7 +767,7 @@ __device__ __forceinline__ void consume_pingpong(uint32_t base, uint32_t q_full,
     turn_pass(c);  // n_tiles >= 1: never the last turn
     wgmma_wait<0>();
     fence_regs(sc);
-    online_softmax<D>(sc, o, m, l, scale_log2, n_tiles == 1, 0, q0, S, causal);
+    tile_softmax<D, LEAN>(sc, o, m, l, scale_log2, n_tiles == 1, 0, q0, S, causal);
     pack_p(p, sc);
 
     // Turns 1 .. n_tiles - 1: P_{t-1} V_{t-1}, then S_t
@@ -692,7 +787,8 @@ __device__ __forceinline__ void consume_pingpong(uint32_t base, uint32_t q_full,
         fence_regs(p);
         fence_regs(sc);
         if (lane == 0) mbar_arrive(empty + 8 * s_prev);  // this warp is done with tile t - 1
-        online_softmax<D>(sc, o, m, l, scale_log2, t == n_tiles - 1, t * BLOCK_N, q0, S, causal);
+        tile_softmax<D, LEAN>(sc, o, m, l, scale_log2, t == n_tiles - 1, t * BLOCK_N, q0, S,
+                              causal);
         pack_p(p, sc);
     }
 
@@ -705,6 +801,10 @@ __device__ __forceinline__ void consume_pingpong(uint32_t base, uint32_t q_full,
     fence_regs(o);
     fence_regs(p);
     if (lane == 0) mbar_arrive(empty + 8 * s_last);
+    if constexpr (LEAN) {  // step 4 kept the raw-score max: log2 units, as write_rows takes it
+        m[0] = __fmul_rn(m[0], scale_log2);
+        m[1] = __fmul_rn(m[1], scale_log2);
+    }
     write_rows<D>(o, m, l, q0, S, O, Lse, bh_row);
 }
 // --8<-- [end:pingpong]
@@ -806,11 +906,13 @@ __device__ __forceinline__ void consume_overlap(uint32_t base, uint32_t q_full, 
 // Grid (ceil(S / 128), H, B). tmaps: Q's, K's and V's tensor maps, 128 bytes each. O is (B, H, S,
 // D) bf16, Lse (B, H, S) fp32; scale_log2 = scale * log2(e). PINGPONG: step 2's consumers
 // (consume_pingpong) instead of step 1's; PINGPONG and OVERLAP: step 3's (consume_overlap);
-// everything else is shared.
-template <int D, bool PINGPONG = false, bool OVERLAP = false>
+// PINGPONG and LEAN: step 4's (consume_pingpong with lean_softmax); everything else is shared.
+template <int D, bool PINGPONG = false, bool OVERLAP = false, bool LEAN = false>
 __device__ __forceinline__ void flash_fwd(const uint8_t* tmaps, __nv_bfloat16* O, float* Lse,
                                           int S, float scale_log2, int causal) {
     static_assert(PINGPONG || !OVERLAP, "step 3 overlaps inside step 2's turns");
+    static_assert(PINGPONG || !LEAN, "step 4 is step 2's turns with a leaner softmax");
+    static_assert(!(OVERLAP && LEAN), "step 4 is built on step 2, not step 3");
     constexpr int NS = PINGPONG ? PINGPONG_STAGES : STAGES;  // K / V stages
     using L = Smem<D, NS, OVERLAP ? OVERLAP_SCRATCH : 0>;
     extern __shared__ uint8_t smem[];
@@ -845,8 +947,8 @@ __device__ __forceinline__ void flash_fwd(const uint8_t* tmaps, __nv_bfloat16* O
             consume_overlap<D>(base, q_full, full, empty, wg - 1, n_tiles, S, m0, causal != 0,
                                scale_log2, O, Lse, bh_row);
         else if constexpr (PINGPONG)
-            consume_pingpong<D>(base, q_full, full, empty, wg - 1, n_tiles, S, m0, causal != 0,
-                                scale_log2, O, Lse, bh_row);
+            consume_pingpong<D, LEAN>(base, q_full, full, empty, wg - 1, n_tiles, S, m0,
+                                      causal != 0, scale_log2, O, Lse, bh_row);
         else
             consume<D>(base, q_full, full, empty, wg - 1, n_tiles, S, m0, causal != 0,
                        scale_log2, O, Lse, bh_row);
@@ -912,6 +1014,28 @@ hopper_flash_fwd_overlap_d128(const uint8_t* __restrict__ tmaps, __nv_bfloat16* 
                               float* __restrict__ Lse, int S, float scale_log2, int causal) {
 #if HA_SM90A
     ha::flash_fwd<128, true, true>(tmaps, O, Lse, S, scale_log2, causal);
+#else
+    __trap();
+#endif
+}
+
+// Step 4: step 2's kernel with the lean softmax; scale_log2 must be >= 0 (the host negates K for
+// a negative scale)
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_fwd_lean_d64(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ O,
+                          float* __restrict__ Lse, int S, float scale_log2, int causal) {
+#if HA_SM90A
+    ha::flash_fwd<64, true, false, true>(tmaps, O, Lse, S, scale_log2, causal);
+#else
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_fwd_lean_d128(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ O,
+                           float* __restrict__ Lse, int S, float scale_log2, int causal) {
+#if HA_SM90A
+    ha::flash_fwd<128, true, false, true>(tmaps, O, Lse, S, scale_log2, causal);
 #else
     __trap();
 #endif

@@ -1,6 +1,6 @@
 """FlashAttention's forward on Hopper: step 1 (TMA, mbarriers and ``wgmma``, written by hand),
-step 2 (the two consumer warpgroups ping-pong) and step 3 (each warpgroup's softmax overlaps its
-own P V product).
+step 2 (the two consumer warpgroups ping-pong), step 3 (each warpgroup's softmax overlaps its
+own P V product) and step 4 (step 2 with fewer instructions per tile in the softmax).
 
 ``o = softmax(q k^T * scale) v`` for bf16 q, k, v of shape (B, H, S, D) with D = 64 or 128, the same
 S for queries and keys, with or without the causal mask (query i sees keys j <= i), and the row
@@ -15,7 +15,10 @@ consumers take turns through two named barriers, each issuing one tile's product
 runs its softmax, with three K / V stages instead of two. Step 3 (``flash_fwd_hopper_overlap``)
 adds ``OVERLAP``: inside a turn, the next tile's Q K^T is issued before the previous tile's P V,
 in two ``wgmma`` groups, and the softmax runs after ``wgmma.wait_group 1`` (the scores are done),
-while P V is still on the tensor cores.
+while P V is still on the tensor cores. Step 4 (``flash_fwd_hopper_lean``) is step 2's kernel with
+``LEAN``: the row max on raw scores, one FFMA and one ``ex2.approx`` per score, the mask on the
+last tile only, O's rescale skipped when no row of a warp changed its max; its output is within
+the same tolerance of the float64 reference, not step 1's bits.
 
 This module checks the inputs, builds the three TMA tensor maps (Q, K and V viewed as 3-D
 (B*H, S, D) tensors, boxes of 64 columns x 128 rows x one head with the 128-byte swizzle: a 128-wide
@@ -58,6 +61,7 @@ HEAD_DIMS = (64, 128)
 KERNELS = {64: "hopper_flash_fwd_d64", 128: "hopper_flash_fwd_d128"}
 PINGPONG_KERNELS = {64: "hopper_flash_fwd_pingpong_d64", 128: "hopper_flash_fwd_pingpong_d128"}
 OVERLAP_KERNELS = {64: "hopper_flash_fwd_overlap_d64", 128: "hopper_flash_fwd_overlap_d128"}
+LEAN_KERNELS = {64: "hopper_flash_fwd_lean_d64", 128: "hopper_flash_fwd_lean_d128"}
 OVERLAP_SCRATCH = 256 * 4  # step 3: a word of shared memory per consumer thread (pin_softmax)
 PINGPONG_BARRIERS = (1, 2)  # the named barrier consumer 0, 1 waits on for its turn
 PINGPONG_THREADS = 256  # each counts both consumer warpgroups
@@ -195,7 +199,12 @@ def kernel(name: str, device_index: int):
 # --8<-- [start:launch]
 # What a step changes on the host: its kernels, its K / V stages and its scratch (shared memory)
 STEPS = {1: (KERNELS, STAGES, 0), 2: (PINGPONG_KERNELS, PINGPONG_STAGES, 0),
-         3: (OVERLAP_KERNELS, PINGPONG_STAGES, OVERLAP_SCRATCH)}
+         3: (OVERLAP_KERNELS, PINGPONG_STAGES, OVERLAP_SCRATCH),
+         4: (LEAN_KERNELS, PINGPONG_STAGES, 0)}
+# Steps whose kernels take the row max on the raw scores, which commutes with the scale only when
+# the scale is >= 0: a negative scale runs as -scale on -k (the same scores: negating a bf16
+# operand negates every product and sum exactly)
+RAW_MAX_STEPS = (4,)
 
 
 def launch_step(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -210,6 +219,8 @@ def launch_step(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch
     if reason:
         raise RuntimeError(f"{name}: {reason}")
     kernels, stages, scratch = STEPS[step]
+    if step in RAW_MAX_STEPS and scale < 0:
+        k, scale = torch.neg(k), -scale
     o = torch.empty_like(q)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     specs = tuple(tensor_map_spec(b * h, s, d, t.data_ptr()) for t in (q, k, v))
@@ -248,6 +259,16 @@ def flash_fwd_hopper_overlap(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     step 1), each warpgroup issues the next tile's Q K^T before the previous tile's P V and runs
     its softmax while that P V is on the tensor cores."""
     return launch_step(3, "flash_fwd_hopper_overlap", q, k, v, causal, scale)
+
+
+def flash_fwd_hopper_lean(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          causal: bool = False,
+                          scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 4: like ``flash_fwd_hopper_pingpong`` (same checks, same outputs, same turns), with a
+    softmax of fewer instructions per score (the scale folded into one FFMA before
+    ``ex2.approx.ftz``, the mask on the last tile only, O's rescale skipped when no row of a warp
+    changed its max). Not step 1's bits: within the float64 reference's tolerance."""
+    return launch_step(4, "flash_fwd_hopper_lean", q, k, v, causal, scale)
 # --8<-- [end:launch]
 
 
@@ -297,6 +318,13 @@ def hopper_attention_v3(q, k, v, causal=False):
     runs its softmax while the PV product is on the tensor cores (FlashAttention-3's
     intra-warpgroup overlap); the output only."""
     return flash_fwd_hopper_overlap(q, k, v, causal)[0]
+
+
+def hopper_attention_v4(q, k, v, causal=False):
+    """v4: like v2, with fewer instructions per tile in the softmax (scale folded into the
+    exponent's FFMA, ex2.approx, the mask on the last tile only, O's rescale skipped when no row
+    max moved); the output only."""
+    return flash_fwd_hopper_lean(q, k, v, causal)[0]
 
 
 def reference_output(q, k, v, causal=False):
@@ -362,4 +390,9 @@ hopper_attention_fwd.add(Impl("v3", hopper_attention_v3, "CUDA",
                               "like v2, each warpgroup issues the next tile's QK^T before its "
                               "softmax, which overlaps the PV product",
                               (flash_fwd_hopper_overlap, *_STEP_SOURCES), device="cuda",
+                              dtypes=(torch.bfloat16,), requires=needs_sm90))
+hopper_attention_fwd.add(Impl("v4", hopper_attention_v4, "CUDA",
+                              "like v2, fewer instructions per tile: scale folded into the "
+                              "exponent's FFMA, ex2.approx, mask and O rescale only when needed",
+                              (flash_fwd_hopper_lean, *_STEP_SOURCES), device="cuda",
                               dtypes=(torch.bfloat16,), requires=needs_sm90))
