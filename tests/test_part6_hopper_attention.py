@@ -984,6 +984,32 @@ def test_pingpong_model_catches_planted_bugs(tiles, first, plant, step, match):
         _run_protocol(tiles, first, plant=plant, step=step)
 
 
+# a consumer's turn operations as they appear in flash_fwd.cu, and the model's names for them
+TURN_TOKENS = {"turn_pass(c)": "arrive", "turn_wait(c)": "sync", "qk_issue": "S", "pv_issue": "PV",
+               "mbar_wait(full": "full", "mbar_arrive(empty": "release", "for (int t = 1": "loop",
+               "c != PINGPONG_FIRST) turn_pass": "arrive if not first",
+               "c == PINGPONG_FIRST) turn_pass": "arrive if first"}
+
+
+def _region_code(region: str, entry: str) -> str:
+    """Region ``region`` of flash_fwd.cu from ``entry`` on: the code, not the comment above it."""
+    text = CU.read_text()
+    body = text[text.index(f"[start:{region}]"):text.index(f"[end:{region}]")]
+    return body[body.index(entry):]
+
+
+def _kernel_ops(region: str, entry: str, extra: dict[str, str]) -> list[str]:
+    """The operations of :func:`_region_code` in source order, named by TURN_TOKENS and
+    ``extra``."""
+    tokens = {**TURN_TOKENS, **extra}
+    seq = []
+    for line in _region_code(region, entry).splitlines():
+        for k, v in tokens.items():
+            if k in line and not (v == "arrive" and "PINGPONG_FIRST" in line):
+                seq.append(v)
+    return seq
+
+
 def test_pingpong_program_is_the_kernels():
     """The transcription's protocol constants are flash_fwd.cu's: barriers PINGPONG_BAR and
     PINGPONG_BAR + 1 counting 256 threads, consumer PINGPONG_FIRST first, the arrive of the
@@ -993,19 +1019,8 @@ def test_pingpong_program_is_the_kernels():
     assert 0 not in ha.PINGPONG_BARRIERS and max(ha.PINGPONG_BARRIERS) < 16
     assert ha.PINGPONG_FIRST == c["PINGPONG_FIRST"]
     assert ha.PINGPONG_THREADS == c["CONSUMERS"] * c["WG_THREADS"] == 256
-    text = CU.read_text()
-    body = text[text.index("[start:pingpong]"):text.index("[end:pingpong]")]
-    body = body[body.index("consume_pingpong("):]  # the code, not the comment above it
     # the kernel's operations in source order: what _pingpong_program unrolls
-    tokens = {"turn_pass(c)": "arrive", "turn_wait(c)": "sync", "qk_issue": "S", "pv_issue": "PV",
-              "mbar_wait(full": "full", "mbar_arrive(empty": "release", "for (int t = 1": "loop",
-              "c != PINGPONG_FIRST) turn_pass": "arrive if not first",
-              "c == PINGPONG_FIRST) turn_pass": "arrive if first"}
-    seq = []
-    for line in body.splitlines():
-        for k, v in tokens.items():
-            if k in line and not (v == "arrive" and "PINGPONG_FIRST" in line):
-                seq.append(v)
+    seq = _kernel_ops("pingpong", "consume_pingpong(", {})
     assert seq == [
         "arrive if not first",                             # the first turn is handed over
         "full", "sync", "S", "arrive",                     # turn 0
@@ -1015,6 +1030,7 @@ def test_pingpong_program_is_the_kernels():
     prog = _pingpong_program(0, 3, first=0)
     assert [op for op, _ in prog].count("sync") == 3 + 1  # n + 1 turns
     # step 4 is this consumer with LEAN (only its softmax differs), so the model is its protocol
+    text, body = CU.read_text(), _region_code("pingpong", "consume_pingpong(")
     assert "consume_pingpong<D, LEAN>(" in text
     assert body.count("tile_softmax<D, LEAN>(") == 2 and "online_softmax" not in body
     for d in ha.HEAD_DIMS:
@@ -1043,20 +1059,10 @@ def test_overlap_program_is_the_kernels():
     prologue and the last turn as in step 2, and in the loop S_t issued before P_{t-1} V_{t-1},
     the hand-over, wait_group 1, the softmax, the pin, wait_group 0, the release of tile t - 1,
     O's rescale and P's packing. (The pin is a scheduling device for ptxas, outside the model.)"""
-    text = CU.read_text()
-    body = text[text.index("[start:overlap]"):text.index("[end:overlap]")]
-    body = body[body.index("consume_overlap("):]
-    tokens = {"turn_pass(c)": "arrive", "turn_wait(c)": "sync", "qk_issue": "S", "pv_issue": "PV",
-              "mbar_wait(full": "full", "mbar_arrive(empty": "release", "for (int t = 1": "loop",
-              "wgmma_wait<1>": "wait1", "wgmma_wait<0>": "wait0", "softmax_scores(": "softmax",
-              "online_softmax<": "softmax", "pin_softmax(pin": "pin", "rescale_o<": "write o",
-              "pack_p(": "write p", "c != PINGPONG_FIRST) turn_pass": "arrive if not first",
-              "c == PINGPONG_FIRST) turn_pass": "arrive if first"}
-    seq = []
-    for line in body.splitlines():
-        for k, v in tokens.items():
-            if k in line and not (v == "arrive" and "PINGPONG_FIRST" in line):
-                seq.append(v)
+    seq = _kernel_ops("overlap", "consume_overlap(", {
+        "wgmma_wait<1>": "wait1", "wgmma_wait<0>": "wait0", "softmax_scores(": "softmax",
+        "online_softmax<": "softmax", "pin_softmax(pin": "pin", "rescale_o<": "write o",
+        "pack_p(": "write p"})
     loop = ["full", "sync", "S", "PV", "arrive", "wait1", "softmax", "pin", "wait0", "release",
             "write o", "write p"]
     assert seq == [

@@ -213,9 +213,11 @@ def test_tc_relabelling_is_the_reshape_permute():
 
 
 @pytest.mark.op("int4_gemm")
-def test_tc_fp32_activations_agree_to_fp32_rounding():
-    x, packed, scales, zeros = _operands(20, 64, 256, 128, dtype=torch.float32, zero_point=True)
-    y = ig.int4_tc(x, packed, scales, zeros)
+@pytest.mark.parametrize("fn, m, n", [(ig.int4_tc, 20, 64), (ig.int4_tc_wide, 40, 130)],
+                         ids=["v5", "v6"])
+def test_tc_fp32_activations_agree_to_fp32_rounding(fn, m, n):
+    x, packed, scales, zeros = _operands(m, n, 256, 128, dtype=torch.float32, zero_point=True)
+    y = fn(x, packed, scales, zeros)
     ref = ig.int4_gemm_ref(x.double(), packed, scales.double(), zeros)
     if HAS_GPU:  # fp32 operands go through the tensor cores in TF32
         rtol, atol = tolerance_for(256, torch.float32)
