@@ -7,7 +7,9 @@ scripts/capture_ncu_counters.sh (GPU runner):
   why v2 is slower than v1, and why v4 gains so much (bytes in flight, or divergence?);
 - strided_copy v1 at strides 4 to 32: what changes in the memory system past stride 8;
 - hopper_gemm v1 to v7 (Part 6): why four stages (v2) lose to one (v1), and what the clusters
-  (v5, v7) and the TMA-store epilogue (v6, v7) change.
+  (v5, v7) and the TMA-store epilogue (v6, v7) change;
+- hopper_attention_fwd steps 1 to 4 beside cuDNN at head dimensions 128 and 64 (Part 6): how busy
+  the tensor pipe is, and what the warp schedulers wait for.
 
     python scripts/ncu_counters.py --targets              # group, target, kernel regex
     python scripts/ncu_counters.py --impls GROUP          # op:version pairs the group runs
@@ -68,6 +70,15 @@ def _strided(stride: int) -> Counted:
                    (("n", 1 << 25), ("offset", 0), ("stride", stride)))
 
 
+def _attention(d: int) -> tuple[Counted, ...]:
+    """cuDNN's SDPA (the first kernel of its call) and steps 1 to 4 at the headline's B, H and S."""
+    size = (("b", 4), ("causal", False), ("d", d), ("h", 32), ("s", 4096))
+    names = {"v0": ".", "v1": f"^hopper_flash_fwd_d{d}$", "v2": f"^hopper_flash_fwd_pingpong_d{d}$",
+             "v3": f"^hopper_flash_fwd_overlap_d{d}$", "v4": f"^hopper_flash_fwd_lean_d{d}$"}
+    return tuple(Counted("cuDNN" if v == "v0" else v, "hopper_attention_fwd", v, k, size)
+                 for v, k in names.items())
+
+
 GROUPS: dict[str, tuple[str, tuple[Counted, ...]]] = {
     "transpose": (
         "Why does the naive v2 beat the tiled v3 and the padded v4, and v6 beat v7?",
@@ -110,6 +121,13 @@ GROUPS: dict[str, tuple[str, tuple[Counted, ...]]] = {
                  "_bias_gelu_dropout_residual_kernel"),
          Counted("fused v4", "bias_gelu_dropout_residual", "v4",
                  "_bias_gelu_dropout_residual4x_kernel"))),
+    # issue 19: the Hopper attention steps beside cuDNN, one group per head dimension
+    "attention": (
+        "Where does the Hopper attention forward lose to cuDNN, and what do steps 2 to 4 change?",
+        _attention(128)),
+    "attention64": (
+        "And at head dimension 64, where the model of step 3 promises the most?",
+        _attention(64)),
 }
 
 
