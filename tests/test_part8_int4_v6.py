@@ -7,7 +7,9 @@ x's k checked against the reshape-permutes the kernel does; the dispatch to v2 b
 refusals before any launch. Compiled for sm_90 on the CPU (Triton 3.6 and 3.9): at M = 128 the
 dot takes the dequantised tile from registers with no layout conversion in the loop, x arrives
 by 16-byte asynchronous copies, and its relabelling is one shared-memory round trip. On a GPU:
-fp16 and bf16 at N = K = 8192 and every M of the sweep."""
+fp16 and bf16 at N = K = 8192 and every M of the sweep. v7 is v6's kernel with 64 weight rows on
+one warpgroup: its tile leaves room for two programs an SM (compiled for sm_90), which its K
+split counts on."""
 
 from __future__ import annotations
 
@@ -50,12 +52,19 @@ def test_wide_matches_reference(m, n, k, g, zero_point):
 
 
 @pytest.mark.op("int4_gemm")
-def test_the_automatic_split():
-    """Under the interpreter (3 'SMs') M = 128, N = 72, K = 512 is one tile and four slices: the
-    automatic choice is 2 ranges, and the result is right; more tiles or fewer slices, 1."""
-    assert ig.wide_split_k(128, 72, 512, 128, 128) == 2
-    assert ig.wide_split_k(128, 200, 512, 128, 128) == 1   # 2 tiles: 4 programs > 3 SMs
-    assert ig.wide_split_k(1, 72, 256, 16, 128) == 1       # 2 slices: no range of fewer than 2
+def test_the_automatic_split(monkeypatch):
+    """With 3 SMs (the interpreter's count, forced here so the GPU run checks the same rule)
+    M = 128, N = 72, K = 512 is one tile and four slices: the automatic choice is 2 ranges, and
+    the result is right; more tiles or fewer slices, 1."""
+    with monkeypatch.context() as mp:
+        mp.setattr(ig, "triton_interpreting", lambda: True)
+        assert ig.wide_split_k(128, 72, 512, 128, 128) == 2
+        assert ig.wide_split_k(128, 200, 512, 128, 128) == 1   # 2 tiles: 4 programs > 3 SMs
+        assert ig.wide_split_k(1, 72, 256, 16, 128) == 1       # 2 slices: no range of fewer than 2
+        # v7: two programs an SM (4 warps) make room for twice the ranges
+        assert ig.wide_split_k(128, 200, 512, 128, 128, per_sm=2) == 2
+        assert ig.wide_split_k(128, 72, 512, 128, 64, per_sm=2) == 2   # 2 tiles x 2 <= 6
+        assert ig.wide_split_k(128, 40, 1024, 128, 64, per_sm=2) == 4  # 1 tile: 4 <= 6, 8 > 6
     x, packed, scales, zeros = _operands(128, 72, 512, 128, zero_point=True)
     poison_allocator(4 * 128 * 72 * 4, DEVICE)
     _check(ig.int4_tc_wide(x, packed, scales, zeros), x, packed, scales, zeros, "v6 automatic")
@@ -94,30 +103,50 @@ def test_wide_relabelling_is_the_reshape_permute():
     assert torch.equal(xt, x[:, ks].T)
 
 
+WIDE_OPTIONS = {"v6": {}, "v7": dict(block_n=64)}   # what each registered version launches
+
+
 @pytest.mark.op("int4_gemm")
+@pytest.mark.parametrize("version", list(WIDE_OPTIONS))
 @pytest.mark.parametrize("m, g", [(257, 128), (16, 64), (200, 32)],
                          ids=["M=257", "G=64", "G=32"])
-def test_v6_hands_what_the_wide_kernel_refuses_to_v2(m, g):
+def test_registered_hands_what_the_wide_kernel_refuses_to_v2(m, g, version):
     x, packed, scales, _ = _operands(m, 24, 256, g)
-    y = ig.int4_gemm_op.impls["v6"].fn(x, packed, scales)
+    y = ig.int4_gemm_op.impls[version].fn(x, packed, scales)
     assert torch.equal(y, ig.int4_gemm(x, packed, scales, split_k=None))
 
 
 @pytest.mark.op("int4_gemm")
-def test_v6_takes_what_the_wide_kernel_takes():
-    """At M = 256 and G = 128 the registered v6 is int4_tc_wide, bit for bit."""
+@pytest.mark.parametrize("version", list(WIDE_OPTIONS))
+def test_registered_takes_what_the_wide_kernel_takes(version):
+    """At M = 256 and G = 128 the registered v6 and v7 are int4_tc_wide with their tile, bit
+    for bit."""
     x, packed, scales, _ = _operands(256, 72, 256, 128)
-    y = ig.int4_gemm_op.impls["v6"].fn(x, packed, scales)
-    assert torch.equal(y, ig.int4_tc_wide(x, packed, scales))
+    y = ig.int4_gemm_op.impls[version].fn(x, packed, scales)
+    assert torch.equal(y, ig.int4_tc_wide(x, packed, scales, **WIDE_OPTIONS[version]))
 
 
 @pytest.mark.op("int4_gemm")
-def test_v6_registration():
-    v6 = ig.int4_gemm_op.impls["v6"]
-    assert v6.lang == "Triton" and v6.device == "any" and v6.origin == "book"
+@pytest.mark.parametrize("version", list(WIDE_OPTIONS))
+def test_wide_registration(version):
+    impl = ig.int4_gemm_op.impls[version]
+    assert impl.lang == "Triton" and impl.device == "any" and impl.origin == "book"
     for fn in (ig._int4_tc_wide_kernel, ig.int4_tc_wide, ig.wide_split_k, ig._relabel_rows,
                ig._unpack_words, ig._nibble):
-        assert fn in v6.sources, fn
+        assert fn in impl.sources, fn
+
+
+def test_v7_launches_64_rows_on_one_warpgroup(monkeypatch):
+    """The registered v7 passes block_n=64 (and so 4 warps and two programs an SM)."""
+    seen = {}
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return "launched"
+    monkeypatch.setattr(ig, "int4_tc_wide", spy)
+    x, packed, scales, _ = _operands(16, 72, 256, 128)
+    assert ig.int4_gemm_op.impls["v7"].fn(x, packed, scales) == "launched"
+    assert seen == {"block_n": 64}
 
 
 @pytest.mark.op("int4_gemm")
@@ -204,7 +233,9 @@ def _job(dtype, block_n=128, num_warps=8, zeros=False):
 
 
 JOBS = {"fp16": _job("fp16"), "bf16 zeros": _job("bf16", zeros=True),
-        "fp16 128 rows on 4 warps": _job("fp16", num_warps=4)}
+        "fp16 128 rows on 4 warps": _job("fp16", num_warps=4),
+        "fp16 64 rows on 4 warps": _job("fp16", block_n=64, num_warps=4),       # v7
+        "bf16 zeros 64 rows on 4 warps": _job("bf16", block_n=64, num_warps=4, zeros=True)}
 
 
 @pytest.fixture(scope="module")
@@ -274,6 +305,30 @@ def test_128_rows_on_one_warpgroup_convert_and_spill(built):
     assert k.spill_stores > 0
 
 
+# an H100's SM: 228 KiB of shared memory, 1 KiB of it reserved per resident program; 64 K registers
+SM90_SHARED_PER_SM, SM90_RESERVED_PER_PROGRAM, SM90_REGISTERS_PER_SM = 228 * 1024, 1024, 65536
+
+
+@needs_checked_triton
+@pytest.mark.op("int4_gemm")
+@pytest.mark.parametrize("name", ["fp16 64 rows on 4 warps", "bf16 zeros 64 rows on 4 warps"])
+def test_v7_tile_lets_two_programs_share_an_sm(built, name):
+    """What v7's K split counts on (wide_split_k's per_sm = 2 at 4 warps): at M = 128 with 64
+    weight rows on one warpgroup, two programs fit an SM's shared memory and register file, with
+    no spills, and v6's 8-warp tile does not leave room for a second; the dot is still the
+    register-operand wgmma, with no layout conversion in the loop."""
+    k = built[name]
+    assert 2 * (k.shared + SM90_RESERVED_PER_PROGRAM) <= SM90_SHARED_PER_SM, k.shared
+    assert 2 * k.registers * 4 * 32 <= SM90_REGISTERS_PER_SM, k.registers
+    assert k.spill_stores == 0 and k.spill_loads == 0
+    v6 = built["fp16"]
+    assert 2 * v6.registers * 8 * 32 > SM90_REGISTERS_PER_SM, v6.registers
+    loop = _loop_body(k.ttgir)
+    assert re.search(r"ttng\.warp_group_dot %\S+, %\S+, .*? : tensor<64x128x(f16|bf16), "
+                     r"#ttg\.dot_op<\{opIdx = 0", loop), ins.excerpt(loop, r"warp_group_dot")
+    assert "ttg.convert_layout" not in loop, ins.excerpt(loop, r"convert_layout")
+
+
 # ---------------------------------------------------------------- GPU: fp16/bf16, the layer's size
 
 @pytest.mark.gpu
@@ -303,10 +358,11 @@ def test_gpu_wide_variants_at_m128(options):
 
 @pytest.mark.gpu
 @pytest.mark.op("int4_gemm")
-def test_gpu_v6_at_the_sweep_sizes():
+@pytest.mark.parametrize("version", ["v6", "v7"])
+def test_gpu_registered_at_the_sweep_sizes(version):
     gen = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float16):
         for size in ig.int4_gemm_op.sweep:
             x, packed, scales, dense = ig.make_inputs(size, dtype, "cuda", gen)
-            y = ig.int4_gemm_op.impls["v6"].fn(x, packed, scales, dense)
-            _check(y, x, packed, scales, None, f"GPU v6 {size} {dtype}")
+            y = ig.int4_gemm_op.impls[version].fn(x, packed, scales, dense)
+            _check(y, x, packed, scales, None, f"GPU {version} {size} {dtype}")

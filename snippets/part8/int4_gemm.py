@@ -39,6 +39,9 @@ Versions of ``int4_gemm`` (never renumbered):
       (a reshape and a permute in registers, one shared-memory round trip) instead of gathered
       4 bytes at a time in the permuted order; a third grid axis over blocks of 128 rows of x;
       split-K only while the programs fit the SMs. G a multiple of 128, M <= 256; otherwise v2.
+- v7  v6's kernel with 64 weight rows a program on one warpgroup (block_n=64, 4 warps): two
+      programs share an SM, so one's dequantisation and loads overlap the other's, and the K
+      split counts two programs an SM. Same limits as v6.
 
 Layout: x (M, K) fp16/bf16 (fp32 is accepted for tests under the interpreter), packed (N, K / 2)
 uint8 (byte j of row n holds the codes of k = 2j in its low nibble and 2j + 1 in its high one, as
@@ -641,13 +644,14 @@ def _int4_tc_wide_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER_SPLIT
 
 
 # --8<-- [start:wide_launch]
-def wide_split_k(m: int, n: int, k: int, block_m: int, block_n: int) -> int:
-    """v6's K ranges: doubled while the programs still fit the SMs one each (at 8 warps and a
-    register file nearly full, an SM holds one) and each range keeps at least two slices."""
+def wide_split_k(m: int, n: int, k: int, block_m: int, block_n: int, per_sm: int = 1) -> int:
+    """v6's and v7's K ranges: doubled while the programs still fit the SMs, ``per_sm`` each, and
+    each range keeps at least two slices. An SM holds one program of 8 warps (the register file
+    nearly full) and two of 4 (at most half of it, and under half of the shared memory)."""
     sms = INTERPRET_SMS if triton_interpreting() else num_sms(torch.cuda.current_device())
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     split = 1
-    while tiles * split * 2 <= sms and k // TC_BLOCK_K >= 4 * split:
+    while tiles * split * 2 <= sms * per_sm and k // TC_BLOCK_K >= 4 * split:
         split *= 2
     return split
 
@@ -656,13 +660,15 @@ def int4_tc_wide(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor | None = None, split_k: int | None = None, *,
                  block_n: int = 128, block_m: int | None = None, num_warps: int | None = None,
                  num_stages: int = 3) -> torch.Tensor:
-    """v6: y = x @ dequantised(w).T for M <= 256 on the tensor cores, as v5 (the weight as the
+    """v6 (and v7, with ``block_n=64``): y = x @ dequantised(w).T for M <= 256 on the tensor
+    cores, as v5 (the weight as the
     MMA's register operand), with ``block_n`` weight rows per program (64 or 128: one warpgroup
     per 64-row half) and x read in its own k order. G and K multiples of 128. ``block_m``: rows of
     x per program (16 to 128, a power of two; by default the smallest that holds M, at most 128,
     more rows taking more programs); ``num_warps``: 4 or 8, at least one warpgroup per 64 rows
     (default: exactly that); ``split_k``: an int >= 1 or None (the number of K ranges doubled
-    while the programs still fit the SMs one each, each range whole 128-deep slices)."""
+    while the programs still fit the SMs: one program an SM at 8 warps, two at 4; each range
+    whole 128-deep slices)."""
     m, n, k, g = check_tc_call("int4_tc_wide", "v6", WIDE_MAX_M, x, packed, scales, zeros,
                                split_k)
     if not _int_in(block_n, (64, 128)):
@@ -683,7 +689,8 @@ def int4_tc_wide(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         return y
     # a (BLOCK_M, 128) tile of x and a (BLOCK_N, BLOCK_M) fp32 sum: 256 rows spill (compiled)
     block_m = block_m or min(128, max(16, triton.next_power_of_2(m)))
-    split = wide_split_k(m, n, k, block_m, block_n) if split_k is None else split_k
+    per_sm = 2 if num_warps == 4 else 1   # one warpgroup: two programs share an SM
+    split = wide_split_k(m, n, k, block_m, block_n, per_sm) if split_k is None else split_k
     k_per_split = triton.cdiv(k // TC_BLOCK_K, split) * TC_BLOCK_K
     out = y if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     words = packed.view(torch.int32)
@@ -805,6 +812,19 @@ def int4_linear_tc_wide(x, packed, scales, dense=None):
     return int4_gemm(x, packed, scales, split_k=None)
 
 
+# --8<-- [start:pair]
+def int4_linear_tc_pair(x, packed, scales, dense=None):
+    """v7 with the registry's arguments: int4_tc_wide with 64 weight rows a program on one
+    warpgroup (``block_n=64``, 4 warps), two programs an SM, K split for that; otherwise v2, as
+    v6."""
+    refuse_grad("int4_linear_tc_pair", dense, instead="int4_gemm_ref")   # forward-only
+    groups = scales.shape[-1]
+    if x.shape[0] <= WIDE_MAX_M and groups and x.shape[-1] % (TC_BLOCK_K * groups) == 0:
+        return int4_tc_wide(x, packed, scales, block_n=64)
+    return int4_gemm(x, packed, scales, split_k=None)
+# --8<-- [end:pair]
+
+
 def dequant_linear(x, packed, scales, dense=None):
     """v3 with the registry's arguments: dequant_matmul(x, packed, scales)."""
     return dequant_matmul(x, packed, scales)
@@ -858,6 +878,13 @@ int4_gemm_op.add(Impl("v5", int4_linear_tc, "Triton",
 int4_gemm_op.add(Impl("v6", int4_linear_tc_wide, "Triton",
                       "like v5, 128 weight rows a program (two warpgroups), x read in k order "
                       "and relabelled on chip, M <= 256",
+                      (*SOURCES, auto_split_k, _int4_tc_wide_kernel, _relabel_rows,
+                       _unpack_words, _nibble, _sum_splits_kernel, _int_in, wide_split_k,
+                       int4_tc_wide),
+                      device="any", dtypes=_triton_dtypes()))
+int4_gemm_op.add(Impl("v7", int4_linear_tc_pair, "Triton",
+                      "like v6, 64 weight rows a program (one warpgroup): two programs an SM, "
+                      "K split for both",
                       (*SOURCES, auto_split_k, _int4_tc_wide_kernel, _relabel_rows,
                        _unpack_words, _nibble, _sum_splits_kernel, _int_in, wide_split_k,
                        int4_tc_wide),
