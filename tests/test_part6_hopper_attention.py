@@ -48,12 +48,13 @@ CU = REPO_ROOT / "csrc" / ha.CU_FILE
 ALL_KERNELS = {**{f"v1 d{d}": k for d, k in ha.KERNELS.items()},
                **{f"v2 d{d}": k for d, k in ha.PINGPONG_KERNELS.items()},
                **{f"v3 d{d}": k for d, k in ha.OVERLAP_KERNELS.items()},
-               **{f"v4 d{d}": k for d, k in ha.LEAN_KERNELS.items()}}
+               **{f"v4 d{d}": k for d, k in ha.LEAN_KERNELS.items()},
+               **{f"v5 d{d}": k for d, k in ha.PERSIST_KERNELS.items()}}
 ENTRY_POINTS = [ha.flash_fwd_hopper, ha.flash_fwd_hopper_pingpong, ha.flash_fwd_hopper_overlap,
-                ha.flash_fwd_hopper_lean]
+                ha.flash_fwd_hopper_lean, ha.flash_fwd_hopper_persistent]
 BIT_EQUAL_TO_V1 = [ha.flash_fwd_hopper_pingpong, ha.flash_fwd_hopper_overlap]  # steps 2 and 3
 TURN_KERNELS = [*ha.PINGPONG_KERNELS.values(), *ha.OVERLAP_KERNELS.values(),
-                *ha.LEAN_KERNELS.values()]  # steps 2, 3 and 4
+                *ha.LEAN_KERNELS.values(), *ha.PERSIST_KERNELS.values()]  # steps 2 to 5
 NVCC = shutil.which("nvcc")
 requires_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 
@@ -100,7 +101,8 @@ def test_sass_uses_wgmma_tma_and_mbarriers(cubin):
     sass = sass_by_function(cubin[0])
     assert set(sass) == set(ALL_KERNELS.values())
     for d, name in [*ha.KERNELS.items(), *ha.PINGPONG_KERNELS.items(),
-                    *ha.OVERLAP_KERNELS.items(), *ha.LEAN_KERNELS.items()]:
+                    *ha.OVERLAP_KERNELS.items(), *ha.LEAN_KERNELS.items(),
+                    *ha.PERSIST_KERNELS.items()]:
         code = sass[name]
         qk = re.findall(r"HGMMA\.64x128x16\.F32\.BF16 R\d+, gdesc\[UR\d+\]", code)
         pv = re.findall(rf"HGMMA\.64x{d}x16\.F32\.BF16 R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", code)
@@ -343,6 +345,10 @@ def test_constants_match_the_launcher():
     assert (c["BLOCK_M"], c["BLOCK_N"], c["STAGES"]) == (ha.BLOCK_M, ha.BLOCK_N, ha.STAGES)
     assert c["PINGPONG_STAGES"] == ha.PINGPONG_STAGES == ha.STEPS[2][1] == ha.STEPS[3][1]
     assert ha.STEPS[4] == (ha.LEAN_KERNELS, ha.PINGPONG_STAGES, 0)  # step 2's stages, no scratch
+    # step 5: step 4's stages and one more mbarrier (q_empty) after the others
+    assert ha.STEPS[5] == (ha.PERSIST_KERNELS, ha.PINGPONG_STAGES, ha.PERSIST_SCRATCH)
+    assert ha.PERSIST_SCRATCH == c["PERSIST_SCRATCH"] and ha.PERSISTENT_STEPS == (5,)
+    assert set(ha.RAW_MAX_STEPS) == {4, 5}  # step 5's consumers are step 4's
     assert ha.OVERLAP_SCRATCH == c["CONSUMERS"] * c["WG_THREADS"] * 4 == ha.STEPS[3][2]
     assert (c["PANEL_COLS"], c["BOX_ROWS"], c["SWIZZLE_REPEAT"]) == (ha.PANEL_COLS, ha.BOX_ROWS,
                                                                      ha.SWIZZLE_REPEAT)
@@ -359,6 +365,9 @@ def test_constants_match_the_launcher():
         assert f"ha::flash_fwd<{d}, true, true>" in text
         assert re.search(rf"__launch_bounds__\({ha.THREADS}, 1\)\s*{ha.LEAN_KERNELS[d]}\(", text)
         assert f"ha::flash_fwd<{d}, true, false, true>" in text  # PINGPONG and LEAN
+        assert re.search(rf"__launch_bounds__\({ha.THREADS}, 1\)\s*{ha.PERSIST_KERNELS[d]}\(",
+                         text)
+        assert f"ha::flash_fwd_persistent<{d}>" in text
         # Smem<D, NS>::LAUNCH_BYTES: Q + NS x (K + V) + the barriers + the alignment slack
         tile = c["BOX_ROWS"] * d * 2
         for stages in (c["STAGES"], c["PINGPONG_STAGES"]):
@@ -704,7 +713,7 @@ def test_lean_scale_fold_needs_a_positive_scale():
     would subtract each row's smallest scaled score instead: every p up to 2 to the power of the
     row's range, which overflows float32 once that range passes 128 (the softmax, shift
     invariant, hides it below). With it, -scale on -k gives the scaled scores' max exactly."""
-    assert ha.RAW_MAX_STEPS == (4,)
+    assert ha.RAW_MAX_STEPS == (4, 5)  # step 5 runs step 4's consumers
     gen = torch.Generator().manual_seed(1)
     sc = torch.randn(8, 128, generator=gen, dtype=torch.float64)
     for scale in (0.7, -0.7):
@@ -1217,6 +1226,25 @@ def test_later_steps_are_v1_bit_for_bit(fn, s, d, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", ha.HEAD_DIMS)
+@pytest.mark.parametrize("b, h, s", [(2, 3, 1), (2, 3, 129), (2, 3, 2049), (4, 32, 300),
+                                     (3, 70, 1030), (1, 1, 16384)])
+def test_persistent_is_step4_bit_for_bit(b, h, s, d, causal):
+    """Step 5 runs step 4's consumer on every tile, only in another grid: o and lse must be step
+    4's exactly. The sizes give the blocks one tile (B * H * blocks of S under the SMs) to several
+    (4 x 32 x 3 = 384 tiles; 3 x 70 x 9 = 1890 of ragged S, causal ones of 1 to 9 key tiles), so
+    the K / V ring's phases and Q's reload run on across tiles."""
+    _skip_unless_sm90()
+    q, k, v = _inputs(b, h, s, d, seed=b * 31 + h + s + d + causal)
+    o4, lse4 = ha.flash_fwd_hopper_lean(q, k, v, causal)
+    o, lse = ha.flash_fwd_hopper_persistent(q, k, v, causal)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(o, o4, rtol=0, atol=0)
+    torch.testing.assert_close(lse, lse4, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fn", ENTRY_POINTS, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("d", ha.HEAD_DIMS)
 def test_pv_operand_layout(d, fn):
@@ -1296,3 +1324,34 @@ def test_misaligned_view_is_refused_on_gpu(fn):
     q = flat[1:].view(1, 1, 64, 64)
     with pytest.raises(ValueError, match="16-byte aligned"):
         fn(q, q.clone(), q.clone())
+
+
+def _work_tile(w: int, m_blocks: int, causal: bool) -> tuple[int, int]:
+    """flash_fwd.cu's work_tile, transcribed: (query block, plane) of tile w."""
+    r = w % m_blocks
+    return (m_blocks - 1 - r if causal else r), w // m_blocks
+
+
+def test_persistent_work_list_is_the_grid():
+    """The transcribed work list: the blocks of a persistent grid of min(tiles, SMs) take every
+    (query block, plane) exactly once; the tiles that run at once (one round of the grid) span few
+    planes, so their K and V stay in L2 as with steps 1-4's grid; with the mask, each plane's
+    longest block comes first."""
+    text = CU.read_text()
+    assert "const int r = w % m_blocks;" in text and "mb = causal ? m_blocks - 1 - r : r;" in text
+    assert "plane = w / m_blocks;" in text
+    assert "for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++j)" in text
+    for s, planes, sms in ((1, 1, 132), (300, 2 * 3, 132), (4096, 4 * 32, 132), (1030, 210, 78)):
+        m_blocks = -(-s // ha.BLOCK_M)
+        tiles = m_blocks * planes
+        grid = min(tiles, sms)
+        for causal in (False, True):
+            seen = [_work_tile(w, m_blocks, causal) for blk in range(grid)
+                    for w in range(blk, tiles, grid)]
+            assert sorted(seen) == [(mb, p) for mb in range(m_blocks) for p in range(planes)]
+            first = [_work_tile(w, m_blocks, causal)[0] for w in range(0, tiles, m_blocks)]
+            assert set(first) == {m_blocks - 1 if causal else 0}
+            for start in range(0, tiles, grid):  # one round of the grid
+                now = {_work_tile(w, m_blocks, causal)[1] for w in range(start,
+                                                                          min(start + grid, tiles))}
+                assert len(now) <= -(-grid // m_blocks) + 1

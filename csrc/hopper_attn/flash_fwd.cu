@@ -28,6 +28,12 @@
 // per score before ex2.approx (one MUFU.EX2, no range fix-up), the mask only on the last tile, and
 // O's rescale skipped when no row of the warp changed its maximum. Not bit-equal to steps 1-3.
 //
+// Step 5 (the kernels hopper_flash_fwd_persist_d*): step 4's consumers in a persistent grid, one
+// block per SM looping over (128 query rows, head, batch) tiles. The producer loads the next tile's
+// Q as soon as both consumers have issued their last Q K^T of the current one (a q_empty
+// mbarrier), so that tile's Q and first K / V tiles arrive while the consumers finish P V and write
+// O; the K / V ring and its phases run on across tiles. Bit-equal to step 4.
+//
 // Shared memory holds every tile in the layout TMA's 128-byte swizzle writes: a row of D bf16 is
 // D * 2 bytes, more than the swizzle's 128-byte span when D = 128, so each tile is D / 64 panels
 // of 64 columns, one TMA box (64 columns x 128 rows, 16 KB) each.
@@ -73,6 +79,8 @@ constexpr int PINGPONG_THREADS = CONSUMERS * WG_THREADS;  // 256: 128 arrive, 12
 constexpr int PINGPONG_FIRST = 0;       // the consumer whose turn comes first
 // Step 3: a 4-byte word of shared memory per consumer thread, after the barriers (pin_softmax)
 constexpr int OVERLAP_SCRATCH = CONSUMERS * WG_THREADS * 4;
+// Step 5: one more mbarrier after the others, q_empty (the consumers' last reads of Q's tile)
+constexpr int PERSIST_SCRATCH = 8;
 
 // Shared memory of a head dim: Q's tile, then NS x (K's tile, V's tile), then the barriers, then
 // SCRATCH_BYTES of scratch (step 3's only)
@@ -106,6 +114,7 @@ static_assert(Smem<128, PINGPONG_STAGES>::LAUNCH_BYTES <= 227 * 1024,
               "step 2's Q and three K / V stages must fit 227 KB of shared memory");
 static_assert(Smem<128, PINGPONG_STAGES, OVERLAP_SCRATCH>::LAUNCH_BYTES <= 227 * 1024,
               "step 3's scratch words must fit beside step 2's tiles");
+static_assert(PERSIST_SCRATCH <= OVERLAP_SCRATCH, "step 5's q_empty fits where step 3's words do");
 }  // namespace ha
 // --8<-- [end:constants]
 
@@ -348,17 +357,19 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 2], const uint32_t (&a)[
 
 // --8<-- [start:producer]
 // The producer: one thread loads Q's tile once, then key tile t into stage t % NS, after the
-// consumers have released that stage's previous tile (t - NS).
+// consumers have released that stage's previous tile (t - NS). g0 (step 5): the key tiles this
+// block loaded for its earlier tiles, where the ring's count starts (0 otherwise).
 template <int D, int NS = STAGES>
 __device__ __forceinline__ void produce(uint32_t base, uint32_t q_full, uint32_t full,
                                         uint32_t empty, const uint8_t* tmaps, int q_row,
-                                        int plane, int n_tiles) {
+                                        int plane, int n_tiles, int g0 = 0) {
     using L = Smem<D, NS>;
     mbar_arrive_expect_tx(q_full, L::TILE_BYTES);
     load_tile<D>(base + L::Q, tmaps, q_full, q_row, plane);
     for (int t = 0; t < n_tiles; ++t) {
-        const uint32_t s = t % NS, kv = base + L::KV + s * L::STAGE;
-        if (t >= NS) mbar_wait(empty + 8 * s, (t / NS - 1) & 1);
+        const int g = g0 + t;
+        const uint32_t s = g % NS, kv = base + L::KV + s * L::STAGE;
+        if (g >= NS) mbar_wait(empty + 8 * s, (g / NS - 1) & 1);
         mbar_arrive_expect_tx(full + 8 * s, 2 * L::TILE_BYTES);  // K's tile and V's
         load_tile<D>(kv, tmaps + TMAP_BYTES, full + 8 * s, t * BLOCK_N, plane);
         load_tile<D>(kv + L::TILE_BYTES, tmaps + 2 * TMAP_BYTES, full + 8 * s, t * BLOCK_N,
@@ -741,11 +752,16 @@ __device__ __forceinline__ void turn_pass(int c) {
 // V of tile t - 1 is read in turn t, a turn later than in v1, so step 2 runs PINGPONG_STAGES = 3
 // stages: the load of tile t + 1 waits for the release of tile t - 2 (in turn t - 1), not of tile
 // t - 1 (in turn t, one softmax before tile t + 1 is needed).
-template <int D, bool LEAN = false>
+//
+// Step 5 (PERSIST) runs this for each of its block's tiles: g0 is where the K / V ring's count
+// starts (the key tiles of the block's earlier tiles), j the tile's number in the block (the
+// parity of q_full), and each warp arrives on q_empty once its last Q K^T is done.
+template <int D, bool LEAN = false, bool PERSIST = false>
 __device__ __forceinline__ void consume_pingpong(uint32_t base, uint32_t q_full, uint32_t full,
                                                  uint32_t empty, int c, int n_tiles, int S,
                                                  int m0, bool causal, float scale_log2,
-                                                 __nv_bfloat16* O, float* Lse, size_t bh_row) {
+                                                 __nv_bfloat16* O, float* Lse, size_t bh_row,
+                                                 int g0 = 0, int j = 0, uint32_t q_empty = 0) {
     using L = Smem<D, PINGPONG_STAGES>;
     const int t_wg = threadIdx.x % WG_THREADS, warp = t_wg / 32, lane = t_wg % 32;
     const int q0 = m0 + 64 * c + 16 * warp + lane / 4;  // this thread's row 0; row 1 is q0 + 8
@@ -753,7 +769,7 @@ __device__ __forceinline__ void consume_pingpong(uint32_t base, uint32_t q_full,
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
     uint32_t p[BLOCK_N / 4];  // P of tile t - 1: the A operand of turn t's P V
-    mbar_wait(q_full, 0);
+    mbar_wait(q_full, j & 1);
     const uint32_t q_tile = base + L::Q + c * 64 * ROW_BYTES;  // this consumer's 64 rows of Q
     if (c != PINGPONG_FIRST) turn_pass(c);  // the first turn is the other consumer's
 
@@ -761,23 +777,28 @@ __device__ __forceinline__ void consume_pingpong(uint32_t base, uint32_t q_full,
     float sc[BLOCK_N / 2];
 #pragma unroll
     for (int i = 0; i < BLOCK_N / 2; ++i) sc[i] = 0.0f;
-    mbar_wait(full, 0);  // before the turn, not in it: a turn only issues
+    const uint32_t s0 = g0 % PINGPONG_STAGES;
+    mbar_wait(full + 8 * s0, (g0 / PINGPONG_STAGES) & 1);  // before the turn: a turn only issues
     turn_wait(c);
-    qk_issue<D>(sc, q_tile, base + L::KV);
+    qk_issue<D>(sc, q_tile, base + L::KV + s0 * L::STAGE);
     turn_pass(c);  // n_tiles >= 1: never the last turn
     wgmma_wait<0>();
     fence_regs(sc);
+    if constexpr (PERSIST) {
+        if (n_tiles == 1 && lane == 0) mbar_arrive(q_empty);  // this warp's last read of Q
+    }
     tile_softmax<D, LEAN>(sc, o, m, l, scale_log2, n_tiles == 1, 0, q0, S, causal);
     pack_p(p, sc);
 
     // Turns 1 .. n_tiles - 1: P_{t-1} V_{t-1}, then S_t
     for (int t = 1; t < n_tiles; ++t) {
-        const uint32_t s = t % PINGPONG_STAGES, k_tile = base + L::KV + s * L::STAGE;
-        const uint32_t s_prev = (t - 1) % PINGPONG_STAGES;
+        const int g = g0 + t;
+        const uint32_t s = g % PINGPONG_STAGES, k_tile = base + L::KV + s * L::STAGE;
+        const uint32_t s_prev = (g - 1) % PINGPONG_STAGES;
         const uint32_t v_prev = base + L::KV + s_prev * L::STAGE + L::TILE_BYTES;
 #pragma unroll
         for (int i = 0; i < BLOCK_N / 2; ++i) sc[i] = 0.0f;
-        mbar_wait(full + 8 * s, (t / PINGPONG_STAGES) & 1);
+        mbar_wait(full + 8 * s, (g / PINGPONG_STAGES) & 1);
         turn_wait(c);
         pv_issue<D>(o, p, v_prev);
         qk_issue<D>(sc, q_tile, k_tile);
@@ -787,13 +808,16 @@ __device__ __forceinline__ void consume_pingpong(uint32_t base, uint32_t q_full,
         fence_regs(p);
         fence_regs(sc);
         if (lane == 0) mbar_arrive(empty + 8 * s_prev);  // this warp is done with tile t - 1
+        if constexpr (PERSIST) {
+            if (t == n_tiles - 1 && lane == 0) mbar_arrive(q_empty);  // its last read of Q
+        }
         tile_softmax<D, LEAN>(sc, o, m, l, scale_log2, t == n_tiles - 1, t * BLOCK_N, q0, S,
                               causal);
         pack_p(p, sc);
     }
 
     // Turn n_tiles: P V of the last tile; the last consumer hands no turn on
-    const uint32_t s_last = (n_tiles - 1) % PINGPONG_STAGES;
+    const uint32_t s_last = (g0 + n_tiles - 1) % PINGPONG_STAGES;
     turn_wait(c);
     pv_issue<D>(o, p, base + L::KV + s_last * L::STAGE + L::TILE_BYTES);
     if (c == PINGPONG_FIRST) turn_pass(c);
@@ -954,6 +978,69 @@ __device__ __forceinline__ void flash_fwd(const uint8_t* tmaps, __nv_bfloat16* O
                        scale_log2, O, Lse, bh_row);
     }
 }
+// --8<-- [start:persist]
+// Step 5's work list: tile w of the m_blocks x planes tiles is query block w % m_blocks of plane
+// (b * H + h) w / m_blocks, so the blocks that run at once share a few heads' K and V in L2, as
+// the grid of steps 1-4 does; with the causal mask the longest query block of a plane comes first.
+__device__ __forceinline__ void work_tile(int w, int m_blocks, bool causal, int& mb, int& plane) {
+    const int r = w % m_blocks;
+    mb = causal ? m_blocks - 1 - r : r;
+    plane = w / m_blocks;
+}
+
+// Grid (min(tiles, SMs)): block i takes tiles i, i + gridDim.x, ... planes = B * H.
+template <int D>
+__device__ __forceinline__ void flash_fwd_persistent(const uint8_t* tmaps, __nv_bfloat16* O,
+                                                     float* Lse, int S, float scale_log2,
+                                                     int causal, int planes) {
+    constexpr int NS = PINGPONG_STAGES;
+    using L = Smem<D, NS, PERSIST_SCRATCH>;
+    extern __shared__ uint8_t smem[];
+    const uint32_t base = align_up(smem_u32(smem), SWIZZLE_REPEAT);
+    const uint32_t q_full = base + L::BARRIERS, full = q_full + 8, empty = full + 8 * NS;
+    const uint32_t q_empty = base + L::SCRATCH;
+    const int m_blocks = (S + BLOCK_M - 1) / BLOCK_M, key_tiles = (S + BLOCK_N - 1) / BLOCK_N;
+    const int n_work = m_blocks * planes;
+
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 3; ++i) tmap_acquire(tmaps + i * TMAP_BYTES);
+        mbar_init(q_full, 1);
+        for (int s = 0; s < NS; ++s) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, CONSUMERS * WG_THREADS / 32);
+        }
+        mbar_init(q_empty, CONSUMERS * WG_THREADS / 32);  // every consumer warp, once a tile
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    const int wg = threadIdx.x / WG_THREADS;
+    int g = 0, j = 0;  // key tiles and tiles this block has had so far
+    if (wg == 0) {
+        regs_dec<PRODUCER_REGS>();
+        if (threadIdx.x != 0) return;
+        for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++j) {
+            int mb, plane;
+            work_tile(w, m_blocks, causal != 0, mb, plane);
+            const int n_tiles = causal ? min(key_tiles, mb + 1) : key_tiles;
+            if (j > 0) mbar_wait(q_empty, (j - 1) & 1);  // Q's tile is free again
+            produce<D, NS>(base, q_full, full, empty, tmaps, mb * BLOCK_M, plane, n_tiles, g);
+            g += n_tiles;
+        }
+    } else {
+        regs_inc<CONSUMER_REGS>();
+        for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++j) {
+            int mb, plane;
+            work_tile(w, m_blocks, causal != 0, mb, plane);
+            const int n_tiles = causal ? min(key_tiles, mb + 1) : key_tiles;
+            consume_pingpong<D, true, true>(base, q_full, full, empty, wg - 1, n_tiles, S,
+                                            mb * BLOCK_M, causal != 0, scale_log2, O, Lse,
+                                            size_t(plane) * S, g, j, q_empty);
+            g += n_tiles;
+        }
+    }
+}
+// --8<-- [end:persist]
 }  // namespace ha
 #endif  // HA_SM90A
 
@@ -1036,6 +1123,29 @@ hopper_flash_fwd_lean_d128(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __r
                            float* __restrict__ Lse, int S, float scale_log2, int causal) {
 #if HA_SM90A
     ha::flash_fwd<128, true, false, true>(tmaps, O, Lse, S, scale_log2, causal);
+#else
+    __trap();
+#endif
+}
+
+// Step 5: step 4's consumers in a persistent grid of min(tiles, SMs) blocks; planes = B * H
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_fwd_persist_d64(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ O,
+                             float* __restrict__ Lse, int S, float scale_log2, int causal,
+                             int planes) {
+#if HA_SM90A
+    ha::flash_fwd_persistent<64>(tmaps, O, Lse, S, scale_log2, causal, planes);
+#else
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_fwd_persist_d128(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ O,
+                              float* __restrict__ Lse, int S, float scale_log2, int causal,
+                              int planes) {
+#if HA_SM90A
+    ha::flash_fwd_persistent<128>(tmaps, O, Lse, S, scale_log2, causal, planes);
 #else
     __trap();
 #endif

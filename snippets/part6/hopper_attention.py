@@ -1,6 +1,7 @@
 """FlashAttention's forward on Hopper: step 1 (TMA, mbarriers and ``wgmma``, written by hand),
 step 2 (the two consumer warpgroups ping-pong), step 3 (each warpgroup's softmax overlaps its
-own P V product) and step 4 (step 2 with fewer instructions per tile in the softmax).
+own P V product), step 4 (step 2 with fewer instructions per tile in the softmax) and step 5
+(step 4 in a persistent grid).
 
 ``o = softmax(q k^T * scale) v`` for bf16 q, k, v of shape (B, H, S, D) with D = 64 or 128, the same
 S for queries and keys, with or without the causal mask (query i sees keys j <= i), and the row
@@ -18,7 +19,11 @@ in two ``wgmma`` groups, and the softmax runs after ``wgmma.wait_group 1`` (the 
 while P V is still on the tensor cores. Step 4 (``flash_fwd_hopper_lean``) is step 2's kernel with
 ``LEAN``: the row max on raw scores, one FFMA and one ``ex2.approx`` per score, the mask on the
 last tile only, O's rescale skipped when no row of a warp changed its max; its output is within
-the same tolerance of the float64 reference, not step 1's bits.
+the same tolerance of the float64 reference, not step 1's bits. Step 5
+(``flash_fwd_hopper_persistent``) runs step 4's consumers in a grid of one block per SM, each
+looping over tiles (a query block of one head) with the K / V ring running on across them; the
+next tile's Q is loaded once both consumers have issued their last Q K^T of the current tile.
+Step 4's bits.
 
 This module checks the inputs, builds the three TMA tensor maps (Q, K and V viewed as 3-D
 (B*H, S, D) tensors, boxes of 64 columns x 128 rows x one head with the 128-byte swizzle: a 128-wide
@@ -62,6 +67,8 @@ KERNELS = {64: "hopper_flash_fwd_d64", 128: "hopper_flash_fwd_d128"}
 PINGPONG_KERNELS = {64: "hopper_flash_fwd_pingpong_d64", 128: "hopper_flash_fwd_pingpong_d128"}
 OVERLAP_KERNELS = {64: "hopper_flash_fwd_overlap_d64", 128: "hopper_flash_fwd_overlap_d128"}
 LEAN_KERNELS = {64: "hopper_flash_fwd_lean_d64", 128: "hopper_flash_fwd_lean_d128"}
+PERSIST_KERNELS = {64: "hopper_flash_fwd_persist_d64", 128: "hopper_flash_fwd_persist_d128"}
+PERSIST_SCRATCH = 8  # step 5: one more mbarrier, q_empty
 OVERLAP_SCRATCH = 256 * 4  # step 3: a word of shared memory per consumer thread (pin_softmax)
 PINGPONG_BARRIERS = (1, 2)  # the named barrier consumer 0, 1 waits on for its turn
 PINGPONG_THREADS = 256  # each counts both consumer warpgroups
@@ -200,11 +207,14 @@ def kernel(name: str, device_index: int):
 # What a step changes on the host: its kernels, its K / V stages and its scratch (shared memory)
 STEPS = {1: (KERNELS, STAGES, 0), 2: (PINGPONG_KERNELS, PINGPONG_STAGES, 0),
          3: (OVERLAP_KERNELS, PINGPONG_STAGES, OVERLAP_SCRATCH),
-         4: (LEAN_KERNELS, PINGPONG_STAGES, 0)}
+         4: (LEAN_KERNELS, PINGPONG_STAGES, 0),
+         5: (PERSIST_KERNELS, PINGPONG_STAGES, PERSIST_SCRATCH)}
+# Steps whose grid is one block per SM (at most), each looping over tiles; their kernels take B * H
+PERSISTENT_STEPS = (5,)
 # Steps whose kernels take the row max on the raw scores, which commutes with the scale only when
 # the scale is >= 0: a negative scale runs as -scale on -k (the same scores: negating a bf16
 # operand negates every product and sum exactly)
-RAW_MAX_STEPS = (4,)
+RAW_MAX_STEPS = (4, 5)
 
 
 def launch_step(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -229,11 +239,14 @@ def launch_step(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch
     smem = smem_bytes(d, stages, scratch)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem  # above 48 KB needs the opt-in
+    args = (tmaps, o, lse, np.int32(s), np.float32(scale * LOG2E), np.int32(causal))
     grid = (-(-s // BLOCK_M), h, b)
+    if step in PERSISTENT_STEPS:
+        tiles = grid[0] * h * b  # < 2**31: check_hopper_attention bounds B * H * S
+        grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count), 1, 1)
+        args += (np.int32(b * h),)
     with torch.cuda.device(q.device):
-        cuda.launch(fn, grid, THREADS,
-                    (tmaps, o, lse, np.int32(s), np.float32(scale * LOG2E), np.int32(causal)),
-                    shared_mem=smem)
+        cuda.launch(fn, grid, THREADS, args, shared_mem=smem)
     return o, lse
 
 
@@ -269,6 +282,15 @@ def flash_fwd_hopper_lean(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``ex2.approx.ftz``, the mask on the last tile only, O's rescale skipped when no row of a warp
     changed its max). Not step 1's bits: within the float64 reference's tolerance."""
     return launch_step(4, "flash_fwd_hopper_lean", q, k, v, causal, scale)
+
+
+def flash_fwd_hopper_persistent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                causal: bool = False,
+                                scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 5: step 4 (same checks, same outputs, the same bits) in a persistent grid: one block
+    per SM at most, each looping over (query block, head) tiles, the next tile's Q and first K / V
+    tiles loaded while the current one finishes."""
+    return launch_step(5, "flash_fwd_hopper_persistent", q, k, v, causal, scale)
 # --8<-- [end:launch]
 
 
@@ -325,6 +347,12 @@ def hopper_attention_v4(q, k, v, causal=False):
     exponent's FFMA, ex2.approx, the mask on the last tile only, O's rescale skipped when no row
     max moved); the output only."""
     return flash_fwd_hopper_lean(q, k, v, causal)[0]
+
+
+def hopper_attention_v5(q, k, v, causal=False):
+    """v5: v4 in a persistent grid (a block per SM looping over tiles, the next tile's loads under
+    the current one's end); the output only."""
+    return flash_fwd_hopper_persistent(q, k, v, causal)[0]
 
 
 def reference_output(q, k, v, causal=False):
@@ -395,4 +423,9 @@ hopper_attention_fwd.add(Impl("v4", hopper_attention_v4, "CUDA",
                               "like v2, fewer instructions per tile: scale folded into the "
                               "exponent's FFMA, ex2.approx, mask and O rescale only when needed",
                               (flash_fwd_hopper_lean, *_STEP_SOURCES), device="cuda",
+                              dtypes=(torch.bfloat16,), requires=needs_sm90))
+hopper_attention_fwd.add(Impl("v5", hopper_attention_v5, "CUDA",
+                              "like v4, in a persistent grid: a block per SM loops over tiles, "
+                              "the next tile's Q and K/V loaded under the current one's end",
+                              (flash_fwd_hopper_persistent, *_STEP_SOURCES), device="cuda",
                               dtypes=(torch.bfloat16,), requires=needs_sm90))
