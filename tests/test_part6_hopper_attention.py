@@ -27,6 +27,7 @@ it is held to the float64 reference like the other steps, not to v1's bits."""
 from __future__ import annotations
 
 import math
+import random
 import re
 import shutil
 import subprocess
@@ -1332,26 +1333,36 @@ def _work_tile(w: int, m_blocks: int, causal: bool) -> tuple[int, int]:
     return (m_blocks - 1 - r if causal else r), w // m_blocks
 
 
-def test_persistent_work_list_is_the_grid():
-    """The transcribed work list: the blocks of a persistent grid of min(tiles, SMs) take every
-    (query block, plane) exactly once; the tiles that run at once (one round of the grid) span few
-    planes, so their K and V stay in L2 as with steps 1-4's grid; with the mask, each plane's
-    longest block comes first."""
+def test_persistent_work_list_covers_every_tile_once():
+    """The transcribed work list and scheduler: block i starts with tile i and then takes
+    gridDim.x + atomicAdd(next, 1) until that passes the last tile (then -1: stop). Whatever order
+    the blocks ask in (random here), every (query block, plane) is computed exactly once and every
+    block stops; consecutive tiles, which run at the same time, span few planes (K and V stay in
+    L2, as with steps 1-4's grid); with the mask, each plane's longest block comes first."""
     text = CU.read_text()
     assert "const int r = w % m_blocks;" in text and "mb = causal ? m_blocks - 1 - r : r;" in text
-    assert "plane = w / m_blocks;" in text
-    assert "for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++j)" in text
+    assert "plane = w / m_blocks;" in text and "int w = blockIdx.x;" in text
+    assert "w = gridDim.x + atomicAdd(next, 1);" in text
+    assert "const int tile = w < n_work ? w : -1;" in text
+    rng = random.Random(0)
     for s, planes, sms in ((1, 1, 132), (300, 2 * 3, 132), (4096, 4 * 32, 132), (1030, 210, 78)):
         m_blocks = -(-s // ha.BLOCK_M)
         tiles = m_blocks * planes
         grid = min(tiles, sms)
         for causal in (False, True):
-            seen = [_work_tile(w, m_blocks, causal) for blk in range(grid)
-                    for w in range(blk, tiles, grid)]
+            counter, seen, stopped = 0, [], set()
+            nxt = list(range(grid))  # each block's next tile
+            while len(stopped) < grid:
+                blk = rng.choice([i for i in range(grid) if i not in stopped])
+                if nxt[blk] >= tiles:
+                    stopped.add(blk)
+                    continue
+                seen.append(_work_tile(nxt[blk], m_blocks, causal))
+                nxt[blk], counter = grid + counter, counter + 1
             assert sorted(seen) == [(mb, p) for mb in range(m_blocks) for p in range(planes)]
             first = [_work_tile(w, m_blocks, causal)[0] for w in range(0, tiles, m_blocks)]
             assert set(first) == {m_blocks - 1 if causal else 0}
-            for start in range(0, tiles, grid):  # one round of the grid
+            for start in range(0, tiles, grid):  # a window of as many tiles as blocks
                 now = {_work_tile(w, m_blocks, causal)[1] for w in range(start,
                                                                           min(start + grid, tiles))}
                 assert len(now) <= -(-grid // m_blocks) + 1

@@ -29,10 +29,11 @@
 // O's rescale skipped when no row of the warp changed its maximum. Not bit-equal to steps 1-3.
 //
 // Step 5 (the kernels hopper_flash_fwd_persist_d*): step 4's consumers in a persistent grid, one
-// block per SM looping over (128 query rows, head, batch) tiles. The producer loads the next tile's
-// Q as soon as both consumers have issued their last Q K^T of the current one (a q_empty
-// mbarrier), so that tile's Q and first K / V tiles arrive while the consumers finish P V and write
-// O; the K / V ring and its phases run on across tiles. Bit-equal to step 4.
+// block per SM looping over (128 query rows, head, batch) tiles, each block's next tile taken from
+// a global counter (atomicAdd) as it frees up. The producer loads the next tile's Q as soon as
+// both consumers have issued their last Q K^T of the current one (a q_empty mbarrier), so that
+// tile's Q and first K / V tiles arrive while the consumers finish P V and write O; the K / V ring
+// and its phases run on across tiles. Bit-equal to step 4.
 //
 // Shared memory holds every tile in the layout TMA's 128-byte swizzle writes: a row of D bf16 is
 // D * 2 bytes, more than the swizzle's 128-byte span when D = 128, so each tile is D / 64 panels
@@ -79,8 +80,9 @@ constexpr int PINGPONG_THREADS = CONSUMERS * WG_THREADS;  // 256: 128 arrive, 12
 constexpr int PINGPONG_FIRST = 0;       // the consumer whose turn comes first
 // Step 3: a 4-byte word of shared memory per consumer thread, after the barriers (pin_softmax)
 constexpr int OVERLAP_SCRATCH = CONSUMERS * WG_THREADS * 4;
-// Step 5: one more mbarrier after the others, q_empty (the consumers' last reads of Q's tile)
-constexpr int PERSIST_SCRATCH = 8;
+// Step 5: one more mbarrier after the others, q_empty (the consumers' last reads of Q's tile),
+// and the number of the block's current tile (4 bytes, padded to 8)
+constexpr int PERSIST_SCRATCH = 16;
 
 // Shared memory of a head dim: Q's tile, then NS x (K's tile, V's tile), then the barriers, then
 // SCRATCH_BYTES of scratch (step 3's only)
@@ -988,17 +990,20 @@ __device__ __forceinline__ void work_tile(int w, int m_blocks, bool causal, int&
     plane = w / m_blocks;
 }
 
-// Grid (min(tiles, SMs)): block i takes tiles i, i + gridDim.x, ... planes = B * H.
+// Grid (min(tiles, SMs)): block i starts with tile i; every later tile goes to the block that asks
+// first, gridDim.x + atomicAdd(next, 1) (next: a zeroed int per launch), so a block that drew short
+// causal tiles takes more of them. planes = B * H. The producer writes the tile's number (-1: no
+// more) to shared memory before it arrives on q_full; the consumers read it after their wait.
 template <int D>
 __device__ __forceinline__ void flash_fwd_persistent(const uint8_t* tmaps, __nv_bfloat16* O,
                                                      float* Lse, int S, float scale_log2,
-                                                     int causal, int planes) {
+                                                     int causal, int planes, int* next) {
     constexpr int NS = PINGPONG_STAGES;
     using L = Smem<D, NS, PERSIST_SCRATCH>;
     extern __shared__ uint8_t smem[];
     const uint32_t base = align_up(smem_u32(smem), SWIZZLE_REPEAT);
     const uint32_t q_full = base + L::BARRIERS, full = q_full + 8, empty = full + 8 * NS;
-    const uint32_t q_empty = base + L::SCRATCH;
+    const uint32_t q_empty = base + L::SCRATCH, tile_slot = q_empty + 8;
     const int m_blocks = (S + BLOCK_M - 1) / BLOCK_M, key_tiles = (S + BLOCK_N - 1) / BLOCK_N;
     const int n_work = m_blocks * planes;
 
@@ -1015,23 +1020,35 @@ __device__ __forceinline__ void flash_fwd_persistent(const uint8_t* tmaps, __nv_
     __syncthreads();
 
     const int wg = threadIdx.x / WG_THREADS;
-    int g = 0, j = 0;  // key tiles and tiles this block has had so far
+    int g = 0;  // key tiles this block has had so far: the K / V ring's count
     if (wg == 0) {
         regs_dec<PRODUCER_REGS>();
         if (threadIdx.x != 0) return;
-        for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++j) {
+        int w = blockIdx.x;
+        for (int j = 0;; ++j) {
+            if (j > 0) mbar_wait(q_empty, (j - 1) & 1);  // Q's tile and the slot are free again
+            const int tile = w < n_work ? w : -1;
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(tile_slot), "r"(tile) : "memory");
+            if (tile < 0) {
+                mbar_arrive(q_full);  // the last phase: no bytes, the consumers stop
+                break;
+            }
+            w = gridDim.x + atomicAdd(next, 1);  // the next tile, asked for before it is needed
             int mb, plane;
-            work_tile(w, m_blocks, causal != 0, mb, plane);
+            work_tile(tile, m_blocks, causal != 0, mb, plane);
             const int n_tiles = causal ? min(key_tiles, mb + 1) : key_tiles;
-            if (j > 0) mbar_wait(q_empty, (j - 1) & 1);  // Q's tile is free again
             produce<D, NS>(base, q_full, full, empty, tmaps, mb * BLOCK_M, plane, n_tiles, g);
             g += n_tiles;
         }
     } else {
         regs_inc<CONSUMER_REGS>();
-        for (int w = blockIdx.x; w < n_work; w += gridDim.x, ++j) {
+        for (int j = 0;; ++j) {
+            mbar_wait(q_full, j & 1);
+            int tile;
+            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(tile) : "r"(tile_slot) : "memory");
+            if (tile < 0) break;
             int mb, plane;
-            work_tile(w, m_blocks, causal != 0, mb, plane);
+            work_tile(tile, m_blocks, causal != 0, mb, plane);
             const int n_tiles = causal ? min(key_tiles, mb + 1) : key_tiles;
             consume_pingpong<D, true, true>(base, q_full, full, empty, wg - 1, n_tiles, S,
                                             mb * BLOCK_M, causal != 0, scale_log2, O, Lse,
@@ -1128,13 +1145,14 @@ hopper_flash_fwd_lean_d128(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __r
 #endif
 }
 
-// Step 5: step 4's consumers in a persistent grid of min(tiles, SMs) blocks; planes = B * H
+// Step 5: step 4's consumers in a persistent grid of min(tiles, SMs) blocks; planes = B * H, next
+// a zeroed int (the tile counter)
 extern "C" __global__ void __launch_bounds__(384, 1)
 hopper_flash_fwd_persist_d64(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ O,
                              float* __restrict__ Lse, int S, float scale_log2, int causal,
-                             int planes) {
+                             int planes, int* __restrict__ next) {
 #if HA_SM90A
-    ha::flash_fwd_persistent<64>(tmaps, O, Lse, S, scale_log2, causal, planes);
+    ha::flash_fwd_persistent<64>(tmaps, O, Lse, S, scale_log2, causal, planes, next);
 #else
     __trap();
 #endif
@@ -1143,9 +1161,9 @@ hopper_flash_fwd_persist_d64(const uint8_t* __restrict__ tmaps, __nv_bfloat16* _
 extern "C" __global__ void __launch_bounds__(384, 1)
 hopper_flash_fwd_persist_d128(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ O,
                               float* __restrict__ Lse, int S, float scale_log2, int causal,
-                              int planes) {
+                              int planes, int* __restrict__ next) {
 #if HA_SM90A
-    ha::flash_fwd_persistent<128>(tmaps, O, Lse, S, scale_log2, causal, planes);
+    ha::flash_fwd_persistent<128>(tmaps, O, Lse, S, scale_log2, causal, planes, next);
 #else
     __trap();
 #endif

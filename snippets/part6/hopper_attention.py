@@ -21,9 +21,9 @@ while P V is still on the tensor cores. Step 4 (``flash_fwd_hopper_lean``) is st
 last tile only, O's rescale skipped when no row of a warp changed its max; its output is within
 the same tolerance of the float64 reference, not step 1's bits. Step 5
 (``flash_fwd_hopper_persistent``) runs step 4's consumers in a grid of one block per SM, each
-looping over tiles (a query block of one head) with the K / V ring running on across them; the
-next tile's Q is loaded once both consumers have issued their last Q K^T of the current tile.
-Step 4's bits.
+looping over tiles (a query block of one head) with the K / V ring running on across them, each
+block's next tile taken from a global counter as it frees up; the next tile's Q is loaded once
+both consumers have issued their last Q K^T of the current tile. Step 4's bits.
 
 This module checks the inputs, builds the three TMA tensor maps (Q, K and V viewed as 3-D
 (B*H, S, D) tensors, boxes of 64 columns x 128 rows x one head with the 128-byte swizzle: a 128-wide
@@ -68,7 +68,7 @@ PINGPONG_KERNELS = {64: "hopper_flash_fwd_pingpong_d64", 128: "hopper_flash_fwd_
 OVERLAP_KERNELS = {64: "hopper_flash_fwd_overlap_d64", 128: "hopper_flash_fwd_overlap_d128"}
 LEAN_KERNELS = {64: "hopper_flash_fwd_lean_d64", 128: "hopper_flash_fwd_lean_d128"}
 PERSIST_KERNELS = {64: "hopper_flash_fwd_persist_d64", 128: "hopper_flash_fwd_persist_d128"}
-PERSIST_SCRATCH = 8  # step 5: one more mbarrier, q_empty
+PERSIST_SCRATCH = 16  # step 5: one more mbarrier (q_empty) and the current tile's number
 OVERLAP_SCRATCH = 256 * 4  # step 3: a word of shared memory per consumer thread (pin_softmax)
 PINGPONG_BARRIERS = (1, 2)  # the named barrier consumer 0, 1 waits on for its turn
 PINGPONG_THREADS = 256  # each counts both consumer warpgroups
@@ -244,7 +244,8 @@ def launch_step(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch
     if step in PERSISTENT_STEPS:
         tiles = grid[0] * h * b  # < 2**31: check_hopper_attention bounds B * H * S
         grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count), 1, 1)
-        args += (np.int32(b * h),)
+        # the tile counter the blocks take their next tiles from: zeroed for every launch
+        args += (np.int32(b * h), torch.zeros(1, dtype=torch.int32, device=q.device))
     with torch.cuda.device(q.device):
         cuda.launch(fn, grid, THREADS, args, shared_mem=smem)
     return o, lse
