@@ -9,7 +9,9 @@ scripts/capture_ncu_counters.sh (GPU runner):
 - hopper_gemm v1 to v7 (Part 6): why four stages (v2) lose to one (v1), and what the clusters
   (v5, v7) and the TMA-store epilogue (v6, v7) change;
 - hopper_attention_fwd steps 1 to 4 beside cuDNN at head dimensions 128 and 64 (Part 6): how busy
-  the tensor pipe is, and what the warp schedulers wait for.
+  the tensor pipe is, and what the warp schedulers wait for;
+- int4_gemm v6 and v7 beside cuBLAS at M = 128 and v5 and v7 at M = 64 (Part 8): whether v7's
+  SMs hold two programs, and what the int4 kernels wait for.
 
     python scripts/ncu_counters.py --targets              # group, target, kernel regex
     python scripts/ncu_counters.py --impls GROUP          # op:version pairs the group runs
@@ -79,6 +81,9 @@ def _attention(d: int) -> tuple[Counted, ...]:
                  for v, k in names.items())
 
 
+_INT4_128 = (("g", 128), ("k", 8192), ("m", 128), ("n", 8192))
+_INT4_64 = (("g", 128), ("k", 8192), ("m", 64), ("n", 8192))
+
 GROUPS: dict[str, tuple[str, tuple[Counted, ...]]] = {
     "transpose": (
         "Why does the naive v2 beat the tiled v3 and the padded v4, and v6 beat v7?",
@@ -122,6 +127,14 @@ GROUPS: dict[str, tuple[str, tuple[Counted, ...]]] = {
          Counted("fused v4", "bias_gelu_dropout_residual", "v4",
                  "_bias_gelu_dropout_residual4x_kernel"))),
     # issue 19: the Hopper attention steps beside cuDNN, one group per head dimension
+    # issue 22: the W4A16 GEMM's tensor-core versions beside cuBLAS
+    "int4": (
+        "Does v7 run two programs an SM, and where do v6 and v7 spend what cuBLAS does not?",
+        (Counted("cuBLAS m128", "int4_gemm", "v0", ".", _INT4_128),
+         Counted("v6 m128", "int4_gemm", "v6", "^_int4_tc_wide_kernel$", _INT4_128),
+         Counted("v7 m128", "int4_gemm", "v7", "^_int4_tc_wide_kernel$", _INT4_128),
+         Counted("v5 m64", "int4_gemm", "v5", "^_int4_tc_kernel$", _INT4_64),
+         Counted("v7 m64", "int4_gemm", "v7", "^_int4_tc_wide_kernel$", _INT4_64))),
     "attention": (
         "Where does the Hopper attention forward lose to cuDNN, and what do steps 2 to 4 change?",
         _attention(128)),
