@@ -129,6 +129,7 @@ PRODUCERS: dict[str, Producer] = {
     "ncu_counters_rows": Producer(NCU_COUNTERS, impls=_param_impls),
     "ncu_counters_attention": Producer(NCU_COUNTERS, impls=_param_impls),
     "ncu_counters_attention64": Producer(NCU_COUNTERS, impls=_param_impls),
+    "ncu_counters_int4": Producer(NCU_COUNTERS, impls=_param_impls),
     "cublas_sgemm": Producer(("scripts/capture_cublas.sh",), files=("csrc/standalone/cublas_sgemm.cu",)),
     "nsys_stream_overlap": Producer(NSYS_STREAMS, impls=_stream_overlap),
 }
