@@ -35,6 +35,19 @@ def test_every_profiled_launch_names_a_real_version():
             assert set(size) <= set(op.headline) | {k for s in op.sweep for k in s}, (group, c)
 
 
+def test_every_group_has_a_declared_producer():
+    """The capture script records each group's table with snippets.bench.captures, which refuses a
+    capture without a declared producer: undeclared, a group's table is measured on the GPU and
+    then lost at its record step (as happened twice)."""
+    from snippets.bench import captures
+
+    mod = _module()
+    for group in mod.GROUPS:
+        prod = captures.producer(f"ncu_counters_{group}")
+        assert prod is not None, group
+        assert set(prod.scripts) == {"scripts/capture_ncu_counters.sh", "scripts/ncu_counters.py"}
+
+
 def test_the_tensor_pipe_row_takes_the_largest_matching_metric():
     """The tensor pipe's use is found by name among what the sections collected: the largest of
     the metrics that match (gmma and hmma pipes alike), never another pipe's."""
