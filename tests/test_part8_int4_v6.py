@@ -52,6 +52,37 @@ def test_wide_matches_reference(m, n, k, g, zero_point):
 
 
 @pytest.mark.op("int4_gemm")
+@pytest.mark.parametrize("m, n, k, g", SHAPES[:4])
+def test_relabelled_x_matches_reference(m, n, k, g):
+    """v8's path (relabel_x_once): x relabelled before the launch and only transposed in the
+    kernel, zero points, split-K 1 and 2, 64 and 128 weight rows."""
+    x, packed, scales, zeros = _operands(m, n, k, g, zero_point=True)
+    for split in (1, 2):
+        for block_n in (64, 128):
+            _check(ig.int4_tc_wide(x, packed, scales, zeros, split_k=split, block_n=block_n,
+                                   relabel_x_once=True), x, packed, scales, zeros,
+                   f"v8 M={m} N={n} K={k} split_k={split} block_n={block_n}")
+
+
+def test_relabel_x_is_the_kernels_permutation():
+    """relabel_x puts k = 32 a + 2 b + c of each 128-deep slice at 8 b + 2 a + c: the row of x^T
+    that v6's kernel builds on chip (its reshape-permute, replayed here on the indices)."""
+    m, k = 3, 256
+    x = torch.arange(m * k, dtype=torch.float32).view(m, k)
+    got = ig.relabel_x(x)
+    for sl in range(k // 128):
+        for a in range(4):
+            for b in range(16):
+                for c in range(2):
+                    assert torch.equal(got[:, 128 * sl + 8 * b + 2 * a + c],
+                                       x[:, 128 * sl + 32 * a + 2 * b + c])
+    # v6's on-chip form: reshape (M, 4, 16, 2), permute (2, 1, 3, 0), reshape (128, M) = x^T's rows
+    tile = x[:, :128]
+    on_chip = tile.reshape(m, 4, 16, 2).permute(2, 1, 3, 0).reshape(128, m)
+    assert torch.equal(ig.relabel_x(tile).T, on_chip)
+
+
+@pytest.mark.op("int4_gemm")
 def test_the_automatic_split(monkeypatch):
     """With 3 SMs (the interpreter's count, forced here so the GPU run checks the same rule)
     M = 128, N = 72, K = 512 is one tile and four slices: the automatic choice is 2 ranges, and
@@ -103,7 +134,8 @@ def test_wide_relabelling_is_the_reshape_permute():
     assert torch.equal(xt, x[:, ks].T)
 
 
-WIDE_OPTIONS = {"v6": {}, "v7": dict(block_n=64)}   # what each registered version launches
+WIDE_OPTIONS = {"v6": {}, "v7": dict(block_n=64),   # what each registered version launches
+                "v8": dict(block_n=64, relabel_x_once=True)}
 
 
 @pytest.mark.op("int4_gemm")
@@ -178,6 +210,7 @@ def _bad_inputs():
         ("num_warps 2", ok, dict(block_n=64, num_warps=2), ValueError, "num_warps must be"),
         ("num_stages 0", ok, dict(num_stages=0), ValueError, "num_stages"),
         ("num_stages 6", ok, dict(num_stages=6), ValueError, "num_stages"),
+        ("relabel_x_once 1", ok, dict(relabel_x_once=1), TypeError, "relabel_x_once"),
     ]
 
 
@@ -224,10 +257,10 @@ _DIVISIBLE = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "y_ptr", "N", "K", "K_PER_SPLI
               "stride_wn", "stride_sn", "stride_ys", "stride_ym")
 
 
-def _job(dtype, block_n=128, num_warps=8, zeros=False):
+def _job(dtype, block_n=128, num_warps=8, zeros=False, relabelled=False):
     """int4_tc_wide's launch at M = 128: 128 rows of x, block_n weight rows, 3 stages."""
     consts = dict(GROUP_SIZE=128, HAS_ZEROS=zeros, BLOCK_M=128, BLOCK_N=block_n,
-                  BLOCK_K=ig.TC_BLOCK_K)
+                  BLOCK_K=ig.TC_BLOCK_K, X_RELABELLED=relabelled)
     return (ig._int4_tc_wide_kernel, _signature(dtype), consts,
             dict(num_warps=num_warps, num_stages=3, divisible=_DIVISIBLE))
 
@@ -235,7 +268,9 @@ def _job(dtype, block_n=128, num_warps=8, zeros=False):
 JOBS = {"fp16": _job("fp16"), "bf16 zeros": _job("bf16", zeros=True),
         "fp16 128 rows on 4 warps": _job("fp16", num_warps=4),
         "fp16 64 rows on 4 warps": _job("fp16", block_n=64, num_warps=4),       # v7
-        "bf16 zeros 64 rows on 4 warps": _job("bf16", block_n=64, num_warps=4, zeros=True)}
+        "bf16 zeros 64 rows on 4 warps": _job("bf16", block_n=64, num_warps=4, zeros=True),
+        "v8 fp16": _job("fp16", block_n=64, num_warps=4, relabelled=True),
+        "v8 bf16 zeros": _job("bf16", block_n=64, num_warps=4, zeros=True, relabelled=True)}
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +340,28 @@ def test_128_rows_on_one_warpgroup_convert_and_spill(built):
     assert k.spill_stores > 0
 
 
+@needs_checked_triton
+@pytest.mark.op("int4_gemm")
+@pytest.mark.parametrize("name", ["v8 fp16", "v8 bf16 zeros"])
+def test_v8_copies_x_straight_to_the_dot(built, name):
+    """v8's loop, compiled for sm_90 at M = 128: x's tile, copied asynchronously to shared memory
+    16 bytes a thread, is the dot's second operand as it lies there (transposed): no local_alloc,
+    no st.shared and no convert_layout in the loop, one local_load (the packed words, which are
+    dequantised in registers), and the dot still takes the weight from registers; no spills."""
+    k = built[name]
+    loop = _loop_body(k.ttgir)
+    assert "ttg.local_alloc" not in loop and "ttg.convert_layout" not in loop
+    assert loop.count("ttg.local_load") == 1
+    assert re.search(r"ttng\.warp_group_dot %\S+, %\S+, .*? : tensor<64x128x(f16|bf16), "
+                     r"#ttg\.dot_op<\{opIdx = 0", loop), ins.excerpt(loop, r"warp_group_dot")
+    ptx_loop = _ptx_loop(k.ptx)
+    shared = ins.shared_memory_ops(ptx_loop)
+    assert not any(op.startswith("st.shared") for op in shared), shared
+    assert k.spill_stores == 0 and k.spill_loads == 0
+    v7 = _loop_body(built["fp16 64 rows on 4 warps"].ttgir)
+    assert v7.count("ttg.local_alloc") == 1   # what v8 removes: v7's relabelled copy of x
+
+
 # an H100's SM: 228 KiB of shared memory, 1 KiB of it reserved per resident program; 64 K registers
 SM90_SHARED_PER_SM, SM90_RESERVED_PER_PROGRAM, SM90_REGISTERS_PER_SM = 228 * 1024, 1024, 65536
 
@@ -358,7 +415,7 @@ def test_gpu_wide_variants_at_m128(options):
 
 @pytest.mark.gpu
 @pytest.mark.op("int4_gemm")
-@pytest.mark.parametrize("version", ["v6", "v7"])
+@pytest.mark.parametrize("version", ["v6", "v7", "v8"])
 def test_gpu_registered_at_the_sweep_sizes(version):
     gen = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float16):

@@ -42,6 +42,9 @@ Versions of ``int4_gemm`` (never renumbered):
 - v7  v6's kernel with 64 weight rows a program on one warpgroup (block_n=64, 4 warps): two
       programs share an SM, so one's dequantisation and loads overlap the other's, and the K
       split counts two programs an SM. Same limits as v6.
+- v8  v7 with x relabelled once per call (relabel_x, a copy of x in the weight's relabelled k
+      order) instead of on chip by every program: the kernel's x tile goes from its asynchronous
+      copy straight to wgmma, transposed. Same limits as v6.
 
 Layout: x (M, K) fp16/bf16 (fp32 is accepted for tests under the interpreter), packed (N, K / 2)
 uint8 (byte j of row n holds the codes of k = 2j in its low nibble and 2j + 1 in its high one, as
@@ -598,12 +601,14 @@ def _int_in(value, allowed) -> bool:
 def _int4_tc_wide_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER_SPLIT,
                          stride_xm, stride_wn, stride_sn, stride_ys, stride_ym,
                          GROUP_SIZE: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         X_RELABELLED: tl.constexpr = False):
     """Like v5 (y^T = W x^T, the dequantised weight as wgmma's register operand), with BLOCK_N
     weight rows per program, one warpgroup and one relabelled 64-row half each, and x loaded as a
     (BLOCK_M, BLOCK_K) tile in its own k order, 16 contiguous bytes a thread, then relabelled in
     registers (a reshape and a permute, as for the weight) instead of gathered in the permuted
-    order. A third grid axis takes M in blocks of BLOCK_M rows."""
+    order. A third grid axis takes M in blocks of BLOCK_M rows. X_RELABELLED (v8): x arrives
+    already in the relabelled k order (:func:`relabel_x`), so its tile is only transposed."""
     tl.static_assert(BLOCK_N % 64 == 0 and BLOCK_K == 128)  # 64-row halves, v5's relabelling
     HALVES: tl.constexpr = BLOCK_N // 64
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -632,9 +637,11 @@ def _int4_tc_wide_kernel(x_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, N, K, K_PER_SPLIT
                                   (0, 2, 1, 3, 5, 4, 6)), (BLOCK_N, BLOCK_K))
         ks = tl.max_contiguous(tl.multiple_of(k0 + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
         x = tl.load(x_rows + ks[None, :])                              # (BLOCK_M, 128), k order
-        # k 32 a + 2 b + c -> row 8 b + 2 a + c of x^T: the k relabelling of the weight tile
-        xt = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_M, 4, 16, 2)), (2, 1, 3, 0)),
-                        (BLOCK_K, BLOCK_M))
+        if X_RELABELLED:  # relabelled once per call, by relabel_x
+            xt = tl.trans(x)
+        else:  # k 32 a + 2 b + c -> row 8 b + 2 a + c of x^T: the k relabelling of the weight
+            xt = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_M, 4, 16, 2)), (2, 1, 3, 0)),
+                            (BLOCK_K, BLOCK_M))
         scale = tl.load(s_ptr + dot_rows * stride_sn + group).to(tl.float32)
         acc += tl.dot(w, xt) * scale                                   # fp32 sums, scaled once
     y_ptrs = y_ptr + pid_k * stride_ys + offs_m[None, :].to(tl.int64) * stride_ym + dot_n[:, None]
@@ -656,10 +663,18 @@ def wide_split_k(m: int, n: int, k: int, block_m: int, block_n: int, per_sm: int
     return split
 
 
+def relabel_x(x: torch.Tensor) -> torch.Tensor:
+    """v8's first pass: x (M, K), K a multiple of 128, copied with each 128-deep slice's k in the
+    order of the dequantised weight's relabelled k: position 8 b + 2 a + c holds k = 32 a + 2 b + c
+    (the reshape and permute v6's kernel does on chip, once per program and slice)."""
+    m, k = x.shape
+    return x.reshape(m, k // 128, 4, 16, 2).permute(0, 1, 3, 2, 4).reshape(m, k)
+
+
 def int4_tc_wide(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor | None = None, split_k: int | None = None, *,
                  block_n: int = 128, block_m: int | None = None, num_warps: int | None = None,
-                 num_stages: int = 3) -> torch.Tensor:
+                 num_stages: int = 3, relabel_x_once: bool = False) -> torch.Tensor:
     """v6 (and v7, with ``block_n=64``): y = x @ dequantised(w).T for M <= 256 on the tensor
     cores, as v5 (the weight as the
     MMA's register operand), with ``block_n`` weight rows per program (64 or 128: one warpgroup
@@ -668,7 +683,8 @@ def int4_tc_wide(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     more rows taking more programs); ``num_warps``: 4 or 8, at least one warpgroup per 64 rows
     (default: exactly that); ``split_k``: an int >= 1 or None (the number of K ranges doubled
     while the programs still fit the SMs: one program an SM at 8 warps, two at 4; each range
-    whole 128-deep slices)."""
+    whole 128-deep slices); ``relabel_x_once`` (v8): x relabelled by :func:`relabel_x` before the
+    launch, so the kernel copies it straight into the layout wgmma reads."""
     m, n, k, g = check_tc_call("int4_tc_wide", "v6", WIDE_MAX_M, x, packed, scales, zeros,
                                split_k)
     if not _int_in(block_n, (64, 128)):
@@ -684,9 +700,14 @@ def int4_tc_wide(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     if not _int_in(num_stages, range(1, 6)):
         raise ValueError(f"int4_tc_wide: num_stages must be an int from 1 to 5, got "
                          f"{num_stages!r}")
+    if not isinstance(relabel_x_once, bool):
+        raise TypeError(f"int4_tc_wide: relabel_x_once must be a bool, got "
+                        f"{type(relabel_x_once).__name__}")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
+    if relabel_x_once:
+        x = relabel_x(x)
     # a (BLOCK_M, 128) tile of x and a (BLOCK_N, BLOCK_M) fp32 sum: 256 rows spill (compiled)
     block_m = block_m or min(128, max(16, triton.next_power_of_2(m)))
     per_sm = 2 if num_warps == 4 else 1   # one warpgroup: two programs share an SM
@@ -699,7 +720,8 @@ def int4_tc_wide(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         x, words, scales, zeros if zeros is not None else packed, out, m, n, k, k_per_split,
         x.stride(0), words.stride(0), scales.stride(0), out.stride(0) if split > 1 else 0,
         out.stride(-2), GROUP_SIZE=g, HAS_ZEROS=zeros is not None, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=TC_BLOCK_K, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, BLOCK_K=TC_BLOCK_K, X_RELABELLED=relabel_x_once, num_warps=num_warps,
+        num_stages=num_stages)
     if split > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](out, y, split, m * n, BLOCK=block)
@@ -825,6 +847,18 @@ def int4_linear_tc_pair(x, packed, scales, dense=None):
 # --8<-- [end:pair]
 
 
+# --8<-- [start:relabelled]
+def int4_linear_tc_relabelled(x, packed, scales, dense=None):
+    """v8 with the registry's arguments: v7's launch with x relabelled once per call
+    (``relabel_x_once``); otherwise v2, as v6 and v7."""
+    refuse_grad("int4_linear_tc_relabelled", dense, instead="int4_gemm_ref")   # forward-only
+    groups = scales.shape[-1]
+    if x.shape[0] <= WIDE_MAX_M and groups and x.shape[-1] % (TC_BLOCK_K * groups) == 0:
+        return int4_tc_wide(x, packed, scales, block_n=64, relabel_x_once=True)
+    return int4_gemm(x, packed, scales, split_k=None)
+# --8<-- [end:relabelled]
+
+
 def dequant_linear(x, packed, scales, dense=None):
     """v3 with the registry's arguments: dequant_matmul(x, packed, scales)."""
     return dequant_matmul(x, packed, scales)
@@ -888,5 +922,12 @@ int4_gemm_op.add(Impl("v7", int4_linear_tc_pair, "Triton",
                       (*SOURCES, auto_split_k, _int4_tc_wide_kernel, _relabel_rows,
                        _unpack_words, _nibble, _sum_splits_kernel, _int_in, wide_split_k,
                        int4_tc_wide),
+                      device="any", dtypes=_triton_dtypes()))
+int4_gemm_op.add(Impl("v8", int4_linear_tc_relabelled, "Triton",
+                      "like v7, x relabelled once per call (a first pass), so no program relabels "
+                      "it on chip",
+                      (*SOURCES, auto_split_k, _int4_tc_wide_kernel, _relabel_rows,
+                       _unpack_words, _nibble, _sum_splits_kernel, _int_in, wide_split_k,
+                       int4_tc_wide, relabel_x),
                       device="any", dtypes=_triton_dtypes()))
 # --8<-- [end:register]
