@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+import triton
 
 from conftest import poison_allocator
 from snippets.bench.harness import compare_outputs
 from snippets.registry import Impl, Op
+
+TRITON_VERSION = tuple(int(v) for v in triton.__version__.split(".")[:2])
+
+
+def read_on_triton(versions, why: str, env: str | None = None) -> pytest.MarkDecorator:
+    """A skipif for tests that assert what the compiler emitted (TTGIR, PTX, instruction counts):
+    they hold for the Triton ``versions`` (major, minor) they were read on. Any other version skips,
+    with ``why``, unless the environment variable ``env`` (if given) is set."""
+    checked = set(versions)
+    listed = " and ".join(".".join(map(str, v)) for v in sorted(checked))
+    skip = TRITON_VERSION not in checked and not (env and os.environ.get(env))
+    reason = f"{why}: read on Triton {listed}, this is {triton.__version__}"
+    if env:
+        reason += f"; set {env}=1 to run it here"
+    return pytest.mark.skipif(skip, reason=reason)
 
 
 def assert_matches_reference(op: Op, impl: Impl, args: tuple, dtype: torch.dtype, size=None):

@@ -26,6 +26,7 @@ from collections import Counter
 import pytest
 import torch
 import triton
+from helpers import read_on_triton
 
 from conftest import poison_allocator
 from snippets.common import introspect as ins
@@ -33,13 +34,9 @@ from snippets.common.gemm import INTERPRET, SMEM_LIMIT_SM90, matmul_kernel, tole
 from snippets.part3 import sgemm
 from snippets.part3 import wmma as w
 
-TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
-CHECKED_ON = {(3, 6), (3, 9)}
-compiler_facts = pytest.mark.skipif(
-    TRITON_VERSION not in CHECKED_ON,
-    reason="compile-time counts checked with Triton "
-           f"{' and '.join('.'.join(map(str, v)) for v in sorted(CHECKED_ON))}, this is "
-           f"{triton.__version__}: its pipeliner or vectoriser may count differently")
+compiler_facts = read_on_triton({(3, 6), (3, 9)},
+                                "compile-time counts: another pipeliner or vectoriser may count "
+                                "differently")
 
 THREADS = 256  # 8 warps: every config here
 

@@ -11,13 +11,12 @@ conversion in the loop. On a GPU: bf16 and fp16 at the benchmark's K."""
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 import torch
 import triton
-from helpers import NoLaunch, assert_int4_matches, int4_operands
+from helpers import NoLaunch, assert_int4_matches, int4_operands, read_on_triton
 
 from conftest import DEVICE, HAS_GPU, poison_allocator
 from snippets.common import introspect as ins
@@ -271,13 +270,8 @@ def test_tc_refuses_grad():
 
 # ---------------------------------------------------------------- compiled for sm_90, on the CPU
 
-TRITON_VERSION = tuple(int(v) for v in triton.__version__.split(".")[:2])
-CHECKED_ON = (3, 9)
-needs_checked_triton = pytest.mark.skipif(
-    TRITON_VERSION != CHECKED_ON and not os.environ.get("INT4_COMPILE_CHECK"),
-    reason=f"the compiled code was read on Triton {CHECKED_ON[0]}.{CHECKED_ON[1]}; layouts and "
-           f"instruction choices differ between versions (this is {triton.__version__}); set "
-           "INT4_COMPILE_CHECK=1 to run it here")
+needs_checked_triton = read_on_triton({(3, 9)}, "the compiled code: layouts and instruction "
+                                      "choices differ between versions", env="INT4_COMPILE_CHECK")
 
 _SIG = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*u8", "y_ptr": "*fp32",
         "M": "i32", "N": "i32", "K": "i32", "K_PER_SPLIT": "i32", "stride_xm": "i32",

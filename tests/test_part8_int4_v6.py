@@ -13,13 +13,11 @@ split counts on."""
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 import torch
-import triton
-from helpers import NoLaunch, assert_int4_matches, int4_operands
+from helpers import NoLaunch, assert_int4_matches, int4_operands, read_on_triton
 from test_part8_int4_v4 import _loop_body, _ptx_loop
 
 from conftest import DEVICE, HAS_GPU, poison_allocator
@@ -235,13 +233,9 @@ def test_wide_refuses_grad():
 
 # ---------------------------------------------------------------- compiled for sm_90, on the CPU
 
-TRITON_VERSION = tuple(int(v) for v in triton.__version__.split(".")[:2])
-CHECKED_ON = ((3, 6), (3, 9))
-needs_checked_triton = pytest.mark.skipif(
-    TRITON_VERSION not in CHECKED_ON and not os.environ.get("INT4_COMPILE_CHECK"),
-    reason="the compiled code of v6 was read on Triton 3.6 and 3.9; layouts and instruction "
-           f"choices differ between versions (this is {triton.__version__}); set "
-           "INT4_COMPILE_CHECK=1 to run it here")
+needs_checked_triton = read_on_triton({(3, 6), (3, 9)}, "the compiled code of v6 to v8: layouts "
+                                      "and instruction choices differ between versions",
+                                      env="INT4_COMPILE_CHECK")
 
 
 def _signature(dtype):
