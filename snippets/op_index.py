@@ -19,6 +19,7 @@ from snippets import registry
 from snippets.registry import Op
 
 NEW_OP_MODULES = (
+    "snippets.part6.hopper_attention_bwd",
     "snippets.part8.decode_attention",
     "snippets.part8.decode_baselines",
     "snippets.part8.int4_gemm",
