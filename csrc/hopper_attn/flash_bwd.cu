@@ -50,10 +50,13 @@ constexpr int Q_PANEL_BYTES = Q_BOX_ROWS * ha::ROW_BYTES;  // 8 KB: one Q or dO 
 constexpr int DS_TILE_BYTES = 64 * ha::ROW_BYTES;          // a consumer's 64 x 64 bf16 dS
 constexpr int VEC_BYTES = BLOCK_M * 4;  // a tile's lse2 (or delta): 64 floats, one bulk copy
 constexpr int DS_BAR = 1;               // consumer c syncs its dS stores on barrier DS_BAR + c
+// Step 2 (BULK): both consumers' dS before dQ, and both halves of dQ before its bulk add, on two
+// barriers counting both consumer warpgroups
+constexpr int BULK_DS_BAR = 3, BULK_DQ_BAR = 4, BULK_THREADS = 256;
 constexpr int PREP_ROWS = 8;            // rows per block of the prep kernel: a warp each
 constexpr int DQ_THREADS = 256;         // threads per block of the dQ kernel: 2 floats each
 
-template <int D>
+template <int D, bool BULK = false>
 struct BwdSmem {
     static constexpr int PANELS = D / ha::PANEL_COLS;
     static constexpr int KV_TILE = PANELS * ha::PANEL_BYTES;  // 128 rows x D
@@ -63,7 +66,8 @@ struct BwdSmem {
     static constexpr int Q = 2 * KV_TILE;                     // stage s: Q at Q + s * Q_TILE
     static constexpr int DO = Q + STAGES * Q_TILE;            // stage s: dO at DO + s * Q_TILE
     static constexpr int DS = DO + STAGES * Q_TILE;           // consumer c: DS + c * DS_TILE_BYTES
-    static constexpr int LSE = DS + ha::CONSUMERS * DS_TILE_BYTES;  // stage s: + s * VEC_BYTES
+    static constexpr int DQ = DS + ha::CONSUMERS * DS_TILE_BYTES;   // step 2: 64 x D fp32
+    static constexpr int LSE = DQ + (BULK ? BLOCK_M * D * 4 : 0);   // stage s: + s * VEC_BYTES
     static constexpr int DELTA = LSE + STAGES * VEC_BYTES;
     static constexpr int BARRIERS = DELTA + STAGES * VEC_BYTES;  // kv_full, full[S], empty[S]
     static constexpr int BYTES = BARRIERS + (1 + 2 * STAGES) * 8;
@@ -73,11 +77,12 @@ struct BwdSmem {
 static_assert(BLOCK_N == ha::CONSUMERS * 64 && BLOCK_N == ha::BOX_ROWS,
               "64 keys per consumer; K and V come in the forward's 128-row boxes");
 static_assert(BLOCK_M == Q_BOX_ROWS && BLOCK_M == 64, "a query tile is one 64-row box: N = 64");
-static_assert(BwdSmem<128>::LAUNCH_BYTES <= 227 * 1024, "the D = 128 tiles must fit 227 KB");
+static_assert(BwdSmem<128, true>::LAUNCH_BYTES <= 227 * 1024, "the D = 128 tiles must fit 227 KB");
 static_assert(Q_PANEL_BYTES % ha::SWIZZLE_REPEAT == 0 && DS_TILE_BYTES % ha::SWIZZLE_REPEAT == 0,
               "every swizzled tile starts on a 1024-byte boundary");
 static_assert(VEC_BYTES % 16 == 0, "bulk copies move multiples of 16 bytes");
-static_assert(DS_BAR >= 1 && DS_BAR + ha::CONSUMERS <= 16, "named barriers 1.., not 0");
+static_assert(DS_BAR >= 1 && DS_BAR + ha::CONSUMERS <= BULK_DS_BAR && BULK_DQ_BAR < 16,
+              "named barriers 1.., not 0 (__syncthreads'), each its own");
 }  // namespace hb
 // --8<-- [end:bwd_constants]
 
@@ -134,6 +139,29 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, u
         : "l"(desc_a), "l"(desc_b), "n"(1), "n"(TB));
 }
 
+// N = 32 (16 registers a thread): step 2's half of dQ at D = 64 (TB = 1).
+template <int TB>
+__device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1, 0, %19;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "n"(1), "n"(TB));
+}
+
+// B MN-major, N = N_COLS (D for step 1's dQ, D / 2 for step 2's)
+template <int N_COLS>
+__device__ __forceinline__ void wgmma_ss_tb(float (&d)[N_COLS / 2], uint64_t desc_a,
+                                            uint64_t desc_b) {
+    if constexpr (N_COLS == 32) wgmma_ss_n32<1>(d, desc_a, desc_b);
+    else if constexpr (N_COLS == 64) wgmma_ss_n64<1>(d, desc_a, desc_b);
+    else wgmma_ss_n128<1>(d, desc_a, desc_b);
+}
+
 template <int D>
 __device__ __forceinline__ void wgmma_ss_nd_tb(float (&d)[D / 2], uint64_t desc_a,
                                                uint64_t desc_b) {
@@ -171,12 +199,12 @@ __device__ __forceinline__ void load_q_tile(uint32_t dst, const void* tmap, uint
 // The producer: K's and V's tiles once, then query tile i (rows (qt0 + i) * 64..) into stage
 // i % STAGES once the consumers have released the tile that was there (i - STAGES).
 // tmaps: Q's (64-row boxes), K's, V's (128-row boxes), dO's (64-row boxes).
-template <int D>
+template <int D, bool BULK = false>
 __device__ __forceinline__ void bwd_produce(uint32_t base, uint32_t kv_full, uint32_t full,
                                             uint32_t empty, const uint8_t* tmaps,
                                             const float* lse2, const float* delta, int n0,
                                             int plane, int qt0, int n_tiles, int s_pad) {
-    using L = BwdSmem<D>;
+    using L = BwdSmem<D, BULK>;
     mbar_arrive_expect_tx(kv_full, 2 * L::KV_TILE);
     load_tile<D>(base + L::K, tmaps + TMAP_BYTES, kv_full, n0, plane);
     load_tile<D>(base + L::V, tmaps + 2 * TMAP_BYTES, kv_full, n0, plane);
@@ -197,13 +225,13 @@ __device__ __forceinline__ void bwd_produce(uint32_t base, uint32_t kv_full, uin
 // --8<-- [start:bwd_consumer]
 // A consumer warpgroup (c = 0 or 1): keys n0 + 64c..n0 + 64c + 63. This thread's accumulator rows
 // (keys) are r0 and r0 + 8; its columns (queries, or D for dK, dV, dQ) 8j + 2(lane % 4) + e.
-template <int D>
+template <int D, bool BULK = false>
 __device__ __forceinline__ void bwd_consume(uint32_t base, uint32_t kv_full, uint32_t full,
                                             uint32_t empty, int c, int n0, int qt0, int n_tiles,
                                             int S, int s_pad, bool causal, float scale_log2,
                                             float scale, float* dq_acc, __nv_bfloat16* dK,
                                             __nv_bfloat16* dV, int plane) {
-    using L = BwdSmem<D>;
+    using L = BwdSmem<D, BULK>;
     const size_t bh_row = size_t(plane) * S;  // row of (b, h, 0) in dK and dV
     const int t_wg = threadIdx.x % WG_THREADS, warp = t_wg / 32, lane = t_wg % 32;
     const int r0 = 16 * warp + lane / 4;         // this thread's first accumulator row
@@ -217,6 +245,8 @@ __device__ __forceinline__ void bwd_consume(uint32_t base, uint32_t kv_full, uin
     for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.0f;
     mbar_wait(kv_full, 0);
 
+    // step 2: one thread adds each dQ tile to the accumulator with a bulk reduction
+    const bool issuer = BULK && c == 0 && t_wg == 0;
     for (int i = 0; i < n_tiles; ++i) {
         const int s = i % STAGES, q0 = (qt0 + i) * BLOCK_M;
         const uint32_t q_tile = base + L::Q + s * L::Q_TILE, do_tile = base + L::DO + s * L::Q_TILE;
@@ -325,38 +355,88 @@ __device__ __forceinline__ void bwd_consume(uint32_t base, uint32_t kv_full, uin
             }
         }
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        asm volatile("bar.sync %0, %1;" ::"r"(DS_BAR + c), "n"(WG_THREADS) : "memory");
+        if constexpr (BULK) {
+            // the previous dQ tile's bulk add has read its shared memory before anyone rewrites it
+            if (issuer) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            asm volatile("bar.sync %0, %1;" ::"n"(BULK_DS_BAR), "n"(BULK_THREADS) : "memory");
+        } else {
+            asm volatile("bar.sync %0, %1;" ::"r"(DS_BAR + c), "n"(WG_THREADS) : "memory");
+        }
 
         wgmma_wait<0>();  // dV's and dK's products are done: P^T's and dS^T's registers free
         fence_regs(dv);
         fence_regs(dk);
         fence_regs(pt);
         fence_regs(dst);
+        if constexpr (BULK) {
+            if (lane == 0) mbar_arrive(empty + 8 * s);  // Q and dO of stage s are read
+            // this consumer's half of dQ's columns, over the block's 128 keys: dS (64 x 128,
+            // both consumers' tiles) K-major, K (128 x D / 2) MN-major
+            constexpr int HALF = D / 2;
+            float dq[HALF / 2];
+#pragma unroll
+            for (int r = 0; r < HALF / 2; ++r) dq[r] = 0.0f;
+            const uint32_t k_cols = base + L::K + (D == 128 ? c * PANEL_BYTES : c * HALF * 2);
+            wgmma_fence();
+            fence_regs(dq);
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+                wgmma_ss_tb<HALF>(dq,
+                                  desc_kmajor(base + L::DS + (kk / 4) * DS_TILE_BYTES +
+                                              (kk % 4) * 32),
+                                  desc_mnmajor(k_cols + kk * 16 * ROW_BYTES));
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(dq);
+            // to the fp32 tile (64 rows x D, row-major: the accumulator's layout), then one bulk
+            // reduction of the whole tile into the accumulator
+            const uint32_t tile = base + L::DQ;
+#pragma unroll
+            for (int j = 0; j < HALF / 8; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const uint32_t a = tile + ((r0 + 8 * h) * D + c * HALF + 8 * j + col) * 4;
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};"
+                                 ::"r"(a), "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
+                                 : "memory");
+                }
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            asm volatile("bar.sync %0, %1;" ::"n"(BULK_DQ_BAR), "n"(BULK_THREADS) : "memory");
+            if (issuer) {
+                float* dst_rows = dq_acc + (size_t(plane) * s_pad + q0) * D;
+                asm volatile(
+                    "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+                    ::"l"(dst_rows), "r"(tile), "n"(BLOCK_M * D * 4)
+                    : "memory");
+                asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            }
+        } else {
+            // dQ (this consumer's part) = dS K: dS K-major from shared memory, K MN-major
+            float dq[D / 2];
+#pragma unroll
+            for (int r = 0; r < D / 2; ++r) dq[r] = 0.0f;
+            wgmma_fence();
+            fence_regs(dq);
+#pragma unroll
+            for (int kk = 0; kk < 64 / 16; ++kk)
+                wgmma_ss_nd_tb<D>(dq, desc_kmajor(ds_tile + kk * 32),
+                                  desc_mnmajor(k_tile + kk * 16 * ROW_BYTES));
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(dq);
+            if (lane == 0) mbar_arrive(empty + 8 * s);  // this warp is done with stage s
 
-        // dQ (this consumer's part) = dS K: dS K-major from shared memory, K MN-major
-        float dq[D / 2];
+            // the accumulator has s_pad rows a head: the padding rows take zeros, no test needed
+            float* row0 = dq_acc + (size_t(plane) * s_pad + q0 + r0) * D;  // query q0 + r0
 #pragma unroll
-        for (int r = 0; r < D / 2; ++r) dq[r] = 0.0f;
-        wgmma_fence();
-        fence_regs(dq);
+            for (int j = 0; j < D / 8; ++j)
 #pragma unroll
-        for (int kk = 0; kk < 64 / 16; ++kk)
-            wgmma_ss_nd_tb<D>(dq, desc_kmajor(ds_tile + kk * 32),
-                              desc_mnmajor(k_tile + kk * 16 * ROW_BYTES));
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(dq);
-        if (lane == 0) mbar_arrive(empty + 8 * s);  // this warp is done with stage s
-
-        // the accumulator has s_pad rows a head: the padding rows take zeros, no test needed
-        float* row0 = dq_acc + (size_t(plane) * s_pad + q0 + r0) * D;  // query q0 + r0
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                atomicAdd(reinterpret_cast<float2*>(row0 + 8 * h * D + 8 * j + col),
-                          make_float2(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]));
+                for (int h = 0; h < 2; ++h)
+                    atomicAdd(reinterpret_cast<float2*>(row0 + 8 * h * D + 8 * j + col),
+                              make_float2(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]));
+        }
     }
+    if (issuer) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the last add is done
 
     // dK (scaled) and dV of this thread's two keys, bf16
 #pragma unroll
@@ -379,12 +459,12 @@ __device__ __forceinline__ void bwd_consume(uint32_t base, uint32_t kv_full, uin
 // --8<-- [start:bwd_kernel]
 // Grid (ceil(S / 128), H, B). Causal: the block's first query tile is the one holding its first
 // key (earlier queries see none of its keys).
-template <int D>
+template <int D, bool BULK = false>
 __device__ __forceinline__ void flash_bwd(const uint8_t* tmaps, const float* lse2,
                                           const float* delta, float* dq_acc, __nv_bfloat16* dK,
                                           __nv_bfloat16* dV, int S, int s_pad, float scale_log2,
                                           float scale, int causal) {
-    using L = BwdSmem<D>;
+    using L = BwdSmem<D, BULK>;
     extern __shared__ uint8_t smem[];
     const uint32_t base = align_up(smem_u32(smem), SWIZZLE_REPEAT);
     const uint32_t kv_full = base + L::BARRIERS, full = kv_full + 8, empty = full + 8 * STAGES;
@@ -408,11 +488,11 @@ __device__ __forceinline__ void flash_bwd(const uint8_t* tmaps, const float* lse
     if (wg == 0) {
         regs_dec<PRODUCER_REGS>();
         if (threadIdx.x == 0)
-            bwd_produce<D>(base, kv_full, full, empty, tmaps, lse2, delta, n0, plane, qt0,
+            bwd_produce<D, BULK>(base, kv_full, full, empty, tmaps, lse2, delta, n0, plane, qt0,
                            n_tiles, s_pad);
     } else {
         regs_inc<CONSUMER_REGS>();
-        bwd_consume<D>(base, kv_full, full, empty, wg - 1, n0, qt0, n_tiles, S, s_pad,
+        bwd_consume<D, BULK>(base, kv_full, full, empty, wg - 1, n0, qt0, n_tiles, S, s_pad,
                        causal != 0, scale_log2, scale, dq_acc, dK, dV, plane);
     }
 }
@@ -485,6 +565,32 @@ hopper_flash_bwd_d128(const uint8_t* __restrict__ tmaps, const float* __restrict
                       int s_pad, float scale_log2, float scale, int causal) {
 #if HA_SM90A
     hb::flash_bwd<128>(tmaps, lse2, delta, dq_acc, dK, dV, S, s_pad, scale_log2, scale, causal);
+#else
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_bwd_bulk_d64(const uint8_t* __restrict__ tmaps, const float* __restrict__ lse2,
+                          const float* __restrict__ delta, float* __restrict__ dq_acc,
+                          __nv_bfloat16* __restrict__ dK, __nv_bfloat16* __restrict__ dV, int S,
+                          int s_pad, float scale_log2, float scale, int causal) {
+#if HA_SM90A
+    hb::flash_bwd<64, true>(tmaps, lse2, delta, dq_acc, dK, dV, S, s_pad, scale_log2, scale,
+                            causal);
+#else
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_bwd_bulk_d128(const uint8_t* __restrict__ tmaps, const float* __restrict__ lse2,
+                           const float* __restrict__ delta, float* __restrict__ dq_acc,
+                           __nv_bfloat16* __restrict__ dK, __nv_bfloat16* __restrict__ dV, int S,
+                           int s_pad, float scale_log2, float scale, int causal) {
+#if HA_SM90A
+    hb::flash_bwd<128, true>(tmaps, lse2, delta, dq_acc, dK, dV, S, s_pad, scale_log2, scale,
+                            causal);
 #else
     __trap();
 #endif

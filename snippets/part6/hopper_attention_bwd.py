@@ -59,18 +59,20 @@ DS_TILE_BYTES = 64 * 128  # a consumer's 64 x 64 bf16 dS tile
 PREP_ROWS = 8  # rows per block of the prep kernel (a warp each)
 DQ_THREADS = 256  # threads per block of the dQ kernel (2 elements each)
 KERNELS = {64: "hopper_flash_bwd_d64", 128: "hopper_flash_bwd_d128"}
+BULK_KERNELS = {64: "hopper_flash_bwd_bulk_d64", 128: "hopper_flash_bwd_bulk_d128"}  # step 2
 PREP_KERNELS = {64: "hopper_flash_bwd_prep_d64", 128: "hopper_flash_bwd_prep_d128"}
 DQ_KERNELS = {64: "hopper_flash_bwd_dq_d64", 128: "hopper_flash_bwd_dq_d128"}
 # --8<-- [end:constants]
 
 
-def smem_bytes(d: int) -> int:
+def smem_bytes(d: int, bulk: bool = False) -> int:
     """Dynamic shared memory of the main kernel: K and V (128 rows x d), STAGES x (Q, dO) (64 rows
-    x d), two dS tiles, STAGES x (lse2, delta), 1 + 2 * STAGES mbarriers, and the slack to align
-    the base to 1024 bytes."""
+    x d), two dS tiles, step 2's fp32 dQ tile (64 x d), STAGES x (lse2, delta), 1 + 2 * STAGES
+    mbarriers, and the slack to align the base to 1024 bytes."""
     kv_tile, q_tile = BOX_ROWS * d * 2, Q_BOX_ROWS * d * 2
-    return (2 * kv_tile + 2 * STAGES * q_tile + 2 * DS_TILE_BYTES + 2 * STAGES * VEC_BYTES
-            + (1 + 2 * STAGES) * 8 + SWIZZLE_REPEAT)
+    dq_tile = BLOCK_M * d * 4 if bulk else 0
+    return (2 * kv_tile + 2 * STAGES * q_tile + 2 * DS_TILE_BYTES + dq_tile
+            + 2 * STAGES * VEC_BYTES + (1 + 2 * STAGES) * 8 + SWIZZLE_REPEAT)
 
 
 def padded_rows(s: int) -> int:
@@ -111,7 +113,7 @@ def check_hopper_attention_bwd(name: str, q: object, k: object, v: object, o: ob
                          f"{lse.dtype} {tuple(lse.shape)}")
     if not lse.is_contiguous() or lse.device != q.device:
         raise ValueError(f"{name}: lse must be contiguous, on q's device")
-    smem = smem_bytes(d)
+    smem = smem_bytes(d, bulk=True)  # the larger of the two steps
     if smem > SMEM_LIMIT_SM90:
         raise ValueError(f"{name}: {smem} bytes of shared memory exceed {SMEM_LIMIT_SM90}")
     for arg, t in (("q", q), ("do", do)):
@@ -139,12 +141,10 @@ def kernel(name: str, device_index: int):
 
 
 # --8<-- [start:launch]
-def flash_bwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                     lse: torch.Tensor, do: torch.Tensor, causal: bool = False,
-                     scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Attention's backward on an H100 / H200: (dq, dk, dv), bf16 of q's shape, from the forward's
-    o and lse (``flash_fwd_hopper*``) and the upstream gradient do."""
-    name = "flash_bwd_hopper"
+def launch_bwd(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor, causal: bool,
+               scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Check, then launch step ``step``'s three kernels: (dq, dk, dv)."""
     b, h, s, d, scale = check_hopper_attention_bwd(name, q, k, v, o, lse, do, causal, scale)
     refuse_grad(name, q, k, v, o, do, instead="flash_attention_hopper", why=GRADS_ONLY)
     if q.device.type != "cuda":
@@ -163,8 +163,8 @@ def flash_bwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
     specs = (q_tensor_map_spec(b * h, s, d, q.data_ptr()), tensor_map_spec(b * h, s, d, k.data_ptr()),
              tensor_map_spec(b * h, s, d, v.data_ptr()), q_tensor_map_spec(b * h, s, d, do.data_ptr()))
     tmaps = device_tensor_maps(specs, q.device)
-    main = kernel(KERNELS[d], dev)
-    smem = smem_bytes(d)
+    main = kernel((KERNELS if step == 1 else BULK_KERNELS)[d], dev)
+    smem = smem_bytes(d, bulk=step == 2)
     if main.max_dynamic_shared_size_bytes < smem:
         main.max_dynamic_shared_size_bytes = smem  # above 48 KB needs the opt-in
     pairs = b * h * s * d // 2
@@ -180,13 +180,31 @@ def flash_bwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch
                     (dq_acc, dq, np.int32(s), np.int32(s_pad), np.uint64(pairs),
                      np.float32(scale)))
     return dq, dk, dv
+
+
+def flash_bwd_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                     lse: torch.Tensor, do: torch.Tensor, causal: bool = False,
+                     scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention's backward on an H100 / H200 (step 1): (dq, dk, dv), bf16 of q's shape, from the
+    forward's o and lse (``flash_fwd_hopper*``) and the upstream gradient do."""
+    return launch_bwd(1, "flash_bwd_hopper", q, k, v, o, lse, do, causal, scale)
+
+
+def flash_bwd_hopper_bulk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                          lse: torch.Tensor, do: torch.Tensor, causal: bool = False,
+                          scale: float | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step 2: like ``flash_bwd_hopper`` (same checks, same outputs), each block's dQ tile summed
+    over its 128 keys in shared memory (each consumer computes half of its columns) and added to
+    the accumulator with one bulk reduction (``cp.reduce.async.bulk``) instead of atomics."""
+    return launch_bwd(2, "flash_bwd_hopper_bulk", q, k, v, o, lse, do, causal, scale)
 # --8<-- [end:launch]
 
 
 # --8<-- [start:function]
 class HopperFlashAttention(torch.autograd.Function):
-    """Attention that trains on Hopper: step 4's forward, which saves o and lse, and the backward
-    above."""
+    """Attention that trains on Hopper: step 4's forward, which saves o and lse, and step 2 of the
+    backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal=False, scale=None):
@@ -199,7 +217,7 @@ class HopperFlashAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         do = do.contiguous()  # autograd may hand over a broadcast view (the gradient of o.sum())
-        return (*flash_bwd_hopper(q, k, v, o, lse, do, ctx.causal, ctx.scale), None, None)
+        return (*flash_bwd_hopper_bulk(q, k, v, o, lse, do, ctx.causal, ctx.scale), None, None)
 
 
 def flash_attention_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -227,18 +245,28 @@ from snippets.part5.flash_attention import (  # noqa: E402
 from snippets.registry import Impl, Op, register  # noqa: E402
 
 
-def hopper_attention_bwd_v2(q, k, v, do, causal=False, saved=None):
-    """v2: step 1 of the Hopper backward. The first call on an input set runs step 4's forward and
-    keeps o and lse in ``saved["hopper"]``; the timed calls run only the backward (three
-    launches)."""
-    refuse_grad("hopper_attention_bwd_v2", q, k, v, do, instead="flash_attention_hopper",
-                why=GRADS_ONLY)
+def _with_saved_forward(backward, name, q, k, v, do, causal, saved):
+    """The first call on an input set runs step 4's forward and keeps o and lse in
+    ``saved["hopper"]``; every call then runs only ``backward`` (three launches)."""
+    refuse_grad(name, q, k, v, do, instead="flash_attention_hopper", why=GRADS_ONLY)
     if saved is None:
         saved = {}
     if "hopper" not in saved:
         saved["hopper"] = flash_fwd_hopper_lean(q, k, v, causal)
     o, lse = saved["hopper"]
-    return flash_bwd_hopper(q, k, v, o, lse, do, causal)
+    return backward(q, k, v, o, lse, do, causal)
+
+
+def hopper_attention_bwd_v2(q, k, v, do, causal=False, saved=None):
+    """v2: step 1 of the Hopper backward (dQ by atomics), timed alone."""
+    return _with_saved_forward(flash_bwd_hopper, "hopper_attention_bwd_v2", q, k, v, do, causal,
+                               saved)
+
+
+def hopper_attention_bwd_v3(q, k, v, do, causal=False, saved=None):
+    """v3: step 2 (dQ summed per block, one bulk reduction a tile), timed alone."""
+    return _with_saved_forward(flash_bwd_hopper_bulk, "hopper_attention_bwd_v3", q, k, v, do,
+                               causal, saved)
 
 
 HEADLINE = {"b": 4, "h": 32, "s": 4096, "d": 128, "causal": False}
@@ -269,11 +297,15 @@ hopper_attention_bwd.add(Impl("v1", attention_bwd_triton, "Triton",
                               "Part 5's FA2 backward: delta, dK/dV per key block, dQ per query "
                               "block", flash_attention_bwd.impls["v2"].sources, device="cuda",
                               dtypes=(torch.bfloat16,)))
+_BWD_SOURCES = (cuda.source_path(CU_FILE), launch_bwd, check_hopper_attention_bwd,
+                q_tensor_map_spec, tensor_map_spec, check_hopper_attention, padded_rows, smem_bytes,
+                _with_saved_forward, flash_fwd_hopper_lean)
 hopper_attention_bwd.add(Impl("v2", hopper_attention_bwd_v2, "CUDA",
-                              "TMA + wgmma, keys per block, P^T and dS^T in registers, dQ by "
-                              "atomics", (flash_bwd_hopper, cuda.source_path(CU_FILE),
-                                          check_hopper_attention_bwd, q_tensor_map_spec,
-                                          tensor_map_spec, check_hopper_attention, padded_rows,
-                                          smem_bytes, hopper_attention_bwd_v2),
+                              "TMA + wgmma, 128 keys per block, P^T and dS^T in registers, dQ by "
+                              "atomics", (flash_bwd_hopper, hopper_attention_bwd_v2, *_BWD_SOURCES),
                               device="cuda", dtypes=(torch.bfloat16,), requires=needs_sm90))
-
+hopper_attention_bwd.add(Impl("v3", hopper_attention_bwd_v3, "CUDA",
+                              "like v2, dQ summed over the block's keys in shared memory and added "
+                              "with one bulk reduction a tile",
+                              (flash_bwd_hopper_bulk, hopper_attention_bwd_v3, *_BWD_SOURCES),
+                              device="cuda", dtypes=(torch.bfloat16,), requires=needs_sm90))
