@@ -225,7 +225,7 @@ __device__ __forceinline__ void bwd_produce(uint32_t base, uint32_t kv_full, uin
 // --8<-- [start:bwd_consumer]
 // A consumer warpgroup (c = 0 or 1): keys n0 + 64c..n0 + 64c + 63. This thread's accumulator rows
 // (keys) are r0 and r0 + 8; its columns (queries, or D for dK, dV, dQ) 8j + 2(lane % 4) + e.
-template <int D, bool BULK = false>
+template <int D, bool BULK = false, bool FRAG = false>
 __device__ __forceinline__ void bwd_consume(uint32_t base, uint32_t kv_full, uint32_t full,
                                             uint32_t empty, int c, int n0, int qt0, int n_tiles,
                                             int S, int s_pad, bool causal, float scale_log2,
@@ -343,15 +343,33 @@ __device__ __forceinline__ void bwd_consume(uint32_t base, uint32_t kv_full, uin
 
         // dS to shared memory as 64 query rows x 64 key columns, 128B-swizzled: element (query q,
         // key k) at q * 128 + ((k / 8) ^ (q % 8)) * 16 + (k % 8) * 2
+        if constexpr (FRAG) {
+            // step 3: stmatrix .trans. The 8 x 8 block (keys 16 warp + 8h.., queries 8j..) is
+            // register dst[2j + h] of each lane, in the layout stmatrix takes; .trans stores it
+            // as 8 query rows of 8 keys (16 bytes each). One instruction stores 4 blocks (h = m %
+            // 2, j = 2t + m / 2); lane L gives the address of row L % 8 of block L / 8.
+            const int m = lane / 8, i = lane % 8, h = m % 2;
 #pragma unroll
-        for (int r = 0; r < 16; ++r) {
-            const int j = r / 2, h = r % 2;
+            for (int t = 0; t < 4; ++t) {
+                const int q = 8 * (2 * t + m / 2) + i;
+                const uint32_t a = ds_tile + q * ROW_BYTES + (((2 * warp + h) ^ i) * 16);
+                asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                             ::"r"(a), "r"(dst[4 * t]), "r"(dst[4 * t + 1]), "r"(dst[4 * t + 2]),
+                               "r"(dst[4 * t + 3])
+                             : "memory");
+            }
+        } else {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int q = 8 * j + col + e, k = r0 + 8 * h;
-                const uint32_t a = ds_tile + q * ROW_BYTES + (((k / 8) ^ (q % 8)) * 16) + (k % 8) * 2;
-                const uint16_t bits = static_cast<uint16_t>(e ? dst[r] >> 16 : dst[r] & 0xFFFF);
-                asm volatile("st.shared.b16 [%0], %1;" ::"r"(a), "h"(bits) : "memory");
+            for (int r = 0; r < 16; ++r) {
+                const int j = r / 2, h = r % 2;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int q = 8 * j + col + e, k = r0 + 8 * h;
+                    const uint32_t a =
+                        ds_tile + q * ROW_BYTES + (((k / 8) ^ (q % 8)) * 16) + (k % 8) * 2;
+                    const uint16_t bits = static_cast<uint16_t>(e ? dst[r] >> 16 : dst[r] & 0xFFFF);
+                    asm volatile("st.shared.b16 [%0], %1;" ::"r"(a), "h"(bits) : "memory");
+                }
             }
         }
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -388,18 +406,33 @@ __device__ __forceinline__ void bwd_consume(uint32_t base, uint32_t kv_full, uin
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(dq);
-            // to the fp32 tile (64 rows x D, row-major: the accumulator's layout), then one bulk
-            // reduction of the whole tile into the accumulator
+            // to the fp32 tile, then one bulk reduction of the whole tile into the accumulator
             const uint32_t tile = base + L::DQ;
+            if constexpr (FRAG) {
+                // step 3: the tile (and the accumulator) in fragment order: group j of consumer
+                // c is 128 float4, one a thread, in thread order. A warp's store is 512
+                // contiguous bytes: no bank conflict. hopper_flash_bwd_dq_frag_d* reorders.
 #pragma unroll
-            for (int j = 0; j < HALF / 8; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const uint32_t a = tile + ((r0 + 8 * h) * D + c * HALF + 8 * j + col) * 4;
-                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};"
-                                 ::"r"(a), "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
+                for (int j = 0; j < HALF / 8; ++j) {
+                    const uint32_t a = tile + ((c * (HALF / 8) + j) * WG_THREADS + t_wg) * 16;
+                    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};"
+                                 ::"r"(a), "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]),
+                                   "f"(dq[4 * j + 3])
                                  : "memory");
                 }
+            } else {
+                // row-major, the accumulator's layout: the 8 rows of a warp's store are D * 4
+                // bytes apart, on the same banks (an 8-way conflict)
+#pragma unroll
+                for (int j = 0; j < HALF / 8; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const uint32_t a = tile + ((r0 + 8 * h) * D + c * HALF + 8 * j + col) * 4;
+                        asm volatile("st.shared.v2.f32 [%0], {%1, %2};"
+                                     ::"r"(a), "f"(dq[4 * j + 2 * h]), "f"(dq[4 * j + 2 * h + 1])
+                                     : "memory");
+                    }
+            }
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             asm volatile("bar.sync %0, %1;" ::"n"(BULK_DQ_BAR), "n"(BULK_THREADS) : "memory");
             if (issuer) {
@@ -459,7 +492,7 @@ __device__ __forceinline__ void bwd_consume(uint32_t base, uint32_t kv_full, uin
 // --8<-- [start:bwd_kernel]
 // Grid (ceil(S / 128), H, B). Causal: the block's first query tile is the one holding its first
 // key (earlier queries see none of its keys).
-template <int D, bool BULK = false>
+template <int D, bool BULK = false, bool FRAG = false>
 __device__ __forceinline__ void flash_bwd(const uint8_t* tmaps, const float* lse2,
                                           const float* delta, float* dq_acc, __nv_bfloat16* dK,
                                           __nv_bfloat16* dV, int S, int s_pad, float scale_log2,
@@ -492,7 +525,7 @@ __device__ __forceinline__ void flash_bwd(const uint8_t* tmaps, const float* lse
                            n_tiles, s_pad);
     } else {
         regs_inc<CONSUMER_REGS>();
-        bwd_consume<D, BULK>(base, kv_full, full, empty, wg - 1, n0, qt0, n_tiles, S, s_pad,
+        bwd_consume<D, BULK, FRAG>(base, kv_full, full, empty, wg - 1, n0, qt0, n_tiles, S, s_pad,
                        causal != 0, scale_log2, scale, dq_acc, dK, dV, plane);
     }
 }
@@ -546,6 +579,33 @@ __device__ __forceinline__ void flash_bwd_dq(const float* dq_acc, __nv_bfloat16*
     *reinterpret_cast<__nv_bfloat162*>(dQ + e) = __floats2bfloat162_rn(a.x * scale, a.y * scale);
 }
 
+// --8<-- [start:bwd_dq_frag]
+// Step 3's dQ = scale * accumulator, the accumulator in fragment order: a thread per float4, which
+// holds rows r0 and r0 + 8 of a tile, columns c * D / 2 + 8j + 2(lane % 4) and the next
+template <int D>
+__device__ __forceinline__ void flash_bwd_dq_frag(const float* dq_acc, __nv_bfloat16* dQ, int S,
+                                                  int s_pad, size_t quads, float scale) {
+    constexpr int HALF = D / 2, GROUPS = HALF / 8;  // float4 groups of a consumer's thread
+    const size_t f = size_t(blockIdx.x) * hb::DQ_THREADS + threadIdx.x;
+    if (f >= quads) return;
+    const size_t tile = f / (hb::BLOCK_M * D / 4);
+    const int w = int(f % (hb::BLOCK_M * D / 4));
+    const int t = w % 128, cj = w / 128, c = cj / GROUPS, j = cj % GROUPS;
+    const int r0 = 16 * (t / 32) + (t % 32) / 4;
+    const int column = c * HALF + 8 * j + 2 * (t % 4);
+    const int tiles = s_pad / hb::BLOCK_M;
+    const size_t plane = tile / tiles;
+    const int q = int(tile % tiles) * hb::BLOCK_M + r0;
+    const float4 a = *reinterpret_cast<const float4*>(dq_acc + 4 * f);
+    if (q < S)
+        *reinterpret_cast<__nv_bfloat162*>(dQ + (plane * S + q) * D + column) =
+            __floats2bfloat162_rn(a.x * scale, a.y * scale);
+    if (q + 8 < S)
+        *reinterpret_cast<__nv_bfloat162*>(dQ + (plane * S + q + 8) * D + column) =
+            __floats2bfloat162_rn(a.z * scale, a.w * scale);
+}
+// --8<-- [end:bwd_dq_frag]
+
 extern "C" __global__ void __launch_bounds__(384, 1)
 hopper_flash_bwd_d64(const uint8_t* __restrict__ tmaps, const float* __restrict__ lse2,
                      const float* __restrict__ delta, float* __restrict__ dq_acc,
@@ -596,6 +656,32 @@ hopper_flash_bwd_bulk_d128(const uint8_t* __restrict__ tmaps, const float* __res
 #endif
 }
 
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_bwd_frag_d64(const uint8_t* __restrict__ tmaps, const float* __restrict__ lse2,
+                          const float* __restrict__ delta, float* __restrict__ dq_acc,
+                          __nv_bfloat16* __restrict__ dK, __nv_bfloat16* __restrict__ dV, int S,
+                          int s_pad, float scale_log2, float scale, int causal) {
+#if HA_SM90A
+    hb::flash_bwd<64, true, true>(tmaps, lse2, delta, dq_acc, dK, dV, S, s_pad, scale_log2,
+                                  scale, causal);
+#else
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+hopper_flash_bwd_frag_d128(const uint8_t* __restrict__ tmaps, const float* __restrict__ lse2,
+                           const float* __restrict__ delta, float* __restrict__ dq_acc,
+                           __nv_bfloat16* __restrict__ dK, __nv_bfloat16* __restrict__ dV, int S,
+                           int s_pad, float scale_log2, float scale, int causal) {
+#if HA_SM90A
+    hb::flash_bwd<128, true, true>(tmaps, lse2, delta, dq_acc, dK, dV, S, s_pad, scale_log2,
+                                  scale, causal);
+#else
+    __trap();
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 hopper_flash_bwd_prep_d64(const __nv_bfloat16* __restrict__ O, const __nv_bfloat16* __restrict__ dO,
                           const float* __restrict__ Lse, float* __restrict__ lse2,
@@ -622,4 +708,16 @@ extern "C" __global__ void __launch_bounds__(256)
 hopper_flash_bwd_dq_d128(const float* __restrict__ dq_acc, __nv_bfloat16* __restrict__ dQ, int S,
                          int s_pad, unsigned long long pairs, float scale) {
     flash_bwd_dq<128>(dq_acc, dQ, S, s_pad, pairs, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+hopper_flash_bwd_dq_frag_d64(const float* __restrict__ dq_acc, __nv_bfloat16* __restrict__ dQ,
+                             int S, int s_pad, unsigned long long quads, float scale) {
+    flash_bwd_dq_frag<64>(dq_acc, dQ, S, s_pad, quads, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+hopper_flash_bwd_dq_frag_d128(const float* __restrict__ dq_acc, __nv_bfloat16* __restrict__ dQ,
+                              int S, int s_pad, unsigned long long quads, float scale) {
+    flash_bwd_dq_frag<128>(dq_acc, dQ, S, s_pad, quads, scale);
 }

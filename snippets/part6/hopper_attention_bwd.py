@@ -60,6 +60,8 @@ PREP_ROWS = 8  # rows per block of the prep kernel (a warp each)
 DQ_THREADS = 256  # threads per block of the dQ kernel (2 elements each)
 KERNELS = {64: "hopper_flash_bwd_d64", 128: "hopper_flash_bwd_d128"}
 BULK_KERNELS = {64: "hopper_flash_bwd_bulk_d64", 128: "hopper_flash_bwd_bulk_d128"}  # step 2
+FRAG_KERNELS = {64: "hopper_flash_bwd_frag_d64", 128: "hopper_flash_bwd_frag_d128"}  # step 3
+DQ_FRAG_KERNELS = {64: "hopper_flash_bwd_dq_frag_d64", 128: "hopper_flash_bwd_dq_frag_d128"}
 PREP_KERNELS = {64: "hopper_flash_bwd_prep_d64", 128: "hopper_flash_bwd_prep_d128"}
 DQ_KERNELS = {64: "hopper_flash_bwd_dq_d64", 128: "hopper_flash_bwd_dq_d128"}
 # --8<-- [end:constants]
@@ -141,6 +143,10 @@ def kernel(name: str, device_index: int):
 
 
 # --8<-- [start:launch]
+# The main kernel of each step (steps 2 and 3 add the fp32 dQ tile to shared memory)
+STEPS = {1: KERNELS, 2: BULK_KERNELS, 3: FRAG_KERNELS}
+
+
 def launch_bwd(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor, causal: bool,
                scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -163,11 +169,11 @@ def launch_bwd(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.
     specs = (q_tensor_map_spec(b * h, s, d, q.data_ptr()), tensor_map_spec(b * h, s, d, k.data_ptr()),
              tensor_map_spec(b * h, s, d, v.data_ptr()), q_tensor_map_spec(b * h, s, d, do.data_ptr()))
     tmaps = device_tensor_maps(specs, q.device)
-    main = kernel((KERNELS if step == 1 else BULK_KERNELS)[d], dev)
-    smem = smem_bytes(d, bulk=step == 2)
+    main = kernel(STEPS[step][d], dev)
+    smem = smem_bytes(d, bulk=step >= 2)
     if main.max_dynamic_shared_size_bytes < smem:
         main.max_dynamic_shared_size_bytes = smem  # above 48 KB needs the opt-in
-    pairs = b * h * s * d // 2
+    pairs, quads = b * h * s * d // 2, rows * d // 4
     with torch.cuda.device(q.device):
         cuda.launch(kernel(PREP_KERNELS[d], dev), (-(-rows // PREP_ROWS),), PREP_ROWS * 32,
                     (o, do, lse, lse2, delta, dq_acc, np.int32(s), np.int32(s_pad),
@@ -176,9 +182,14 @@ def launch_bwd(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.
                     (tmaps, lse2, delta, dq_acc, dk, dv, np.int32(s), np.int32(s_pad),
                      np.float32(scale * LOG2E), np.float32(scale), np.int32(causal)),
                     shared_mem=smem)
-        cuda.launch(kernel(DQ_KERNELS[d], dev), (-(-pairs // DQ_THREADS),), DQ_THREADS,
-                    (dq_acc, dq, np.int32(s), np.int32(s_pad), np.uint64(pairs),
-                     np.float32(scale)))
+        if step >= 3:  # the accumulator in fragment order: a thread per float4 of it
+            cuda.launch(kernel(DQ_FRAG_KERNELS[d], dev), (-(-quads // DQ_THREADS),), DQ_THREADS,
+                        (dq_acc, dq, np.int32(s), np.int32(s_pad), np.uint64(quads),
+                         np.float32(scale)))
+        else:
+            cuda.launch(kernel(DQ_KERNELS[d], dev), (-(-pairs // DQ_THREADS),), DQ_THREADS,
+                        (dq_acc, dq, np.int32(s), np.int32(s_pad), np.uint64(pairs),
+                         np.float32(scale)))
     return dq, dk, dv
 
 
@@ -198,6 +209,16 @@ def flash_bwd_hopper_bulk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
     over its 128 keys in shared memory (each consumer computes half of its columns) and added to
     the accumulator with one bulk reduction (``cp.reduce.async.bulk``) instead of atomics."""
     return launch_bwd(2, "flash_bwd_hopper_bulk", q, k, v, o, lse, do, causal, scale)
+
+
+def flash_bwd_hopper_frag(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                          lse: torch.Tensor, do: torch.Tensor, causal: bool = False,
+                          scale: float | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step 3: step 2 with shared-memory stores free of bank conflicts: dS through ``stmatrix``
+    (transposed), the dQ tile and the accumulator in the consumers' fragment order (the last
+    kernel puts the rows back in order)."""
+    return launch_bwd(3, "flash_bwd_hopper_frag", q, k, v, o, lse, do, causal, scale)
 # --8<-- [end:launch]
 
 
@@ -269,6 +290,13 @@ def hopper_attention_bwd_v3(q, k, v, do, causal=False, saved=None):
                                causal, saved)
 
 
+def hopper_attention_bwd_v4(q, k, v, do, causal=False, saved=None):
+    """v4: step 3 (stores without bank conflicts: stmatrix for dS, dQ in fragment order), timed
+    alone."""
+    return _with_saved_forward(flash_bwd_hopper_frag, "hopper_attention_bwd_v4", q, k, v, do,
+                               causal, saved)
+
+
 HEADLINE = {"b": 4, "h": 32, "s": 4096, "d": 128, "causal": False}
 # the forward's sweep, S from 1024 to 16384 at B * S = 16384, fewer points; D 64 at the headline
 SWEEP = [{"b": 16384 // s, "h": 32, "s": s, "d": 128, "causal": causal}
@@ -308,4 +336,9 @@ hopper_attention_bwd.add(Impl("v3", hopper_attention_bwd_v3, "CUDA",
                               "like v2, dQ summed over the block's keys in shared memory and added "
                               "with one bulk reduction a tile",
                               (flash_bwd_hopper_bulk, hopper_attention_bwd_v3, *_BWD_SOURCES),
+                              device="cuda", dtypes=(torch.bfloat16,), requires=needs_sm90))
+hopper_attention_bwd.add(Impl("v4", hopper_attention_bwd_v4, "CUDA",
+                              "like v3, shared-memory stores without bank conflicts: dS by "
+                              "stmatrix, the dQ tile in fragment order",
+                              (flash_bwd_hopper_frag, hopper_attention_bwd_v4, *_BWD_SOURCES),
                               device="cuda", dtypes=(torch.bfloat16,), requires=needs_sm90))
