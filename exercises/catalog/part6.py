@@ -409,4 +409,68 @@ wgmma_desc = Exercise(
     },
 )
 
-EXERCISES = [crd2idx, coalesce, swizzle, complement, fp8_scale, wgmma_desc]
+
+# ---------------------------------------------------------------------------------- hopper-attention.12
+def _store_order(d: int) -> dict[int, tuple[int, int]]:
+    """Step 3's stores (flash_bwd.cu, FRAG), transcribed: float4 index -> (row, column) of its first
+    value, for both consumers, every thread and register group of one 64 x d dQ tile."""
+    half = d // 2
+    out = {}
+    for c in range(2):
+        for t in range(128):
+            warp, lane = t // 32, t % 32
+            for j in range(half // 8):
+                out[(c * (half // 8) + j) * 128 + t] = (16 * warp + lane // 4,
+                                                        c * half + 8 * j + 2 * (lane % 4))
+    return out
+
+
+def _check_dq_frag(run: Run) -> None:
+    mine = getattr(run.module(), "frag_coords", None)
+    if not callable(mine):
+        raise Failure("frag_coords is missing or not a function")
+    for d in (64, 128):
+        order = _store_order(d)
+        with run.case(
+            f"every float4 of a 64 x {d} tile, against the kernel's stores",
+            hint="t = f % 128 is the storing thread and f // 128 its consumer's register group; "
+            "the row comes from the warp and the lane's quad, the column from the group and the "
+            "lane's pair",
+        ):
+            compare.functions("frag_coords", mine, lambda f, d, o=order: o[f],
+                              [(f, d) for f in sorted(order)])
+    with run.case(
+        "indices outside the tile are refused",
+        hint="a 64 x d tile holds 16 * d float4s: raise ValueError outside 0 .. 16 * d - 1",
+    ):
+        for f, d in ((-1, 64), (1024, 64), (2048, 128)):
+            try:
+                got = mine(f, d)
+            except ValueError:
+                continue
+            raise Failure(f"frag_coords({f}, {d}) returned {got}: outside the tile, expected "
+                          "ValueError")
+
+
+dq_frag = Exercise(
+    id="part6.hopper-attention.12",
+    title="Step 3's fragment order, read back",
+    difficulty=2,
+    kind="model",
+    files=("part6/dq_frag.py",),
+    task="Write frag_coords(f, d): where the first value of float4 number f of one 64 x d dQ tile, in "
+    "step 3's fragment order, belongs. Consumer c's thread t (0..127, warp t // 32, lane t % 32) "
+    "stores its register group j (columns 8j.., of the c-th half of d) as float4 number "
+    "(c * d / 16 + j) * 128 + t; the float4 holds rows r and r + 8 (r = 16 * warp + lane // 4) at "
+    "columns col and col + 1 (col = c * d / 2 + 8j + 2 * (lane % 4)). Return (r, col). f outside the "
+    "tile (f < 0 or f >= 16 * d) is a ValueError.",
+    hint="t, group = f % 128, f // 128; c * d / 2 + 8j is 8 * group",
+    check=_check_dq_frag,
+    planted={
+        "no_warp_offset": "frag_coords(",
+        "columns_not_pairs": "frag_coords(",
+        "no_range_check": "expected ValueError",
+    },
+)
+
+EXERCISES = [crd2idx, coalesce, swizzle, complement, fp8_scale, wgmma_desc, dq_frag]
