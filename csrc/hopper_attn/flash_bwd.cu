@@ -353,7 +353,8 @@ __device__ __forceinline__ void bwd_consume(uint32_t base, uint32_t kv_full, uin
             for (int t = 0; t < 4; ++t) {
                 const int q = 8 * (2 * t + m / 2) + i;
                 const uint32_t a = ds_tile + q * ROW_BYTES + (((2 * warp + h) ^ i) * 16);
-                asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 "
+                             "[%0], {%1, %2, %3, %4};"
                              ::"r"(a), "r"(dst[4 * t]), "r"(dst[4 * t + 1]), "r"(dst[4 * t + 2]),
                                "r"(dst[4 * t + 3])
                              : "memory");
@@ -550,8 +551,10 @@ __device__ __forceinline__ void flash_bwd_prep(const __nv_bfloat16* O, const __n
         const size_t at = (size_t(plane) * S + q) * D + lane * PER_LANE;
 #pragma unroll
         for (int e = 0; e < PER_LANE; e += 2) {
-            const float2 o = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(O + at + e));
-            const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dO + at + e));
+            const float2 o =
+                __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(O + at + e));
+            const float2 g =
+                __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dO + at + e));
             acc += o.x * g.x + o.y * g.y;
         }
     }

@@ -166,8 +166,10 @@ def launch_bwd(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.
     delta = torch.empty(rows, dtype=torch.float32, device=q.device)
     dq_acc = torch.empty((rows, d), dtype=torch.float32, device=q.device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    specs = (q_tensor_map_spec(b * h, s, d, q.data_ptr()), tensor_map_spec(b * h, s, d, k.data_ptr()),
-             tensor_map_spec(b * h, s, d, v.data_ptr()), q_tensor_map_spec(b * h, s, d, do.data_ptr()))
+    specs = (q_tensor_map_spec(b * h, s, d, q.data_ptr()),
+             tensor_map_spec(b * h, s, d, k.data_ptr()),
+             tensor_map_spec(b * h, s, d, v.data_ptr()),
+             q_tensor_map_spec(b * h, s, d, do.data_ptr()))
     tmaps = device_tensor_maps(specs, q.device)
     main = kernel(STEPS[step][d], dev)
     smem = smem_bytes(d, bulk=step >= 2)
