@@ -1,24 +1,28 @@
-"""FlashAttention's backward on Hopper, step 1: the gradients of attention on the forward's
-machinery (TMA, mbarriers, a producer and two consumer warpgroups, ``wgmma``), and an attention
-that trains on it.
+"""FlashAttention's backward on Hopper, in three steps, on the forward's machinery (TMA, mbarriers,
+a producer and two consumer warpgroups, ``wgmma``), and an attention that trains on it.
 
 Given q, k, v (bf16, (B, H, S, D), D = 64 or 128), the forward's o and lse (the natural-log row
-log-sum-exp of the scaled scores, fp32 (B, H, S)) and the upstream gradient do, ``flash_bwd_hopper``
-returns dq, dk, dv. The kernels are ``csrc/hopper_attn/flash_bwd.cu`` (which includes the forward's
-file for its device helpers), three launches:
+log-sum-exp of the scaled scores, fp32 (B, H, S)) and the upstream gradient do, each step returns
+dq, dk, dv. The kernels are ``csrc/hopper_attn/flash_bwd.cu`` (which includes the forward's file
+for its device helpers), three launches a call:
 
 1. ``hopper_flash_bwd_prep_d*``: delta = rowsum(do * o), lse in log2 units, the fp32 dQ
    accumulator zeroed; rows padded to a multiple of 64 (the padding rows get lse2 = +inf, P = 0).
-2. ``hopper_flash_bwd_d*``: one block per (128 keys, head, batch). The producer loads the block's K
-   and V once, then Q and dO tiles of 64 queries (TMA) and their lse2 and delta (1-D bulk copies)
+2. The main kernel: one block per (128 keys, head, batch). The producer loads the block's K and V
+   once, then Q and dO tiles of 64 queries (TMA) and their lse2 and delta (1-D bulk copies)
    through a 2-stage ring. Each consumer warpgroup owns 64 keys and, per query tile, computes
-   S^T = K Q^T and dP^T = V dO^T with ``wgmma`` from shared memory, P^T and dS^T in registers, dV +=
-   P^T dO and dK += dS^T Q with P^T and dS^T as the register A operand, and its part of dQ = dS K
-   from a dS tile it writes to shared memory, added to the accumulator with atomics.
-3. ``hopper_flash_bwd_dq_d*``: dq = scale * accumulator in bf16.
+   S^T = K Q^T and dP^T = V dO^T with ``wgmma`` from shared memory, P^T and dS^T in registers,
+   dV += P^T dO and dK += dS^T Q with P^T and dS^T as the register A operand, and dQ = dS K from
+   dS written to shared memory. How dQ reaches the accumulator is what the steps change:
+   step 1 (``flash_bwd_hopper``, ``hopper_flash_bwd_d*``) adds each consumer's part with float2
+   atomics; step 2 (``flash_bwd_hopper_bulk``) sums the block's dQ tile in shared memory (each
+   consumer half of its columns) and adds it with one ``cp.reduce.async.bulk``; step 3
+   (``flash_bwd_hopper_frag``) is step 2 with stores free of bank conflicts: dS through
+   ``stmatrix .trans``, the dQ tile and the accumulator in the consumers' fragment order.
+3. ``hopper_flash_bwd_dq_d*`` (``_dq_frag_d*`` for step 3): dq = scale * accumulator in bf16.
 
-``HopperFlashAttention`` (``flash_attention_hopper``) pairs step 4 of the forward with this
-backward: an attention that trains, whose forward saves o and lse (4 bytes a row).
+``HopperFlashAttention`` (``flash_attention_hopper``) pairs step 4 of the forward with step 3 of
+the backward: an attention that trains, whose forward saves o and lse (4 bytes a row).
 """
 
 from __future__ import annotations
@@ -152,7 +156,7 @@ def launch_bwd(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.
                scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Check, then launch step ``step``'s three kernels: (dq, dk, dv)."""
     b, h, s, d, scale = check_hopper_attention_bwd(name, q, k, v, o, lse, do, causal, scale)
-    refuse_grad(name, q, k, v, o, do, instead="flash_attention_hopper", why=GRADS_ONLY)
+    refuse_grad(name, q, k, v, o, lse, do, instead="flash_attention_hopper", why=GRADS_ONLY)
     if q.device.type != "cuda":
         raise RuntimeError(f"{name}: the tensors must be CUDA tensors (on an H100 or H200), got "
                            f"{q.device}")
@@ -226,7 +230,7 @@ def flash_bwd_hopper_frag(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: 
 
 # --8<-- [start:function]
 class HopperFlashAttention(torch.autograd.Function):
-    """Attention that trains on Hopper: step 4's forward, which saves o and lse, and step 2 of the
+    """Attention that trains on Hopper: step 4's forward, which saves o and lse, and step 3 of the
     backward."""
 
     @staticmethod
@@ -240,7 +244,7 @@ class HopperFlashAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         do = do.contiguous()  # autograd may hand over a broadcast view (the gradient of o.sum())
-        return (*flash_bwd_hopper_bulk(q, k, v, o, lse, do, ctx.causal, ctx.scale), None, None)
+        return (*flash_bwd_hopper_frag(q, k, v, o, lse, do, ctx.causal, ctx.scale), None, None)
 
 
 def flash_attention_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
