@@ -256,10 +256,11 @@ __device__ __forceinline__ void fence_regs(uint32_t (&d)[R]) {
 // --8<-- [end:wgmma]
 
 // --8<-- [start:wgmma_ss]
-// S (64 x 128, fp32, 64 registers a thread) += A (64 x 16) * B (128 x 16)^T, both read from
-// shared memory through their descriptors, both K-major (transpose immediates 0, 0), scale 1.
-__device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t desc_a,
-                                                  uint64_t desc_b) {
+// S (64 x 128, fp32, 64 registers a thread) += A (64 x 16) * B, both read from shared memory
+// through their descriptors, A K-major, scale 1; B K-major (TB = 0: B is 128 x 16 with the 16
+// contiguous, the forward's K) or MN-major (TB = 1: 16 x 128, the 128 contiguous; the backward's).
+template <int TB>
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
@@ -269,7 +270,7 @@ __device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t des
         "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, "
         "%60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
           "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
           "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
@@ -281,7 +282,7 @@ __device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t des
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
           "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
           "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b), "n"(1));
+        : "l"(desc_a), "l"(desc_b), "n"(1), "n"(TB));
 }
 
 // --8<-- [end:wgmma_ss]
@@ -620,7 +621,7 @@ __device__ __forceinline__ void qk_issue(float (&sc)[BLOCK_N / 2], uint32_t q_ti
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t off = (kk / 4) * PANEL_BYTES + (kk % 4) * 32;
-        wgmma_ss_m64n128k16(sc, desc_kmajor(q_tile + off), desc_kmajor(k_tile + off));
+        wgmma_ss_n128<0>(sc, desc_kmajor(q_tile + off), desc_kmajor(k_tile + off));
     }
     wgmma_commit();
 }
@@ -928,6 +929,20 @@ __device__ __forceinline__ void consume_overlap(uint32_t base, uint32_t q_full, 
 }
 // --8<-- [end:overlap]
 
+// Thread 0's set-up of a block: the first n_maps tensor maps fetched, a one-shot barrier `first`
+// (Q's tile; the backward's K and V) and a ring of NS stages (full: the producer's expect_tx;
+// empty: every consumer warp). The caller inits any other barrier, then mbar_fence_init().
+template <int NS>
+__device__ __forceinline__ void init_block(const uint8_t* tmaps, int n_maps, uint32_t first,
+                                           uint32_t full, uint32_t empty) {
+    for (int i = 0; i < n_maps; ++i) tmap_acquire(tmaps + i * TMAP_BYTES);
+    mbar_init(first, 1);
+    for (int s = 0; s < NS; ++s) {
+        mbar_init(full + 8 * s, 1);                            // the producer's expect_tx
+        mbar_init(empty + 8 * s, CONSUMERS * WG_THREADS / 32);  // every consumer warp
+    }
+}
+
 // --8<-- [start:kernel]
 // Grid (ceil(S / 128), H, B). tmaps: Q's, K's and V's tensor maps, 128 bytes each. O is (B, H, S,
 // D) bf16, Lse (B, H, S) fp32; scale_log2 = scale * log2(e). PINGPONG: step 2's consumers
@@ -952,12 +967,7 @@ __device__ __forceinline__ void flash_fwd(const uint8_t* tmaps, __nv_bfloat16* O
     const int n_tiles = causal ? min(key_tiles, int(blockIdx.x) + 1) : key_tiles;
 
     if (threadIdx.x == 0) {
-        for (int i = 0; i < 3; ++i) tmap_acquire(tmaps + i * TMAP_BYTES);
-        mbar_init(q_full, 1);
-        for (int s = 0; s < NS; ++s) {
-            mbar_init(full + 8 * s, 1);                            // the producer's expect_tx
-            mbar_init(empty + 8 * s, CONSUMERS * WG_THREADS / 32);  // every consumer warp
-        }
+        init_block<NS>(tmaps, 3, q_full, full, empty);
         mbar_fence_init();
     }
     __syncthreads();
@@ -984,10 +994,13 @@ __device__ __forceinline__ void flash_fwd(const uint8_t* tmaps, __nv_bfloat16* O
 // Step 5's work list: tile w of the m_blocks x planes tiles is query block w % m_blocks of plane
 // (b * H + h) w / m_blocks, so the blocks that run at once share a few heads' K and V in L2, as
 // the grid of steps 1-4 does; with the causal mask the longest query block of a plane comes first.
-__device__ __forceinline__ void work_tile(int w, int m_blocks, bool causal, int& mb, int& plane) {
+// Returns the tile's number of key tiles.
+__device__ __forceinline__ int work_tile(int w, int m_blocks, int key_tiles, bool causal, int& mb,
+                                         int& plane) {
     const int r = w % m_blocks;
     mb = causal ? m_blocks - 1 - r : r;
     plane = w / m_blocks;
+    return causal ? min(key_tiles, mb + 1) : key_tiles;
 }
 
 // Grid (min(tiles, SMs)): block i starts with tile i; every later tile goes to the block that asks
@@ -1008,12 +1021,7 @@ __device__ __forceinline__ void flash_fwd_persistent(const uint8_t* tmaps, __nv_
     const int n_work = m_blocks * planes;
 
     if (threadIdx.x == 0) {
-        for (int i = 0; i < 3; ++i) tmap_acquire(tmaps + i * TMAP_BYTES);
-        mbar_init(q_full, 1);
-        for (int s = 0; s < NS; ++s) {
-            mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, CONSUMERS * WG_THREADS / 32);
-        }
+        init_block<NS>(tmaps, 3, q_full, full, empty);
         mbar_init(q_empty, CONSUMERS * WG_THREADS / 32);  // every consumer warp, once a tile
         mbar_fence_init();
     }
@@ -1035,8 +1043,7 @@ __device__ __forceinline__ void flash_fwd_persistent(const uint8_t* tmaps, __nv_
             }
             w = gridDim.x + atomicAdd(next, 1);  // the next tile, asked for before it is needed
             int mb, plane;
-            work_tile(tile, m_blocks, causal != 0, mb, plane);
-            const int n_tiles = causal ? min(key_tiles, mb + 1) : key_tiles;
+            const int n_tiles = work_tile(tile, m_blocks, key_tiles, causal != 0, mb, plane);
             produce<D, NS>(base, q_full, full, empty, tmaps, mb * BLOCK_M, plane, n_tiles, g);
             g += n_tiles;
         }
@@ -1048,8 +1055,7 @@ __device__ __forceinline__ void flash_fwd_persistent(const uint8_t* tmaps, __nv_
             asm volatile("ld.shared.b32 %0, [%1];" : "=r"(tile) : "r"(tile_slot) : "memory");
             if (tile < 0) break;
             int mb, plane;
-            work_tile(tile, m_blocks, causal != 0, mb, plane);
-            const int n_tiles = causal ? min(key_tiles, mb + 1) : key_tiles;
+            const int n_tiles = work_tile(tile, m_blocks, key_tiles, causal != 0, mb, plane);
             consume_pingpong<D, true, true>(base, q_full, full, empty, wg - 1, n_tiles, S,
                                             mb * BLOCK_M, causal != 0, scale_log2, O, Lse,
                                             size_t(plane) * S, g, j, q_empty);

@@ -45,6 +45,7 @@ import torch
 from snippets import cuda
 from snippets._checks import refuse_grad
 from snippets.common.cubin import Cubin
+from snippets.common.gemm import num_sms
 from snippets.part6.gemm import device_tensor_maps, needs_sm90
 from snippets.part6.hopper import SMEM_LIMIT_SM90, TensorMapSpec
 
@@ -235,7 +236,8 @@ def launch_step(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     specs = tuple(tensor_map_spec(b * h, s, d, t.data_ptr()) for t in (q, k, v))
     tmaps = device_tensor_maps(specs, q.device)
-    fn = kernel(kernels[d], q.device.index if q.device.index is not None else 0)
+    dev = q.device.index if q.device.index is not None else 0
+    fn = kernel(kernels[d], dev)
     smem = smem_bytes(d, stages, scratch)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem  # above 48 KB needs the opt-in
@@ -243,7 +245,7 @@ def launch_step(step: int, name: str, q: torch.Tensor, k: torch.Tensor, v: torch
     grid = (-(-s // BLOCK_M), h, b)
     if step in PERSISTENT_STEPS:
         tiles = grid[0] * h * b  # < 2**31: check_hopper_attention bounds B * H * S
-        grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count), 1, 1)
+        grid = (min(tiles, num_sms(dev)), 1, 1)
         # the tile counter the blocks take their next tiles from: zeroed for every launch
         args += (np.int32(b * h), torch.zeros(1, dtype=torch.int32, device=q.device))
     with torch.cuda.device(q.device):

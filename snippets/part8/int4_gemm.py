@@ -824,14 +824,22 @@ def int4_linear_tc(x, packed, scales, dense=None):
     return int4_gemm(x, packed, scales, split_k=None)
 
 
-def int4_linear_tc_wide(x, packed, scales, dense=None):
-    """v6 with the registry's arguments: int4_tc_wide (128 weight rows per program, x read in
-    k order) for M <= 256 and G a multiple of 128; otherwise v2, as v5."""
-    refuse_grad("int4_linear_tc_wide", dense, instead="int4_gemm_ref")   # forward-only
+# --8<-- [start:wide_dispatch]
+def tc_wide_or_v2(name, x, packed, scales, dense, **launch):
+    """v6 to v8's dispatch: int4_tc_wide with ``launch`` for M <= 256 and G a multiple of 128;
+    otherwise v2, as v5."""
+    refuse_grad(name, dense, instead="int4_gemm_ref")   # forward-only
     groups = scales.shape[-1]
     if x.shape[0] <= WIDE_MAX_M and groups and x.shape[-1] % (TC_BLOCK_K * groups) == 0:
-        return int4_tc_wide(x, packed, scales)
+        return int4_tc_wide(x, packed, scales, **launch)
     return int4_gemm(x, packed, scales, split_k=None)
+# --8<-- [end:wide_dispatch]
+
+
+def int4_linear_tc_wide(x, packed, scales, dense=None):
+    """v6 with the registry's arguments: int4_tc_wide (128 weight rows per program, x read in
+    k order) where it applies (``tc_wide_or_v2``)."""
+    return tc_wide_or_v2("int4_linear_tc_wide", x, packed, scales, dense)
 
 
 # --8<-- [start:pair]
@@ -839,11 +847,7 @@ def int4_linear_tc_pair(x, packed, scales, dense=None):
     """v7 with the registry's arguments: int4_tc_wide with 64 weight rows a program on one
     warpgroup (``block_n=64``, 4 warps), two programs an SM, K split for that; otherwise v2, as
     v6."""
-    refuse_grad("int4_linear_tc_pair", dense, instead="int4_gemm_ref")   # forward-only
-    groups = scales.shape[-1]
-    if x.shape[0] <= WIDE_MAX_M and groups and x.shape[-1] % (TC_BLOCK_K * groups) == 0:
-        return int4_tc_wide(x, packed, scales, block_n=64)
-    return int4_gemm(x, packed, scales, split_k=None)
+    return tc_wide_or_v2("int4_linear_tc_pair", x, packed, scales, dense, block_n=64)
 # --8<-- [end:pair]
 
 
@@ -851,11 +855,8 @@ def int4_linear_tc_pair(x, packed, scales, dense=None):
 def int4_linear_tc_relabelled(x, packed, scales, dense=None):
     """v8 with the registry's arguments: v7's launch with x relabelled once per call
     (``relabel_x_once``); otherwise v2, as v6 and v7."""
-    refuse_grad("int4_linear_tc_relabelled", dense, instead="int4_gemm_ref")   # forward-only
-    groups = scales.shape[-1]
-    if x.shape[0] <= WIDE_MAX_M and groups and x.shape[-1] % (TC_BLOCK_K * groups) == 0:
-        return int4_tc_wide(x, packed, scales, block_n=64, relabel_x_once=True)
-    return int4_gemm(x, packed, scales, split_k=None)
+    return tc_wide_or_v2("int4_linear_tc_relabelled", x, packed, scales, dense, block_n=64,
+                         relabel_x_once=True)
 # --8<-- [end:relabelled]
 
 
@@ -874,6 +875,9 @@ TEST_SIZES = [{"m": m, "n": n, "k": k, "g": g}
                                  (33, 72, 96, 32))]
 MAX_K = max(s["k"] for s in [HEADLINE, *SWEEP])
 SOURCES = (_int4_gemm_kernel, int4_gemm, launch_config, check_int4_gemm)
+# what v6 to v8 run on top of SOURCES (v8 adds relabel_x)
+WIDE_SOURCES = (*SOURCES, auto_split_k, _int4_tc_wide_kernel, _relabel_rows, _unpack_words,
+                _nibble, _sum_splits_kernel, _int_in, wide_split_k, int4_tc_wide, tc_wide_or_v2)
 HALF = (torch.float16, torch.bfloat16)
 
 
@@ -911,23 +915,14 @@ int4_gemm_op.add(Impl("v5", int4_linear_tc, "Triton",
                       device="any", dtypes=_triton_dtypes()))
 int4_gemm_op.add(Impl("v6", int4_linear_tc_wide, "Triton",
                       "like v5, 128 weight rows a program (two warpgroups), x read in k order "
-                      "and relabelled on chip, M <= 256",
-                      (*SOURCES, auto_split_k, _int4_tc_wide_kernel, _relabel_rows,
-                       _unpack_words, _nibble, _sum_splits_kernel, _int_in, wide_split_k,
-                       int4_tc_wide),
+                      "and relabelled on chip, M <= 256", WIDE_SOURCES,
                       device="any", dtypes=_triton_dtypes()))
 int4_gemm_op.add(Impl("v7", int4_linear_tc_pair, "Triton",
                       "like v6, 64 weight rows a program (one warpgroup): two programs an SM, "
-                      "K split for both",
-                      (*SOURCES, auto_split_k, _int4_tc_wide_kernel, _relabel_rows,
-                       _unpack_words, _nibble, _sum_splits_kernel, _int_in, wide_split_k,
-                       int4_tc_wide),
+                      "K split for both", WIDE_SOURCES,
                       device="any", dtypes=_triton_dtypes()))
 int4_gemm_op.add(Impl("v8", int4_linear_tc_relabelled, "Triton",
                       "like v7, x relabelled once per call (a first pass), so no program relabels "
-                      "it on chip",
-                      (*SOURCES, auto_split_k, _int4_tc_wide_kernel, _relabel_rows,
-                       _unpack_words, _nibble, _sum_splits_kernel, _int_in, wide_split_k,
-                       int4_tc_wide, relabel_x),
+                      "it on chip", (*WIDE_SOURCES, relabel_x),
                       device="any", dtypes=_triton_dtypes()))
 # --8<-- [end:register]
