@@ -27,6 +27,8 @@ the backward: an attention that trains, whose forward saves o and lse (4 bytes a
 
 from __future__ import annotations
 
+import functools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -256,20 +258,87 @@ def flash_attention_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 # --------------------------------------------------------------------------------------------------
-# Registration: the backward against cuDNN's and against Part 5's Triton backward
+# Registration: the backward against cuDNN's (Part 5's Triton backward is in its own op,
+# flash_attention_bwd; a chapter module does not import another part)
 # --------------------------------------------------------------------------------------------------
 
-from snippets.part5.flash_attention import (  # noqa: E402
-    _bwd_bytes,
-    _bwd_flops,
-    _make_inputs_bwd,
-    attention_bwd_cudnn_sdpa,
-    attention_bwd_ref,
-    attention_bwd_triton,
-    cudnn_missing,
-    flash_attention_bwd,
-)
-from snippets.registry import Impl, Op, register  # noqa: E402
+from snippets.registry import Impl, Op, device_generator, register  # noqa: E402
+
+
+# --8<-- [start:reference]
+def attention_bwd_ref(q, k, v, do, causal=False, saved=None):
+    """The gradients (dq, dk, dv) of sum(o * do) by the closed form, one head at a time, in q's
+    dtype (the tests and the harness pass float64): dV = P^T dO, dS = P (dO V^T - rowsum(dO O)),
+    dQ = dS K scale, dK = dS^T Q scale. ``saved`` is the versions' slot; the reference ignores it."""
+    b, h, s, d = q.shape
+    scale = 1.0 / math.sqrt(d)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1) if causal else None
+    for i in range(b):
+        for j in range(h):
+            scores = (q[i, j] @ k[i, j].T) * scale
+            if causal:
+                scores = scores.masked_fill(mask, float("-inf"))
+            p = torch.softmax(scores, dim=-1)
+            o = p @ v[i, j]
+            dv[i, j] = p.T @ do[i, j]
+            ds = p * (do[i, j] @ v[i, j].T - (do[i, j] * o).sum(dim=-1, keepdim=True))
+            dq[i, j] = ds @ k[i, j] * scale
+            dk[i, j] = ds.T @ q[i, j] * scale
+    return dq, dk, dv
+# --8<-- [end:reference]
+
+
+def cudnn_attention_bwd(q, k, v, do, causal=False, saved=None):
+    """v0: cuDNN's backward through SDPA and autograd, timed alone: the first call on an input set
+    runs the forward on leaves that require grad and keeps the graph in ``saved["cudnn"]``."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if saved is None:
+        saved = {}
+    if "cudnn" not in saved:
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=bool(causal))
+        saved["cudnn"] = (o, leaves)
+    o, leaves = saved["cudnn"]
+    return torch.autograd.grad(o, leaves, do, retain_graph=True)
+
+
+@functools.lru_cache(maxsize=None)
+def cudnn_bwd_missing() -> str | None:
+    """For ``Impl(requires=...)``: why SDPA's cuDNN backward cannot run here, or None (tried on a
+    tiny bf16 problem; the backend's own checks decide)."""
+    if not torch.cuda.is_available():
+        return "cuDNN attention needs a CUDA GPU"
+    try:
+        q = torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
+        cudnn_attention_bwd(q, q, q, q)
+    except RuntimeError as exc:
+        return f"SDPA's cuDNN backward refuses here: {exc}".splitlines()[0]
+    return None
+
+
+def make_inputs_bwd(size, dtype, device, gen):
+    """q, k, v, do ~ N(0, 1) of shape (B, H, S, D), the causal flag, and an empty slot (a dict) in
+    which each version keeps what its forward saved."""
+    g = device_generator(gen, device)
+    shape = (size["b"], size["h"], size["s"], size["d"])
+    q, k, v, do = (torch.randn(shape, generator=g, device=device).to(dtype) for _ in range(4))
+    return q, k, v, do, size["causal"], {}
+
+
+def attention_bwd_flops(size, dtype) -> int:
+    """Five products against the forward's two: 2.5 times FlashAttention's forward count (4 B H S^2
+    D, halved by the causal mask)."""
+    f = 10 * size["b"] * size["h"] * size["s"] * size["s"] * size["d"]
+    return f // 2 if size["causal"] else f
+
+
+def attention_bwd_bytes(size, dtype) -> int:
+    """Read q, k, v, o, do and lse; write dq, dk, dv."""
+    bhs = size["b"] * size["h"] * size["s"]
+    return 8 * bhs * size["d"] * dtype.itemsize + 4 * bhs
 
 
 def _with_saved_forward(backward, name, q, k, v, do, causal, saved):
@@ -284,22 +353,22 @@ def _with_saved_forward(backward, name, q, k, v, do, causal, saved):
     return backward(q, k, v, o, lse, do, causal)
 
 
-def hopper_attention_bwd_v2(q, k, v, do, causal=False, saved=None):
-    """v2: step 1 of the Hopper backward (dQ by atomics), timed alone."""
-    return _with_saved_forward(flash_bwd_hopper, "hopper_attention_bwd_v2", q, k, v, do, causal,
+def hopper_attention_bwd_v1(q, k, v, do, causal=False, saved=None):
+    """v1: step 1 of the Hopper backward (dQ by atomics), timed alone."""
+    return _with_saved_forward(flash_bwd_hopper, "hopper_attention_bwd_v1", q, k, v, do, causal,
                                saved)
 
 
-def hopper_attention_bwd_v3(q, k, v, do, causal=False, saved=None):
-    """v3: step 2 (dQ summed per block, one bulk reduction a tile), timed alone."""
-    return _with_saved_forward(flash_bwd_hopper_bulk, "hopper_attention_bwd_v3", q, k, v, do,
+def hopper_attention_bwd_v2(q, k, v, do, causal=False, saved=None):
+    """v2: step 2 (dQ summed per block, one bulk reduction a tile), timed alone."""
+    return _with_saved_forward(flash_bwd_hopper_bulk, "hopper_attention_bwd_v2", q, k, v, do,
                                causal, saved)
 
 
-def hopper_attention_bwd_v4(q, k, v, do, causal=False, saved=None):
-    """v4: step 3 (stores without bank conflicts: stmatrix for dS, dQ in fragment order), timed
+def hopper_attention_bwd_v3(q, k, v, do, causal=False, saved=None):
+    """v3: step 3 (stores without bank conflicts: stmatrix for dS, dQ in fragment order), timed
     alone."""
-    return _with_saved_forward(flash_bwd_hopper_frag, "hopper_attention_bwd_v4", q, k, v, do,
+    return _with_saved_forward(flash_bwd_hopper_frag, "hopper_attention_bwd_v3", q, k, v, do,
                                causal, saved)
 
 
@@ -318,33 +387,29 @@ TOLERANCE = (3e-2, 3e-2)  # Part 5's bf16 backward tolerance against float64
 hopper_attention_bwd = register(Op(
     name="hopper_attention_bwd", part=6, chapter="part6/hopper-attention.md",
     title="FlashAttention backward on Hopper (bf16)", reference=attention_bwd_ref,
-    make_inputs=_make_inputs_bwd, bytes_moved=_bwd_bytes, flops=_bwd_flops, metric="TFLOP/s",
-    ceiling="gemm_bf16", headline=HEADLINE, sweep=SWEEP, dtypes=(torch.bfloat16,),
-    bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES,
+    make_inputs=make_inputs_bwd, bytes_moved=attention_bwd_bytes, flops=attention_bwd_flops,
+    metric="TFLOP/s", ceiling="gemm_bf16", headline=HEADLINE, sweep=SWEEP,
+    dtypes=(torch.bfloat16,), bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES,
     tolerances={torch.bfloat16: TOLERANCE}, sweep_axis="s"))
-hopper_attention_bwd.add(Impl("v0", attention_bwd_cudnn_sdpa, "PyTorch",
+hopper_attention_bwd.add(Impl("v0", cudnn_attention_bwd, "PyTorch",
                               "SDPA cuDNN backward (autograd.grad)",
                               (torch.nn.functional.scaled_dot_product_attention,),
-                              device="cuda", dtypes=(torch.bfloat16,), requires=cudnn_missing,
-                              origin="library"))
-hopper_attention_bwd.add(Impl("v1", attention_bwd_triton, "Triton",
-                              "Part 5's FA2 backward: delta, dK/dV per key block, dQ per query "
-                              "block", flash_attention_bwd.impls["v2"].sources, device="cuda",
-                              dtypes=(torch.bfloat16,)))
+                              device="cuda", dtypes=(torch.bfloat16,),
+                              requires=cudnn_bwd_missing, origin="library"))
 _BWD_SOURCES = (cuda.source_path(CU_FILE), launch_bwd, check_hopper_attention_bwd,
                 q_tensor_map_spec, tensor_map_spec, check_hopper_attention, padded_rows, smem_bytes,
                 _with_saved_forward, flash_fwd_hopper_lean)
-hopper_attention_bwd.add(Impl("v2", hopper_attention_bwd_v2, "CUDA",
+hopper_attention_bwd.add(Impl("v1", hopper_attention_bwd_v1, "CUDA",
                               "TMA + wgmma, 128 keys per block, P^T and dS^T in registers, dQ by "
-                              "atomics", (flash_bwd_hopper, hopper_attention_bwd_v2, *_BWD_SOURCES),
+                              "atomics", (flash_bwd_hopper, hopper_attention_bwd_v1, *_BWD_SOURCES),
+                              device="cuda", dtypes=(torch.bfloat16,), requires=needs_sm90))
+hopper_attention_bwd.add(Impl("v2", hopper_attention_bwd_v2, "CUDA",
+                              "like v1, dQ summed over the block's keys in shared memory and added "
+                              "with one bulk reduction a tile",
+                              (flash_bwd_hopper_bulk, hopper_attention_bwd_v2, *_BWD_SOURCES),
                               device="cuda", dtypes=(torch.bfloat16,), requires=needs_sm90))
 hopper_attention_bwd.add(Impl("v3", hopper_attention_bwd_v3, "CUDA",
-                              "like v2, dQ summed over the block's keys in shared memory and added "
-                              "with one bulk reduction a tile",
-                              (flash_bwd_hopper_bulk, hopper_attention_bwd_v3, *_BWD_SOURCES),
-                              device="cuda", dtypes=(torch.bfloat16,), requires=needs_sm90))
-hopper_attention_bwd.add(Impl("v4", hopper_attention_bwd_v4, "CUDA",
-                              "like v3, shared-memory stores without bank conflicts: dS by "
+                              "like v2, shared-memory stores without bank conflicts: dS by "
                               "stmatrix, the dQ tile in fragment order",
-                              (flash_bwd_hopper_frag, hopper_attention_bwd_v4, *_BWD_SOURCES),
+                              (flash_bwd_hopper_frag, hopper_attention_bwd_v3, *_BWD_SOURCES),
                               device="cuda", dtypes=(torch.bfloat16,), requires=needs_sm90))
