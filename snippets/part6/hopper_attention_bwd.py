@@ -269,7 +269,8 @@ from snippets.registry import Impl, Op, device_generator, register  # noqa: E402
 def attention_bwd_ref(q, k, v, do, causal=False, saved=None):
     """The gradients (dq, dk, dv) of sum(o * do) by the closed form, one head at a time, in q's
     dtype (the tests and the harness pass float64): dV = P^T dO, dS = P (dO V^T - rowsum(dO O)),
-    dQ = dS K scale, dK = dS^T Q scale. ``saved`` is the versions' slot; the reference ignores it."""
+    dQ = dS K scale, dK = dS^T Q scale. ``saved`` is the versions' slot; the reference ignores
+    it."""
     b, h, s, d = q.shape
     scale = 1.0 / math.sqrt(d)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
