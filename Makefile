@@ -15,6 +15,10 @@ VENV   ?= .venv
 TORCH  ?= torch
 CONSTRAINTS ?= constraints.txt
 PIN     = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+# JOBS: pytest-xdist workers for `make test` (default: one per core; a file's tests stay on one worker);
+# JOBS=0 runs the suite in this process, as a bare `pytest` does.
+JOBS   ?= auto
+JOBS_ARGS = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
@@ -36,7 +40,7 @@ build: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .   # the linter first: seconds, and its findings are bugs more often than style
-	$(PY) -m pytest   # pyproject.toml says what: tests/, the docs' code blocks, README.md, CONTRIBUTING.md
+	$(PY) -m pytest $(JOBS_ARGS)   # pyproject.toml says what: tests/, the docs' code blocks, README.md, CONTRIBUTING.md
 
 # On a CUDA machine: fail (instead of skip) when the GPU is missing, then run the sanitizer pass.
 gpu-test: $(STAMP)

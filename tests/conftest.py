@@ -21,6 +21,9 @@ import torch
 
 HAS_GPU = torch.cuda.is_available()  # without one, the root conftest.py has switched the interpreter on
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # pytest-xdist: the cores shared out, not each worker on all
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 REQUIRE_GPU = os.environ.get("REQUIRE_GPU", "0") not in ("", "0")
 DEVICE = "cuda" if HAS_GPU else "cpu"
 
@@ -102,18 +105,27 @@ def poison_allocator(nbytes: int, device: str) -> None:
 
 @pytest.fixture(scope="session")
 def site_dir(tmp_path_factory):
-    """The site built once per test session with ``mkdocs build --strict`` (the site tests, the asset tests and
-    the browser tests all read it)."""
+    """The site built once per test run with ``mkdocs build --strict`` (the site tests, the asset tests and
+    the browser tests all read it). Under pytest-xdist (``make test`` runs ``-n``), the first worker that needs
+    it builds it into the run's shared temporary folder while the others wait on a file lock."""
     import shutil
     import subprocess
     import sys
     from pathlib import Path
 
+    from filelock import FileLock
+
     pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[docs]')")
-    out = tmp_path_factory.mktemp("site")
-    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or "mkdocs"
-    root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([mkdocs, "build", "--strict", "-d", str(out)], cwd=root, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, f"mkdocs build --strict failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if worker else base  # xdist: each worker's basetemp is a folder of the run's
+    out, done = shared / "site", shared / "site.built"
+    with FileLock(str(shared / "site.lock")):
+        if not done.exists():
+            mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or "mkdocs"
+            root = Path(__file__).resolve().parent.parent
+            r = subprocess.run([mkdocs, "build", "--strict", "-d", str(out)], cwd=root, capture_output=True,
+                               text=True, timeout=900)
+            assert r.returncode == 0, f"mkdocs build --strict failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+            done.touch()
     return out

@@ -13,8 +13,9 @@ At 1400 px wide, every page: console errors, blocked or failed requests, footnot
 provenance text (a paragraph swallowed by a footnote), tables wider than the text column (all of them, and
 the headline ones outside folded blocks), listings that scroll sideways (captured program output excepted),
 plots whose legend is cut off by the figure's edge, TeX left unrendered, Mermaid left unrendered, and the
-bench tables and plots each directive of the page's source asked for. At 420 px: a page that scrolls sideways.
-Once per site: a search for "transpose" returns results, and content tabs switch.
+bench tables and plots each directive of the page's source asked for. At 420 px, as a phone: a page that scrolls
+sideways, and headline tables that do. Once per site: a search for "transpose" returns results, and content
+tabs switch (on the first page that has a tab set).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ sys.path.insert(0, str(REPO_ROOT))
 from snippets.site.page import DIRECTIVE  # noqa: E402
 from snippets.site.tables import PROVENANCE_ENDINGS  # noqa: E402
 
+DESKTOP = {"width": 1400, "height": 900}
+PHONE = {"width": 420, "height": 900}
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TABLE_KINDS = {"table", "goal", "versus", "sweep", "summary", "ceilings"}
@@ -117,7 +120,9 @@ MEASURE_JS = r"""
   const column = inner.getBoundingClientRect().width;
   const out = {column: column, footnotes: [], tables: [], listings: [], legends: [], tex: 0, mermaid: 0,
                bench_tables: document.querySelectorAll('.bench-table').length,
-               bench_plots: document.querySelectorAll('.bench-plot').length};
+               bench_plots: document.querySelectorAll('.bench-plot').length,
+               tab_sets: [...document.querySelectorAll('.tabbed-set')].filter(
+                 t => t.querySelectorAll(':scope > .tabbed-labels > label').length >= 2).length};
   for (const li of document.querySelectorAll('.footnote li')) {
     const clone = li.cloneNode(true);
     clone.querySelectorAll('.footnote-backref').forEach(a => a.remove());
@@ -230,7 +235,7 @@ def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = Tr
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
-            ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+            ctx = browser.new_context(viewport=DESKTOP)
             current = {"page": ""}
 
             def route(r):
@@ -252,6 +257,7 @@ def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = Tr
                     and found["failed_requests"].append(f"{current['page']}: {r.url} ({r.failure})"))
             page.on("response", lambda r: r.status >= 400 and found["failed_requests"].append(
                 f"{current['page']}: {r.url} (HTTP {r.status})"))
+            tabs_page = None  # the first page with a tab set of two or more labels
             for p in pages:
                 current["page"] = p or "/"
                 page.goto(base + p, wait_until="load")
@@ -278,7 +284,11 @@ def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = Tr
                 if m["bench_tables"] < tables or m["bench_plots"] < plots:
                     found["missing_bench"].append(f"{p}: {m['bench_tables']}/{tables} tables, "
                                                   f"{m['bench_plots']}/{plots} plots")
-            phone = browser.new_context(viewport={"width": 420, "height": 900}, is_mobile=True)
+                if tabs_page is None and m["tab_sets"]:
+                    tabs_page = p
+            # a phone: its own context (is_mobile: the layout viewport of a phone's browser, which a narrowed
+            # desktop window does not reproduce), every page loaded again
+            phone = browser.new_context(viewport=PHONE, is_mobile=True)
             phone.route("**/*", route)
             ph = phone.new_page()
             for p in pages:
@@ -292,7 +302,7 @@ def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = Tr
                     found["phone_tables_scrolling"].append(f"{p}: {r['tables']} headline tables")
             if checks_once:
                 found["search_transpose"] = _search(page, base)
-                found["tabs_switch"] = _tabs(page, base, pages)
+                found["tabs_switch"] = None if tabs_page is None else _tabs(page, base, [tabs_page])
             browser.close()
     finally:
         server.shutdown()
