@@ -15,10 +15,11 @@ VENV   ?= .venv
 TORCH  ?= torch
 CONSTRAINTS ?= constraints.txt
 PIN     = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
-# JOBS: pytest-xdist workers for `make test` (default: one per core; a file's tests stay on one worker);
+# JOBS: pytest-xdist workers for `make test` (default: one per core; a file's tests stay on one worker, and
+# files go out in collection order, so the browser audit, the longest file, starts first instead of last);
 # JOBS=0 runs the suite in this process, as a bare `pytest` does.
 JOBS   ?= auto
-JOBS_ARGS = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
+JOBS_ARGS = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile --no-loadscope-reorder)
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 

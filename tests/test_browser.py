@@ -1,6 +1,7 @@
 """The built site read in a real browser (Debian's Chromium through Playwright), at 1400 px and at 420 px:
-what tests/site_audit.py counts must be zero. Slow (a full build and a visit of every page, about two
-minutes); it runs in ``make test`` and in CI, which install the browser (``.ci/run``).
+what tests/site_audit.py counts must be zero. Slow (the site's build, shared with the other site tests, and
+two visits of every page: the longest file of the suite); it runs in ``make test`` and in CI, which install the
+browser (``.ci/run``).
 
 Locally: ``apt-get install chromium`` (or set KM_CHROMIUM to a Chromium or Chrome binary) and
 ``pip install playwright``; Playwright's own browser download is not used."""
