@@ -121,8 +121,9 @@ MEASURE_JS = r"""
   const out = {column: column, footnotes: [], tables: [], listings: [], legends: [], tex: 0, mermaid: 0,
                bench_tables: document.querySelectorAll('.bench-table').length,
                bench_plots: document.querySelectorAll('.bench-plot').length,
-               tab_sets: [...document.querySelectorAll('.tabbed-set')].filter(
-                 t => t.querySelectorAll(':scope > .tabbed-labels > label').length >= 2).length};
+               tabs: (t => !!t && t.querySelectorAll('.tabbed-labels > label').length >= 2 &&
+                       t.querySelectorAll('.tabbed-content > .tabbed-block').length >= 2)(
+                 document.querySelector('.tabbed-set'))};
   for (const li of document.querySelectorAll('.footnote li')) {
     const clone = li.cloneNode(true);
     clone.querySelectorAll('.footnote-backref').forEach(a => a.remove());
@@ -257,7 +258,7 @@ def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = Tr
                     and found["failed_requests"].append(f"{current['page']}: {r.url} ({r.failure})"))
             page.on("response", lambda r: r.status >= 400 and found["failed_requests"].append(
                 f"{current['page']}: {r.url} (HTTP {r.status})"))
-            tabs_page = None  # the first page with a tab set of two or more labels
+            tabs_page = None  # the first page whose first tab set has two tabs or more
             for p in pages:
                 current["page"] = p or "/"
                 page.goto(base + p, wait_until="load")
@@ -284,7 +285,7 @@ def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = Tr
                 if m["bench_tables"] < tables or m["bench_plots"] < plots:
                     found["missing_bench"].append(f"{p}: {m['bench_tables']}/{tables} tables, "
                                                   f"{m['bench_plots']}/{plots} plots")
-                if tabs_page is None and m["tab_sets"]:
+                if tabs_page is None and m["tabs"]:
                     tabs_page = p
             # a phone: its own context (is_mobile: the layout viewport of a phone's browser, which a narrowed
             # desktop window does not reproduce), every page loaded again
@@ -302,7 +303,7 @@ def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = Tr
                     found["phone_tables_scrolling"].append(f"{p}: {r['tables']} headline tables")
             if checks_once:
                 found["search_transpose"] = _search(page, base)
-                found["tabs_switch"] = None if tabs_page is None else _tabs(page, base, [tabs_page])
+                found["tabs_switch"] = None if tabs_page is None else _tabs(page, base + tabs_page)
             browser.close()
     finally:
         server.shutdown()
@@ -321,21 +322,16 @@ def _search(page, base: str) -> int:
     return len(page.query_selector_all(".md-search-result__item"))
 
 
-def _tabs(page, base: str, pages: list[str]) -> bool | None:
-    """Click the second label of the first tab set found; True when its panel becomes the visible one."""
-    for p in pages:
-        page.goto(base + p, wait_until="load")
-        sets = page.query_selector_all(".tabbed-set")
-        if not sets:
-            continue
-        labels = sets[0].query_selector_all(".tabbed-labels > label")
-        blocks = sets[0].query_selector_all(".tabbed-content > .tabbed-block")
-        if len(labels) < 2 or len(blocks) < 2:
-            continue
-        labels[1].click()
-        page.wait_for_timeout(100)
-        return bool(blocks[1].is_visible() and not blocks[0].is_visible())
-    return None
+def _tabs(page, url: str) -> bool:
+    """On ``url``, whose first tab set has two tabs or more (MEASURE_JS's ``tabs``): click the second label;
+    True when its panel becomes the visible one."""
+    page.goto(url, wait_until="load")
+    tabs = page.query_selector(".tabbed-set")
+    labels = tabs.query_selector_all(".tabbed-labels > label")
+    blocks = tabs.query_selector_all(".tabbed-content > .tabbed-block")
+    labels[1].click()
+    page.wait_for_timeout(100)
+    return bool(blocks[1].is_visible() and not blocks[0].is_visible())
 
 
 def summary(found: dict) -> dict:
