@@ -110,11 +110,11 @@ def test_score_bytes():
 
 def test_cost_model():
     size = dict(fa.HEADLINE)
-    f = fa._fwd_flops(size, torch.bfloat16)
+    f = fa.attention_flops(size, torch.bfloat16)
     assert f == 4 * 4 * 32 * 4096 * 4096 * 128
-    assert fa._fwd_flops({**size, "causal": True}, torch.bfloat16) * 2 == f
-    assert fa._bwd_flops(size, torch.bfloat16) * 2 == 5 * f
-    assert fa._fwd_bytes(size, torch.bfloat16) == 4 * 2**26 * 2  # 4 tensors of 2^26 bf16 elements (128 MiB)
+    assert fa.attention_flops({**size, "causal": True}, torch.bfloat16) * 2 == f
+    assert fa.attention_bwd_flops(size, torch.bfloat16) * 2 == 5 * f
+    assert fa.attention_bytes(size, torch.bfloat16) == 4 * 2**26 * 2  # 4 tensors of 2^26 bf16 elements (128 MiB)
     for s in fa.SWEEP:  # the same tokens at every point of the S sweep
         assert s["b"] * s["s"] == 16384 or s["d"] == 64
     assert fa.HEADLINE in fa.SWEEP

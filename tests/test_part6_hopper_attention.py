@@ -724,10 +724,10 @@ def test_lean_scale_fold_needs_a_positive_scale():
             assert torch.equal((-sc).max(dim=1).values * -scale, want)
 
 
-def test_reference_is_part5s():
-    """attention_ref's o is Part 5's attention_ref (in float64); its lse is each row's
-    logsumexp."""
-    from snippets.part5.flash_attention import attention_ref as part5_ref
+def test_reference_is_the_common_one():
+    """attention_ref's o is the shared attention_ref of snippets.common.attention (Part 5's, in
+    float64); its lse is each row's logsumexp."""
+    from snippets.common.attention import attention_ref as part5_ref
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 3, 37, 64, generator=gen, dtype=torch.float64) for _ in range(3))
     for causal in (False, True):

@@ -43,7 +43,7 @@ from helpers import assert_close_within, nvcc_with_report, sass_by_function
 from test_cuda_compile import parse_ptxas, spilling_functions
 
 from conftest import poison_allocator
-from snippets.part5.flash_attention import attention_bwd_ref
+from snippets.common.attention import attention_bwd_ref
 from snippets.part6 import hopper_attention as ha
 from snippets.part6 import hopper_attention_bwd as hb
 from snippets.part6.hopper import SMEM_LIMIT_SM90

@@ -136,13 +136,6 @@ __device__ __forceinline__ void wgmma_ss_tb(float (&d)[N_COLS / 2], uint64_t des
     else if constexpr (N_COLS == 64) wgmma_ss_n64<1>(d, desc_a, desc_b);
     else wgmma_ss_n128<1>(d, desc_a, desc_b);
 }
-
-template <int D>
-__device__ __forceinline__ void wgmma_ss_nd_tb(float (&d)[D / 2], uint64_t desc_a,
-                                               uint64_t desc_b) {
-    if constexpr (D == 64) wgmma_ss_n64<1>(d, desc_a, desc_b);
-    else wgmma_ss_n128<1>(d, desc_a, desc_b);
-}
 // --8<-- [end:bwd_wgmma]
 
 // An MN-major operand of a 64-row (Q or dO) tile: as desc_mnmajor, the next 64-column panel of D
@@ -428,8 +421,8 @@ __device__ __forceinline__ void bwd_consume(uint32_t base, uint32_t kv_full, uin
             fence_regs(dq);
 #pragma unroll
             for (int kk = 0; kk < 64 / 16; ++kk)
-                wgmma_ss_nd_tb<D>(dq, desc_kmajor(ds_tile + kk * 32),
-                                  desc_mnmajor(k_tile + kk * 16 * ROW_BYTES));
+                wgmma_ss_tb<D>(dq, desc_kmajor(ds_tile + kk * 32),
+                               desc_mnmajor(k_tile + kk * 16 * ROW_BYTES));
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(dq);

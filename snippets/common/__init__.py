@@ -14,6 +14,8 @@ never on another chapter.
 - :mod:`snippets.common.ceilings`: ceilings that ops of several chapters are compared against
   (registered with the registry when the module is imported);
 - :mod:`snippets.common.inputs`: input patterns shared by several ops.
+- :mod:`snippets.common.attention`: attention's reference, inputs, FLOP and byte counts and SDPA
+  baselines (Part 5's FlashAttention and Part 6's Hopper and FP8 attention).
 
 Importing any of them only defines things (and registers ceilings with the registry): no global
 setting of torch, Triton or the environment changes until a function is called.

@@ -52,7 +52,6 @@ measured rates of every GPU with results.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -60,7 +59,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 from snippets._checks import (
     GRADS_ONLY,
@@ -71,7 +70,20 @@ from snippets._checks import (
     triton_interpreting,
     wants_grad,
 )
-from snippets.registry import Impl, Op, device_generator, register
+from snippets.common.attention import (  # the reference, inputs, cost model, SDPA baselines
+    attention_bwd_bytes,
+    attention_bwd_flops,
+    attention_bwd_ref,
+    attention_bytes,
+    attention_flops,
+    attention_ref,
+    cudnn_missing,
+    make_inputs,
+    make_inputs_bwd,
+    sdpa,
+    sdpa_backward,
+)
+from snippets.registry import Impl, Op, register
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # powers of two (tl.arange), at least 16 (the K of a tensor-core tl.dot)
@@ -80,51 +92,6 @@ LOG2E = 1.4426950408889634     # the kernels use exp2: e^x = 2^(x log2 e), one M
 MAX_GRID_Y = 65535             # CUDA's limit on gridDim.y, which carries batch x heads
 
 
-# --8<-- [start:reference]
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  causal: bool = False) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D), masked if causal) v, one (batch, head) at a time, in q's dtype.
-
-    This is attention as it is written on paper: each head materialises its S x S scores, then its S
-    x S probabilities, in device memory. One head at a time keeps that at S*S elements (2 GiB of
-    float64 at S = 16384) instead of B*H times as much; the FLOPs are 4*S*S*D per head
-    either way."""
-    b, h, s, d = q.shape
-    scale = 1.0 / math.sqrt(d)
-    out = torch.empty_like(q)
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1) if causal else None
-    for i in range(b):
-        for j in range(h):
-            scores = (q[i, j] @ k[i, j].T) * scale           # (S, S)
-            if causal:
-                scores = scores.masked_fill(mask, float("-inf"))
-            out[i, j] = torch.softmax(scores, dim=-1) @ v[i, j]
-    return out
-
-
-def attention_bwd_ref(q, k, v, do, causal: bool = False, saved=None):
-    """The gradients (dq, dk, dv) of sum(o * do), by the closed form the chapter derives: with P the
-    probabilities and dP = dO V^T,  dV = P^T dO,  dS = P * (dP - rowsum(dO * O)),  dQ = dS K *
-    scale, dK = dS^T Q * scale. ``saved`` is the slot the versions keep their forward in; the
-    reference ignores it."""
-    b, h, s, d = q.shape
-    scale = 1.0 / math.sqrt(d)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1) if causal else None
-    for i in range(b):
-        for j in range(h):
-            scores = (q[i, j] @ k[i, j].T) * scale
-            if causal:
-                scores = scores.masked_fill(mask, float("-inf"))
-            p = torch.softmax(scores, dim=-1)
-            o = p @ v[i, j]
-            dv[i, j] = p.T @ do[i, j]
-            dp = do[i, j] @ v[i, j].T
-            ds = p * (dp - (do[i, j] * o).sum(dim=-1, keepdim=True))
-            dq[i, j] = ds @ k[i, j] * scale
-            dk[i, j] = ds.T @ q[i, j] * scale
-    return dq, dk, dv
-# --8<-- [end:reference]
 
 
 # --8<-- [start:bytes]
@@ -246,60 +213,26 @@ def flash_attention_bwd_numpy(q, k, v, o, lse, do, causal=False, block_m=16, blo
 # --------------------------------------------------------------------------------------------------
 
 # --8<-- [start:sdpa]
-def _sdpa(backend: SDPBackend, q, k, v, causal: bool) -> torch.Tensor:
-    """SDPA with only ``backend`` allowed: it raises instead of silently falling back to
-    another kernel."""
-    with sdpa_kernel(backend):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-
 def attention_flash_sdpa(q, k, v, causal=False):
     """v0: PyTorch's FlashAttention-2 kernel."""
-    return _sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)
+    return sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)
 
 
 def attention_cudnn_sdpa(q, k, v, causal=False):
     """v1: cuDNN's fused attention (its forward saves the log-sum-exp only when q needs
     a gradient)."""
-    return _sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)
-
-
-def _sdpa_backward(backend: SDPBackend, key: str, q, k, v, do, causal: bool, saved: dict | None):
-    """The backward of SDPA with ``backend``. The first call on an input set runs the forward on
-    leaves that require gradients and keeps the graph in ``saved[key]``; every call then runs only
-    the backward, with ``retain_graph=True`` so that the saved tensors survive for the next one."""
-    if saved is None:
-        saved = {}
-    if key not in saved:
-        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))  # views, no copies
-        saved[key] = (_sdpa(backend, *leaves, causal), leaves)
-    o, leaves = saved[key]
-    return torch.autograd.grad(o, leaves, do, retain_graph=True)
+    return sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)
 
 
 def attention_bwd_flash_sdpa(q, k, v, do, causal=False, saved=None):
     """v0: SDPA's flash backward (timed alone; see the module docstring)."""
-    return _sdpa_backward(SDPBackend.FLASH_ATTENTION, "v0", q, k, v, do, causal, saved)
+    return sdpa_backward(SDPBackend.FLASH_ATTENTION, "v0", q, k, v, do, causal, saved)
 
 
 def attention_bwd_cudnn_sdpa(q, k, v, do, causal=False, saved=None):
     """v1: SDPA's cuDNN backward (timed alone)."""
-    return _sdpa_backward(SDPBackend.CUDNN_ATTENTION, "v1", q, k, v, do, causal, saved)
+    return sdpa_backward(SDPBackend.CUDNN_ATTENTION, "v1", q, k, v, do, causal, saved)
 
-
-@functools.lru_cache(maxsize=None)
-def cudnn_missing() -> str | None:
-    """For ``Impl(requires=...)``: why SDPA's cuDNN backend cannot run here, or None. Tried on a
-    tiny bf16 problem, forward and backward: the backend's own checks (GPU generation, cuDNN
-    version, head dim) are what decide, and they raise when they refuse."""
-    if not torch.cuda.is_available():
-        return "cuDNN attention needs a CUDA GPU"
-    try:
-        q = torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        attention_cudnn_sdpa(q, q, q).sum().backward()
-    except RuntimeError as e:
-        return f"SDPA's cuDNN backend is not available here: {str(e).splitlines()[0][:200]}"
-    return None
 # --8<-- [end:sdpa]
 
 
@@ -806,45 +739,6 @@ def attention_bwd_triton(q, k, v, do, causal=False, saved=None):
 # Registration
 # --------------------------------------------------------------------------------------------------
 
-def _make_inputs(size, dtype, device, gen):
-    """q, k, v ~ N(0, 1) of shape (B, H, S, D), and the causal flag of the size."""
-    g = device_generator(gen, device)
-    shape = (size["b"], size["h"], size["s"], size["d"])
-    q, k, v = (torch.randn(shape, generator=g, device=device).to(dtype) for _ in range(3))
-    return q, k, v, size["causal"]
-
-
-def _make_inputs_bwd(size, dtype, device, gen):
-    """The forward's inputs, an incoming gradient do ~ N(0, 1), the causal flag, and an empty slot
-    (a dict) in which each version keeps what its forward saved for the backward."""
-    q, k, v, causal = _make_inputs(size, dtype, device, gen)
-    do = torch.randn(q.shape, generator=device_generator(gen, device), device=device).to(dtype)
-    return q, k, v, do, causal, {}
-
-
-def _fwd_flops(size, dtype) -> int:
-    """Two matmuls of 2*S*S*D per head (Q K^T and P V); the causal mask halves them
-    (FlashAttention-2's count, which does not subtract the diagonal blocks' masked half)."""
-    f = 4 * size["b"] * size["h"] * size["s"] * size["s"] * size["d"]
-    return f // 2 if size["causal"] else f
-
-
-def _bwd_flops(size, dtype) -> int:
-    """Five matmuls against the forward's two: 2.5 times the forward."""
-    return 5 * _fwd_flops(size, dtype) // 2
-
-
-def _fwd_bytes(size, dtype) -> int:
-    # read q, k, v; write o
-    return 4 * size["b"] * size["h"] * size["s"] * size["d"] * dtype.itemsize
-
-
-def _bwd_bytes(size, dtype) -> int:
-    bhs = size["b"] * size["h"] * size["s"]
-    # read q, k, v, o, do, lse; write dq, dk, dv
-    return 8 * bhs * size["d"] * dtype.itemsize + 4 * bhs
-
-
 HEADLINE = {"b": 4, "h": 32, "s": 4096, "d": 128, "causal": False}
 # S from 1024 to 16384 at B * S = 16384 (FlashAttention-2's benchmark shape: the same number of
 # tokens at every point, 128 MiB per bf16 tensor), with and without the causal mask; and D = 64 at
@@ -869,16 +763,16 @@ SOURCES = ("snippets/part5/flash_attention.py",)  # configs and tables live besi
 
 flash_attention_fwd = register(Op(
     name="flash_attention_fwd", part=5, chapter="part5/flash-attention.md",
-    title="FlashAttention forward", reference=attention_ref, make_inputs=_make_inputs,
-    bytes_moved=_fwd_bytes, flops=_fwd_flops, metric="TFLOP/s", ceiling="gemm_bf16",
+    title="FlashAttention forward", reference=attention_ref, make_inputs=make_inputs,
+    bytes_moved=attention_bytes, flops=attention_flops, metric="TFLOP/s", ceiling="gemm_bf16",
     headline=HEADLINE, sweep=SWEEP, dtypes=DTYPES, bench_dtypes=(torch.bfloat16,),
     test_sizes=TEST_SIZES, tolerances=TOLERANCES, sweep_axis="s", measure_memory=True))
 flash_attention_fwd.add(Impl("v0", attention_flash_sdpa, "PyTorch",
                              "SDPA, FlashAttention-2 backend",
-                             (F.scaled_dot_product_attention, _sdpa), device="any",
+                             (F.scaled_dot_product_attention, sdpa), device="any",
                              dtypes=(torch.bfloat16, torch.float16)))
 flash_attention_fwd.add(Impl("v1", attention_cudnn_sdpa, "PyTorch", "SDPA, cuDNN backend",
-                             (F.scaled_dot_product_attention, _sdpa), device="cuda",
+                             (F.scaled_dot_product_attention, sdpa), device="cuda",
                              dtypes=(torch.bfloat16, torch.float16), requires=cudnn_missing,
                              origin="library"))
 flash_attention_fwd.add(Impl("v2", attention_triton, "Triton",
@@ -888,17 +782,17 @@ flash_attention_fwd.add(Impl("v2", attention_triton, "Triton",
 
 flash_attention_bwd = register(Op(
     name="flash_attention_bwd", part=5, chapter="part5/flash-attention.md",
-    title="FlashAttention backward", reference=attention_bwd_ref, make_inputs=_make_inputs_bwd,
-    bytes_moved=_bwd_bytes, flops=_bwd_flops, metric="TFLOP/s", ceiling="gemm_bf16",
+    title="FlashAttention backward", reference=attention_bwd_ref, make_inputs=make_inputs_bwd,
+    bytes_moved=attention_bwd_bytes, flops=attention_bwd_flops, metric="TFLOP/s", ceiling="gemm_bf16",
     headline=HEADLINE, sweep=SWEEP, dtypes=DTYPES, bench_dtypes=(torch.bfloat16,),
     test_sizes=TEST_SIZES, tolerances=TOLERANCES, sweep_axis="s"))
 flash_attention_bwd.add(Impl("v0", attention_bwd_flash_sdpa, "PyTorch",
                              "SDPA flash backward (autograd.grad)",
-                             (F.scaled_dot_product_attention, _sdpa, _sdpa_backward), device="any",
+                             (F.scaled_dot_product_attention, sdpa, sdpa_backward), device="any",
                              dtypes=(torch.bfloat16, torch.float16)))
 flash_attention_bwd.add(Impl("v1", attention_bwd_cudnn_sdpa, "PyTorch",
                              "SDPA cuDNN backward (autograd.grad)",
-                             (F.scaled_dot_product_attention, _sdpa, _sdpa_backward), device="cuda",
+                             (F.scaled_dot_product_attention, sdpa, sdpa_backward), device="cuda",
                              dtypes=(torch.bfloat16, torch.float16), requires=cudnn_missing,
                              origin="library"))
 flash_attention_bwd.add(Impl("v2", attention_bwd_triton, "Triton",

@@ -40,8 +40,10 @@ import math
 import torch
 import triton
 import triton.language as tl
+from torch.nn.attention import SDPBackend
 
 from snippets._checks import refuse_grad, triton_device, triton_interpreting
+from snippets.common.attention import attention_flops, cudnn_missing, sdpa
 from snippets.part6.fp8 import E4M3, format_facts
 from snippets.part6.fp8_gemm import CEILING
 from snippets.registry import Impl, Op, device_generator, register
@@ -446,24 +448,7 @@ def attention_bf16(q, k, v, causal: bool = False) -> torch.Tensor:
 
 def cudnn_attention(q, k, v, causal=False):
     """SDPA with only cuDNN's backend allowed (it raises instead of falling back)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-
-
-@functools.lru_cache(maxsize=None)
-def cudnn_missing() -> str | None:
-    """For ``Impl(requires=...)``: why SDPA's cuDNN backend cannot run here, or None (tried on a
-    tiny bf16 problem: the backend's own checks decide)."""
-    if not torch.cuda.is_available():
-        return "cuDNN attention needs a CUDA GPU"
-    try:
-        q = torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
-        cudnn_attention(q, q, q)
-    except RuntimeError as exc:
-        return f"SDPA's cuDNN backend refuses here: {exc}".splitlines()[0]
-    return None
+    return sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)
 
 
 def needs_fp8_attention() -> str | None:
@@ -524,12 +509,6 @@ def make_inputs(size, dtype, device, gen):
     return q8, k8, vt8, sq, sk, sv, *bf16, v, size["causal"]
 
 
-def attention_flops(size, dtype) -> int:
-    """FlashAttention's count: two products of 2 S^2 D per head, halved by the causal mask."""
-    f = 4 * size["b"] * size["h"] * size["s"] * size["s"] * size["d"]
-    return f // 2 if size["causal"] else f
-
-
 def attention_bytes(size, dtype) -> int:
     """e4m3 q, k, v read (one byte each), bf16 o written (two): the fp8 path's minimum."""
     n = size["b"] * size["h"] * size["s"] * size["d"]
@@ -571,7 +550,7 @@ attention_fp8_op = register(Op(
     output_dtypes={E4M3: torch.bfloat16}))
 SOURCES = (_attn_fwd_kernel, _attn_inner, _round_to_e4m3, _launch, autotuned)
 attention_fp8_op.add(Impl("v0", attention_fp8_v0, "PyTorch", "SDPA, cuDNN backend, bf16",
-                          (torch.nn.functional.scaled_dot_product_attention, cudnn_attention),
+                          (torch.nn.functional.scaled_dot_product_attention, cudnn_attention, sdpa),
                           device="cuda", requires=cudnn_missing, origin="library"))
 attention_fp8_op.add(Impl("v1", attention_fp8_v1, "Triton",
                           "online softmax, bf16 operands (Part 5's forward)",

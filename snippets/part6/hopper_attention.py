@@ -35,7 +35,6 @@ Hopper GEMM's (snippets/part6/gemm.py).
 
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 
@@ -301,29 +300,21 @@ def flash_fwd_hopper_persistent(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 # Registration: the op of the FlashAttention-on-Hopper chapter, against cuDNN's fused attention
 # --------------------------------------------------------------------------------------------------
 
-from snippets.registry import Impl, Op, device_generator, register  # noqa: E402
+from torch.nn.attention import SDPBackend  # noqa: E402
+
+from snippets.common.attention import (  # noqa: E402
+    attention_bytes,
+    attention_flops,
+    cudnn_missing,
+    make_inputs,
+    sdpa,
+)
+from snippets.registry import Impl, Op, register  # noqa: E402
 
 
 def cudnn_attention(q, k, v, causal=False):
     """v0: cuDNN's fused attention through SDPA (the library the ladder is judged against)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-
-
-@functools.lru_cache(maxsize=None)
-def cudnn_missing() -> str | None:
-    """For ``Impl(requires=...)``: why SDPA's cuDNN backend cannot run here, or None (tried on a
-    tiny bf16 problem: the backend's own checks decide, and they raise when they refuse)."""
-    if not torch.cuda.is_available():
-        return "cuDNN attention needs a CUDA GPU"
-    try:
-        q = torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
-        cudnn_attention(q, q, q)
-    except RuntimeError as exc:
-        return f"SDPA's cuDNN backend refuses here: {exc}".splitlines()[0]
-    return None
+    return sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)
 
 
 def hopper_attention_v1(q, k, v, causal=False):
@@ -363,25 +354,6 @@ def reference_output(q, k, v, causal=False):
     return attention_ref(q, k, v, causal)[0]
 
 
-def make_inputs(size, dtype, device, gen):
-    """q, k, v ~ N(0, 1) of shape (B, H, S, D) in ``dtype``, and the causal flag of the size."""
-    g = device_generator(gen, device)
-    shape = (size["b"], size["h"], size["s"], size["d"])
-    q, k, v = (torch.randn(shape, generator=g, device=device).to(dtype) for _ in range(3))
-    return q, k, v, size["causal"]
-
-
-def attention_flops(size, dtype) -> int:
-    """FlashAttention's count: two products of 2 S^2 D per head, halved by the causal mask."""
-    f = 4 * size["b"] * size["h"] * size["s"] * size["s"] * size["d"]
-    return f // 2 if size["causal"] else f
-
-
-def attention_bytes(size, dtype) -> int:
-    """Read q, k, v; write o."""
-    return 4 * size["b"] * size["h"] * size["s"] * size["d"] * dtype.itemsize
-
-
 # Part 5's sizes (its chapter's tables set the Triton kernel against the same cuDNN): the headline
 # B 4, H 32, S 4096, D 128; S from 1024 to 16384 at B * S = 16384, with and without the mask; D 64.
 HEADLINE = {"b": 4, "h": 32, "s": 4096, "d": 128, "causal": False}
@@ -402,7 +374,7 @@ hopper_attention_fwd = register(Op(
     dtypes=(torch.bfloat16,), bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES,
     tolerances={torch.bfloat16: TOLERANCE}, sweep_axis="s"))
 hopper_attention_fwd.add(Impl("v0", cudnn_attention, "PyTorch", "SDPA, cuDNN backend",
-                              (torch.nn.functional.scaled_dot_product_attention,),
+                              (torch.nn.functional.scaled_dot_product_attention, sdpa),
                               device="cuda", dtypes=(torch.bfloat16,), requires=cudnn_missing,
                               origin="library"))
 # what every step's measurement depends on besides its own entry point

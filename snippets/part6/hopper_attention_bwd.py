@@ -27,8 +27,6 @@ the backward: an attention that trains, whose forward saves o and lse (4 bytes a
 
 from __future__ import annotations
 
-import functools
-import math
 from pathlib import Path
 
 import numpy as np
@@ -262,84 +260,24 @@ def flash_attention_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 # flash_attention_bwd; a chapter module does not import another part)
 # --------------------------------------------------------------------------------------------------
 
-from snippets.registry import Impl, Op, device_generator, register  # noqa: E402
+from torch.nn.attention import SDPBackend  # noqa: E402
 
-
-# --8<-- [start:reference]
-def attention_bwd_ref(q, k, v, do, causal=False, saved=None):
-    """The gradients (dq, dk, dv) of sum(o * do) by the closed form, one head at a time, in q's
-    dtype (the tests and the harness pass float64): dV = P^T dO, dS = P (dO V^T - rowsum(dO O)),
-    dQ = dS K scale, dK = dS^T Q scale. ``saved`` is the versions' slot; the reference ignores
-    it."""
-    b, h, s, d = q.shape
-    scale = 1.0 / math.sqrt(d)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1) if causal else None
-    for i in range(b):
-        for j in range(h):
-            scores = (q[i, j] @ k[i, j].T) * scale
-            if causal:
-                scores = scores.masked_fill(mask, float("-inf"))
-            p = torch.softmax(scores, dim=-1)
-            o = p @ v[i, j]
-            dv[i, j] = p.T @ do[i, j]
-            ds = p * (do[i, j] @ v[i, j].T - (do[i, j] * o).sum(dim=-1, keepdim=True))
-            dq[i, j] = ds @ k[i, j] * scale
-            dk[i, j] = ds.T @ q[i, j] * scale
-    return dq, dk, dv
-# --8<-- [end:reference]
+from snippets.common.attention import (  # noqa: E402
+    attention_bwd_bytes,
+    attention_bwd_flops,
+    attention_bwd_ref,
+    cudnn_missing,
+    make_inputs_bwd,
+    sdpa,
+    sdpa_backward,
+)
+from snippets.registry import Impl, Op, register  # noqa: E402
 
 
 def cudnn_attention_bwd(q, k, v, do, causal=False, saved=None):
     """v0: cuDNN's backward through SDPA and autograd, timed alone: the first call on an input set
     runs the forward on leaves that require grad and keeps the graph in ``saved["cudnn"]``."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    if saved is None:
-        saved = {}
-    if "cudnn" not in saved:
-        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=bool(causal))
-        saved["cudnn"] = (o, leaves)
-    o, leaves = saved["cudnn"]
-    return torch.autograd.grad(o, leaves, do, retain_graph=True)
-
-
-@functools.lru_cache(maxsize=None)
-def cudnn_bwd_missing() -> str | None:
-    """For ``Impl(requires=...)``: why SDPA's cuDNN backward cannot run here, or None (tried on a
-    tiny bf16 problem; the backend's own checks decide)."""
-    if not torch.cuda.is_available():
-        return "cuDNN attention needs a CUDA GPU"
-    try:
-        q = torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
-        cudnn_attention_bwd(q, q, q, q)
-    except RuntimeError as exc:
-        return f"SDPA's cuDNN backward refuses here: {exc}".splitlines()[0]
-    return None
-
-
-def make_inputs_bwd(size, dtype, device, gen):
-    """q, k, v, do ~ N(0, 1) of shape (B, H, S, D), the causal flag, and an empty slot (a dict) in
-    which each version keeps what its forward saved."""
-    g = device_generator(gen, device)
-    shape = (size["b"], size["h"], size["s"], size["d"])
-    q, k, v, do = (torch.randn(shape, generator=g, device=device).to(dtype) for _ in range(4))
-    return q, k, v, do, size["causal"], {}
-
-
-def attention_bwd_flops(size, dtype) -> int:
-    """Five products against the forward's two: 2.5 times FlashAttention's forward count (4 B H S^2
-    D, halved by the causal mask)."""
-    f = 10 * size["b"] * size["h"] * size["s"] * size["s"] * size["d"]
-    return f // 2 if size["causal"] else f
-
-
-def attention_bwd_bytes(size, dtype) -> int:
-    """Read q, k, v, o, do and lse; write dq, dk, dv."""
-    bhs = size["b"] * size["h"] * size["s"]
-    return 8 * bhs * size["d"] * dtype.itemsize + 4 * bhs
+    return sdpa_backward(SDPBackend.CUDNN_ATTENTION, "cudnn", q, k, v, do, causal, saved)
 
 
 def _with_saved_forward(backward, name, q, k, v, do, causal, saved):
@@ -394,9 +332,9 @@ hopper_attention_bwd = register(Op(
     tolerances={torch.bfloat16: TOLERANCE}, sweep_axis="s"))
 hopper_attention_bwd.add(Impl("v0", cudnn_attention_bwd, "PyTorch",
                               "SDPA cuDNN backward (autograd.grad)",
-                              (torch.nn.functional.scaled_dot_product_attention,),
+                              (torch.nn.functional.scaled_dot_product_attention, sdpa, sdpa_backward),
                               device="cuda", dtypes=(torch.bfloat16,),
-                              requires=cudnn_bwd_missing, origin="library"))
+                              requires=cudnn_missing, origin="library"))
 _BWD_SOURCES = (cuda.source_path(CU_FILE), launch_bwd, check_hopper_attention_bwd,
                 q_tensor_map_spec, tensor_map_spec, check_hopper_attention, padded_rows, smem_bytes,
                 _with_saved_forward, flash_fwd_hopper_lean)
