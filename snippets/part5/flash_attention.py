@@ -783,9 +783,9 @@ flash_attention_fwd.add(Impl("v2", attention_triton, "Triton",
 flash_attention_bwd = register(Op(
     name="flash_attention_bwd", part=5, chapter="part5/flash-attention.md",
     title="FlashAttention backward", reference=attention_bwd_ref, make_inputs=make_inputs_bwd,
-    bytes_moved=attention_bwd_bytes, flops=attention_bwd_flops, metric="TFLOP/s", ceiling="gemm_bf16",
-    headline=HEADLINE, sweep=SWEEP, dtypes=DTYPES, bench_dtypes=(torch.bfloat16,),
-    test_sizes=TEST_SIZES, tolerances=TOLERANCES, sweep_axis="s"))
+    bytes_moved=attention_bwd_bytes, flops=attention_bwd_flops, metric="TFLOP/s",
+    ceiling="gemm_bf16", headline=HEADLINE, sweep=SWEEP, dtypes=DTYPES,
+    bench_dtypes=(torch.bfloat16,), test_sizes=TEST_SIZES, tolerances=TOLERANCES, sweep_axis="s"))
 flash_attention_bwd.add(Impl("v0", attention_bwd_flash_sdpa, "PyTorch",
                              "SDPA flash backward (autograd.grad)",
                              (F.scaled_dot_product_attention, sdpa, sdpa_backward), device="any",

@@ -332,7 +332,8 @@ hopper_attention_bwd = register(Op(
     tolerances={torch.bfloat16: TOLERANCE}, sweep_axis="s"))
 hopper_attention_bwd.add(Impl("v0", cudnn_attention_bwd, "PyTorch",
                               "SDPA cuDNN backward (autograd.grad)",
-                              (torch.nn.functional.scaled_dot_product_attention, sdpa, sdpa_backward),
+                              (torch.nn.functional.scaled_dot_product_attention, sdpa,
+                               sdpa_backward),
                               device="cuda", dtypes=(torch.bfloat16,),
                               requires=cudnn_missing, origin="library"))
 _BWD_SOURCES = (cuda.source_path(CU_FILE), launch_bwd, check_hopper_attention_bwd,
