@@ -51,26 +51,45 @@ class Package:
     files: tuple[tuple[str, str], ...]
 
     @property
+    def site_name(self) -> str:
+        """The folder below ``vendor/`` (and in the cache): the name without its npm scope."""
+        return self.name.rsplit("/", 1)[-1]
+
+    @property
     def tarball_url(self) -> str:
-        return f"{REGISTRY}/{self.name}/-/{self.name}-{self.version}.tgz"
+        return f"{REGISTRY}/{self.name}/-/{self.site_name}-{self.version}.tgz"
 
     @property
     def key(self) -> str:
-        return f"{self.name}-{self.version}"
+        return f"{self.site_name}-{self.version}"
 
 
 PACKAGES = (
-    # MathJax 3 (docs/javascripts/mathjax.js is MathJax 3's configuration). The combined component
-    # needs, at run time, its CHTML fonts and the TeX extensions that "autoload" fetches when a page
-    # uses one of their macros (\color, \cancel, \boldsymbol, ...). Dropping es5/ keeps MathJax's
-    # layout relative to the script, so [mathjax]/output/... resolves next to it.
-    Package("mathjax", "3.2.2",
-            "sha512-Bt+SSVU8eBG27zChVewOicYs7Xsdt40qm4+UpHyX7k0/"
-            "O9NliPc+x77k1/FEsPsjKPZGJvtRZM1vO+geW0OhGw==",
-            (("es5/tex-mml-chtml.js", "tex-mml-chtml.js"),
-             ("es5/output/chtml/fonts/woff-v2/", "output/chtml/fonts/woff-v2/"),
-             ("es5/input/tex/extensions/", "input/tex/extensions/"),
+    # MathJax 4 (docs/javascripts/mathjax.js is its configuration): version 4 breaks long in-line
+    # formulas across lines, where version 3 let them run past a phone's column. The combined
+    # component needs, at run time, the TeX extensions that "autoload" fetches when a page uses one
+    # of their macros (\color, \cancel, \boldsymbol, ...), the accessibility components and the
+    # speech worker with its rule files (sre/), which its menu and screen-reader support load, and
+    # the font package below.
+    Package("mathjax", "4.1.3",
+            "sha512-BN/8Pkgn7G1pIDYJqd9md+JHsE/jydSYbyOZnSdSA0WziuVO8mRxdYiWFumkVVly/"
+            "8U+hm9DpIIoWuvySverzw==",
+            (("tex-mml-chtml.js", "tex-mml-chtml.js"),
+             ("input/tex/extensions/", "input/tex/extensions/"),
+             ("a11y/", "a11y/"),
+             ("ui/", "ui/"),
+             ("sre/", "sre/"),
              ("LICENSE", "LICENSE"))),
+    # MathJax 4's default font (New Computer Modern): the CHTML web fonts and the character ranges
+    # loaded on demand. Published at vendor/mathjax-newcm-font/, where the configuration's
+    # `paths.fonts` (vendor/) makes MathJax look for it. The package ships no LICENSE file; its
+    # package.json states the licence (Apache-2.0).
+    Package("@mathjax/mathjax-newcm-font", "4.1.3",
+            "sha512-gzAB3dFHilHX1l5x2xUqRL+1jDQt3Fyza1DkEMVXWC4E8SvsGdlgEza47HYi2WhVcgfkvf4zgUGzuhbq3P"
+            "jlew==",
+            (("chtml/woff2/", "chtml/woff2/"),
+             ("chtml/dynamic/", "chtml/dynamic/"),
+             ("package.json", "package.json"))),
     # Mermaid 11, the major version Material for MkDocs 9 loads; the IIFE build is one
     # self-contained file that defines the global `mermaid`, which Material then uses instead
     # of fetching its own.
@@ -210,11 +229,12 @@ def fetch(pkg: Package, cache_dir: Path = CACHE_DIR) -> dict[str, Path]:
 
 
 def ensure_all(cache_dir: Path = CACHE_DIR, packages=PACKAGES) -> dict[str, Path]:
-    """Every pinned package in the cache: {path in the site (vendor/NAME/...): cached file}."""
+    """Every pinned package in the cache: {path in the site (vendor/NAME/...): cached file}, NAME
+    without the npm scope."""
     out = {}
     for pkg in packages:
         for rel, path in fetch(pkg, cache_dir).items():
-            out[f"{SITE_PREFIX}/{pkg.name}/{rel}"] = path
+            out[f"{SITE_PREFIX}/{pkg.site_name}/{rel}"] = path
     return out
 
 

@@ -171,10 +171,11 @@ MEASURE_JS = r"""
 """
 
 PHONE_JS = r"""
-() => {
-  // What a phone reader loses: content that runs past the screen's edge with nothing to scroll it into view,
-  // and headline bench tables that need sideways scrolling to show their measurement columns.
-  const w = window.innerWidth;
+(w) => {
+  // What a phone reader loses: content that runs past the screen's edge (w, the phone's width: a phone's
+  // browser widens its layout viewport to fit content that overflows, so window.innerWidth would hide it) with
+  // nothing to scroll it into view, and headline bench tables that need sideways scrolling to show their
+  // measurement columns. In-line formulas count: MathJax breaks them across lines; display ones scroll.
   const scroller = el => {
     for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
       const o = getComputedStyle(a).overflowX;
@@ -187,7 +188,7 @@ PHONE_JS = r"""
     if (el.offsetParent === null) continue;
     const r = el.getBoundingClientRect();
     if (r.width === 0 || r.right <= w + 1) continue;
-    if (el.closest('pre, .highlight, .md-typeset__scrollwrap, .arithmatex, .bench-plot') || scroller(el)) continue;
+    if (el.closest('pre, .highlight, .md-typeset__scrollwrap, div.arithmatex, .bench-plot') || scroller(el)) continue;
     cut.push(el.tagName.toLowerCase() + (el.className && typeof el.className === 'string' ?
              '.' + el.className.split(' ')[0] : ''));
   }
@@ -296,7 +297,7 @@ def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = Tr
                 current["page"] = p or "/"
                 ph.goto(base + p, wait_until="load")
                 _settle(ph)
-                r = ph.evaluate(PHONE_JS)
+                r = ph.evaluate(PHONE_JS, PHONE["width"])
                 if r["scroll"]:
                     found["phone_scroll"].append(f"{p}: page scrolls: {r['doc']}; cut off: {r['cut']}")
                 if r["tables"]:

@@ -1,18 +1,21 @@
-// MathJax settings for pymdownx.arithmatex (generic mode); re-typeset after Material's instant
+// MathJax 4 settings for pymdownx.arithmatex (generic mode); re-typeset after Material's instant
 // navigation. MathJax itself is the site's own copy (vendor/mathjax/, published by
 // scripts/mkdocs_hooks.py from scripts/vendor_assets.py), and everything it loads at run time,
-// fonts and TeX extensions, comes from that copy too: the site must render with no network.
+// its font (vendor/mathjax-newcm-font/), TeX extensions and speech rules, comes from that copy too:
+// the site must render with no network. MathJax 4 breaks a long in-line formula across lines
+// (output.linebreaks.inline, on by default), so none runs past a phone's column.
 (function () {
-  // This file is site/javascripts/mathjax.js; the copy is site/vendor/mathjax/, at any page depth.
+  // This file is site/javascripts/mathjax.js; the copies are site/vendor/..., at any page depth.
   var here = (document.currentScript && document.currentScript.src) || window.location.href;
-  var root = new URL("../vendor/mathjax", here).href;
+  var vendor = new URL("../vendor", here).href;
   window.MathJax = {
-    loader: { paths: { mathjax: root } },
+    // [fonts]/mathjax-newcm-font is where MathJax 4 looks for its default font
+    loader: { paths: { mathjax: vendor + "/mathjax", fonts: vendor } },
     tex: {
       inlineMath: [["\\(", "\\)"]], displayMath: [["\\[", "\\]"]],
       processEscapes: true, processEnvironments: true,
     },
-    chtml: { fontURL: root + "/output/chtml/fonts/woff-v2" },
+    output: { linebreaks: { inline: true } },
     options: { ignoreHtmlClass: ".*|", processHtmlClass: "arithmatex" },
   };
 })();
