@@ -6,7 +6,7 @@ metadata gives for its tarball. The tarball is downloaded from the registry, che
 integrity before anything in it is used, and only the files the site needs are extracted, with the
 package's licence, into ``.cache/vendor/`` (git-ignored). The MkDocs hook (scripts/mkdocs_hooks.py)
 calls :func:`ensure_all` on every build, which fetches what is missing, and publishes the files
-under ``vendor/<package>/`` in the built site.
+under ``vendor/<package>/`` in the built site (the package's name without its npm scope).
 
     python scripts/vendor_assets.py                        # fetch into .cache/vendor/
     python scripts/vendor_assets.py --pin mermaid 11.17.2  # registry metadata for a new pin

@@ -92,8 +92,6 @@ LOG2E = 1.4426950408889634     # the kernels use exp2: e^x = 2^(x log2 e), one M
 MAX_GRID_Y = 65535             # CUDA's limit on gridDim.y, which carries batch x heads
 
 
-
-
 # --8<-- [start:bytes]
 def score_bytes(b: int, h: int, s: int, itemsize: int) -> int:
     """Bytes of the S x S score matrices of every head, written once and read once by the softmax,
@@ -232,7 +230,6 @@ def attention_bwd_flash_sdpa(q, k, v, do, causal=False, saved=None):
 def attention_bwd_cudnn_sdpa(q, k, v, do, causal=False, saved=None):
     """v1: SDPA's cuDNN backward (timed alone)."""
     return sdpa_backward(SDPBackend.CUDNN_ATTENTION, "v1", q, k, v, do, causal, saved)
-
 # --8<-- [end:sdpa]
 
 
