@@ -6,7 +6,8 @@
 #
 #   bash scripts/bench_gpus.sh OUTDIR [bench args...]    e.g. bash scripts/bench_gpus.sh out --stale-only
 #
-# KM_GPUS: how many GPUs (default: all that nvidia-smi lists). KM_BUDGET: seconds before the processes are
+# KM_GPUS: how many GPUs (default: all that nvidia-smi lists); KM_GPU_IDS: which ones (their indices, separated by
+# spaces; default 0 to KM_GPUS - 1), to leave the others to other work. KM_BUDGET: seconds before the processes are
 # stopped (default 560, under one 600 s device call; the ops measured alone, below, come out of it first); an
 # op cut short is lost, every finished op is kept. With
 # --stale-only, a second call with the same OUTDIR carries on where the first stopped (an op is fresh if any
@@ -23,6 +24,8 @@ if ls .whl/liger_kernel-*.whl > /dev/null 2>&1 && ! $PY -c "import liger_kernel"
     && export PYTHONPATH=$PYTHONPATH:/tmp/km-wheels
 fi
 N=${KM_GPUS:-$(nvidia-smi -L | grep -c '^GPU')}
+read -r -a IDS <<< "${KM_GPU_IDS:-$(seq -s ' ' 0 $((N - 1)))}"
+N=${#IDS[@]}
 BUDGET=${KM_BUDGET:-560}
 status=0
 # Ops that a busy host perturbs are measured first, alone, on GPU 0, and claimed so that no parallel process
@@ -47,8 +50,8 @@ PYEOF
   )
 fi
 if [ ${#ALONE[@]} -gt 0 ]; then
-  echo "alone on GPU 0 first: ${ALONE[*]}"
-  CUDA_VISIBLE_DEVICES=0 timeout "$BUDGET" $PY -m snippets bench \
+  echo "alone on GPU ${IDS[0]} first: ${ALONE[*]}"
+  CUDA_VISIBLE_DEVICES=${IDS[0]} timeout "$BUDGET" $PY -m snippets bench \
     --out "$OUTDIR/results.alone.json" "${FLAGS[@]}" "${ALONE[@]}" > "$OUTDIR/bench.alone.log" 2>&1 \
     || status=1
   for op in "${ALONE[@]}"; do touch "$OUTDIR/claims/$op.claimed"; done
@@ -59,7 +62,7 @@ if [ "$LEFT" -lt 30 ]; then
   echo "no time left for the parallel processes after the ops measured alone"; status=1
 elif [ ${#ALONE[@]} -eq 0 ] || [ ${#NAMES[@]} -eq 0 ] || [ ${#NAMES[@]} -gt ${#ALONE[@]} ]; then
   for ((g = 0; g < N; g++)); do
-    CUDA_VISIBLE_DEVICES=$g timeout "$LEFT" $PY -m snippets bench --claim "$OUTDIR/claims" \
+    CUDA_VISIBLE_DEVICES=${IDS[$g]} timeout "$LEFT" $PY -m snippets bench --claim "$OUTDIR/claims" \
       --out "$OUTDIR/results.gpu$g.json" "$@" > "$OUTDIR/bench.gpu$g.log" 2>&1 &
     pids+=($!)
   done
