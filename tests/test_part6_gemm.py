@@ -9,6 +9,7 @@ product at ragged and aligned shapes."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -37,7 +38,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CU = REPO_ROOT / "csrc" / gemm.CU_FILE
 NVCC = shutil.which("nvcc")
 requires_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
-VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7")
+VERSIONS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v9", "v10")
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,8 @@ def test_sass_uses_wgmma_tma_and_setmaxnreg(cubin):
         assert tma_store == cfg.tma_store, f"{version}: TMA store {tma_store}"
         cluster_barrier = "UCGABAR" in code
         assert cluster_barrier == (cfg.cluster > 1), f"{version}: cluster barrier {cluster_barrier}"
+        wide = "STG.E.128" in code  # v9's 16-byte stores of C (v10 runs v9's kernel)
+        assert wide == (cfg.kernel == "hopper_gemm_v9"), f"{version}: 16-byte stores {wide}"
         assert "HMMA" not in code.replace("HGMMA", ""), f"{version}: falls back to mma.sync"
 
 
@@ -123,10 +126,17 @@ def test_constants_match_the_launcher():
         assert cfg.threads == (1 + c["CONSUMERS"]) * c["WG_THREADS"]
     assert c["CLUSTER"] == gemm.CONFIGS["v5"].cluster == gemm.CONFIGS["v7"].cluster
     assert c["STAGES_WS"] == gemm.CONFIGS["v5"].stages and not gemm.CONFIGS["v5"].tma_store
-    for v in ("v6", "v7"):  # v7 is cluster_gemm<STAGES_V6, true>
+    for v in ("v6", "v7"):  # v7 is cluster_gemm<STAGES_V6, kTma>
         assert c["STAGES_V6"] == gemm.CONFIGS[v].stages and gemm.CONFIGS[v].tma_store
-    assert "cluster_gemm<hg::STAGES_V6, true>" in CU.read_text()
     text = CU.read_text()
+    assert "cluster_gemm<hg::STAGES_V6, hg::Epilogue::kTma>" in text
+    # v9 is v5's body with the 16-byte epilogue; v10 is v9's kernel, its grid balanced
+    assert "cluster_gemm<hg::STAGES_WS, hg::Epilogue::kRegs>" in text  # v5
+    assert "cluster_gemm<hg::STAGES_WS, hg::Epilogue::kRegs16>" in text  # v9
+    v5, v9, v10 = (gemm.CONFIGS[v] for v in ("v5", "v9", "v10"))
+    assert v9 == dataclasses.replace(v5, kernel="hopper_gemm_v9")
+    assert v10 == dataclasses.replace(v9, balanced=True)
+    assert not any(cfg.balanced for v, cfg in gemm.CONFIGS.items() if v != "v10")
     assert f"__cluster_dims__({c['CLUSTER']}, 1, 1)" in text
     for cfg in gemm.CONFIGS.values():  # each kernel is declared with its block size
         assert re.search(rf"__launch_bounds__\({cfg.threads}, 1\)\s*{cfg.kernel}\(", text)
@@ -165,6 +175,85 @@ def _store_acc_coords(n: int) -> list[tuple[int, int]]:
             c = 8 * j + 2 * (lane % 4)
             out += [(r, c), (r, c + 1), (r + 8, c), (r + 8, c + 1)]  # d[4j], ..., d[4j + 3]
     return out
+
+
+def _quad_transpose(words: list[list[int]]) -> list[list[int]]:
+    """quad_transpose of hopper_gemm.cu, transcribed: ``words[q]`` are lane q's four words; the
+    two rounds of __shfl_xor_sync, each lane sending the slot its partner keeps."""
+    w = [list(x) for x in words]
+    for k in (1, 2):
+        new = [list(x) for x in w]
+        for s in range(4):
+            if s & k:
+                continue
+            send = [w[q][s] if q & k else w[q][s ^ k] for q in range(4)]
+            for q in range(4):
+                got = send[q ^ k]  # __shfl_xor_sync(mask, send, k)
+                if q & k:
+                    new[q][s] = got
+                else:
+                    new[q][s ^ k] = got
+        w = new
+    return w
+
+
+def _store_acc16_stores(n: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """store_acc16 of hopper_gemm.cu, transcribed: one (row, first column, the 8 elements held)
+    per 16-byte store of the warpgroup's 128 threads, an element being (row, column) of the tile
+    whose accumulator the stored bf16 value came from."""
+    stores = []
+    for warp in range(4):
+        held = {}  # lane -> its d[] as (row, column) pairs: store_acc's map
+        for lane in range(32):
+            r = warp * 16 + lane // 4
+            regs = []
+            for j in range(n // 8):
+                c = 8 * j + 2 * (lane % 4)
+                regs += [(r, c), (r, c + 1), (r + 8, c), (r + 8, c + 1)]
+            held[lane] = regs
+        for g in range(n // 32):
+            for quad in range(8):
+                lanes = [4 * quad + q for q in range(4)]
+                lo = [[(held[ln][16 * g + 4 * i], held[ln][16 * g + 4 * i + 1]) for i in range(4)]
+                      for ln in lanes]
+                hi = [[(held[ln][16 * g + 4 * i + 2], held[ln][16 * g + 4 * i + 3])
+                       for i in range(4)] for ln in lanes]
+                lo, hi = _quad_transpose(lo), _quad_transpose(hi)
+                for q, ln in enumerate(lanes):
+                    r, c = warp * 16 + ln // 4, 8 * (4 * g + q)
+                    stores.append((r, c, [e for pair in lo[q] for e in pair]))
+                    stores.append((r + 8, c, [e for pair in hi[q] for e in pair]))
+    return stores
+
+
+@pytest.mark.op("hopper_gemm")
+@pytest.mark.parametrize("n", [128, 256])
+def test_epilogue16_stores_each_element_once_where_it_belongs(n):
+    """After the quad's shuffles, every 16-byte store of v9 holds the 8 accumulators of the 8
+    adjacent columns it writes, in order, and the stores cover the 64 x n tile exactly once."""
+    stores = _store_acc16_stores(n)
+    assert len(stores) == 64 * n // 8
+    for r, c, elems in stores:
+        assert elems == [(r, c + i) for i in range(8)]
+    assert sorted((r, c) for r, c, _ in stores) == [(r, c) for r in range(64) for c in range(0, n, 8)]
+
+
+@pytest.mark.op("hopper_gemm")
+@pytest.mark.parametrize("units, resident, want", [(1024, 66, 64), (256, 66, 64), (64, 66, 64),
+                                                   (1, 66, 1), (66, 66, 66), (67, 66, 34),
+                                                   (2048, 132, 128), (131, 132, 131)])
+def test_balanced_grid_takes_the_fewest_clusters_for_the_same_rounds(units, resident, want):
+    got = gemm.balanced_grid(units, min(units, resident))
+    assert got == want
+    rounds = -(-units // min(units, resident))
+    assert -(-units // got) == rounds  # no extra round
+    assert got == 1 or -(-units // (got - 1)) > rounds  # one fewer would need one more round
+
+
+@pytest.mark.op("hopper_gemm")
+def test_balanced_grid_refuses_nonsense():
+    with pytest.raises(ValueError, match="balanced_grid"):
+        gemm.balanced_grid(0, 66)
 
 
 @pytest.mark.op("hopper_gemm")
@@ -303,13 +392,34 @@ def test_every_element_is_written_and_repeatable(version):
 
 @pytest.mark.gpu
 @pytest.mark.op("hopper_gemm")
+@pytest.mark.parametrize("m, n, k", [(200, 264, 136), (1000, 776, 520), (2304, 4352, 192),
+                                     (4096, 4096, 1024)])
+def test_v9_and_v10_store_exactly_what_v5_computes(m, n, k):
+    """v9 changes only how C is stored and v10 only which cluster takes which tile: every element is
+    summed in v5's order, so C agrees with v5's bit for bit (a wrong shuffle would move values)."""
+    _skip_unless_sm90()
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a = torch.randn(m, k, generator=gen, device="cuda").bfloat16()
+    b = torch.randn(n, k, generator=gen, device="cuda").bfloat16()
+    want = gemm.hopper_gemm_v5(a, b)
+    for fn in (gemm.hopper_gemm_v9, gemm.hopper_gemm_v10):
+        assert torch.equal(fn(a, b), want), fn.__name__
+
+
+@pytest.mark.gpu
+@pytest.mark.op("hopper_gemm")
 def test_cluster_grid_is_one_wave():
     """The persistent cluster kernels launch at most the clusters the driver says fit at once, and
     at least one; a grid of SMs / 2 clusters would leave the excess to a second wave."""
     _skip_unless_sm90()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for v in ("v5", "v7"):
+    for v in ("v5", "v7", "v9", "v10"):
         assert 1 <= gemm.max_active_clusters(gemm.CONFIGS[v]) <= sms // 2
+    fit = gemm.max_active_clusters(gemm.CONFIGS["v10"])
+    for units in (1, 64, 256, 1024):  # v10's grid: never more clusters than fit, same rounds
+        got = gemm.persistent_clusters(gemm.CONFIGS["v10"], units)
+        assert 1 <= got <= min(fit, units)
+        assert -(-units // got) == -(-units // min(fit, units))
     assert gemm.max_active_clusters(gemm.CONFIGS["v4"]) == sms
 
 

@@ -14,6 +14,10 @@
 //       TMA multicasts it into both blocks' shared memory
 //   v6  like v4 with STAGES_V6 stages and a TMA-store epilogue (registers -> shared -> global)
 //   v7  v5's clusters and multicast with v6's TMA-store epilogue
+//   v9  v5 with 16-byte stores of C: the four lanes that share a row of the accumulators trade
+//       values with shuffles, so each lane stores 8 adjacent columns at once
+//   v10 v9's kernel on a balanced grid: as few clusters as give the same number of tile rounds
+//       (gemm.py chooses the grid; the kernel is v9's)
 //
 // The tensor maps are built on the host (snippets/part6/gemm.py, cuTensorMapEncodeTiled) and passed
 // in global memory: 128 bytes for A, then 128 bytes for B (and for v6 and v7, 128 for C). The
@@ -334,6 +338,65 @@ __device__ __forceinline__ void store_acc(const float (&d)[N / 2], __nv_bfloat16
     }
 }
 // --8<-- [end:epilogue]
+
+// --8<-- [start:epilogue16]
+// v9's epilogue. In store_acc a warp's store instruction writes 4 bytes per lane: 16 bytes of each
+// of 8 rows, half of every 32-byte sector it touches, 64 instructions per thread. The four lanes
+// q = l % 4 of a quad hold the same two rows; across four 8-column groups 4g..4g+3 lane q has the
+// pair at columns 2q, 2q + 1 of each. Two rounds of shuffles transpose that 4 x 4 block of 4-byte
+// words, after which lane q holds all 8 columns of group 4g + q: one 16-byte store per row, 16 per
+// thread, each instruction writing 64 whole bytes of each of 8 rows.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// w[i] is this lane's word of group i; afterwards w[p] is lane p's word of group q (q: this lane)
+__device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int q) {
+#pragma unroll
+    for (int k = 1; k <= 2; k <<= 1) {      // round 1 swaps with lane q ^ 1, round 2 with q ^ 2
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            if (s & k) continue;             // the pair of slots (s, s ^ k)
+            const bool upper = q & k;        // the upper lane keeps slot s and receives into it
+            const uint32_t send = upper ? w[s] : w[s ^ k];
+            const uint32_t got = __shfl_xor_sync(0xffffffffu, send, k);
+            if (upper) w[s] = got;
+            else w[s ^ k] = got;
+        }
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void store_acc16(const float (&d)[N / 2], __nv_bfloat16* C, int M,
+                                            int N_c, int row0, int col0) {
+    const int t = threadIdx.x % WG_THREADS, warp = t / 32, lane = t % 32, q = lane % 4;
+    const int r = row0 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int g = 0; g < N / 32; ++g) {
+        uint32_t lo[4], hi[4];  // rows r and r + 8
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            lo[i] = pack_bf16x2(d[16 * g + 4 * i], d[16 * g + 4 * i + 1]);
+            hi[i] = pack_bf16x2(d[16 * g + 4 * i + 2], d[16 * g + 4 * i + 3]);
+        }
+        quad_transpose(lo, q);  // every lane of the warp takes part, inside C or not
+        quad_transpose(hi, q);
+        const int c = col0 + 8 * (4 * g + q);  // N_c % 8 == 0: the 8 columns are in C or not
+        if (c >= N_c) continue;
+        if (r < M) {
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                         ::"l"(C + size_t(r) * N_c + c), "r"(lo[0]), "r"(lo[1]), "r"(lo[2]),
+                           "r"(lo[3]) : "memory");
+        }
+        if (r + 8 < M) {
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                         ::"l"(C + size_t(r + 8) * N_c + c), "r"(hi[0]), "r"(hi[1]), "r"(hi[2]),
+                           "r"(hi[3]) : "memory");
+        }
+    }
+}
+// --8<-- [end:epilogue16]
 
 // --8<-- [start:tile_order]
 // v4's tile order: groups of GROUP_M tile rows, walked column by column inside a group, so that the
@@ -687,16 +750,20 @@ __device__ __forceinline__ void store_acc_tma(const float (&d)[BN_WS / 2], uint3
 
 // -------------------------------------------------------------------------------------------------
 // v5: v4 in clusters of two blocks along M; each block loads half of B and multicasts it to both.
-// v7: v5 with v6's TMA-store epilogue (3 stages). One body, cluster_gemm, serves both.
+// v7: v5 with v6's TMA-store epilogue (3 stages). v9: v5 with store_acc16. One body, cluster_gemm,
+// serves all three.
 // -------------------------------------------------------------------------------------------------
 
 // --8<-- [start:v5]
 #if HG_SM90A
 namespace hg {
-template <int S, bool TMA_STORE>
+enum class Epilogue { kRegs, kTma, kRegs16 };  // store_acc, store_acc_tma, store_acc16
+
+template <int S, Epilogue EPI>
 __device__ __forceinline__ void cluster_gemm(const uint8_t* tmaps, __nv_bfloat16* C, int M, int N,
                                              int K) {
     constexpr uint32_t B_HALF_BYTES = BN_WS / CLUSTER * ROW_BYTES;  // 16 KB: 128 rows of B
+    constexpr bool TMA_STORE = EPI == Epilogue::kTma;
     constexpr uint32_t C_TILE_BYTES = 64 * BN_WS * 2;  // v7: one consumer's 64 x 256 bf16
     constexpr uint32_t EXTRA = TMA_STORE ? CONSUMERS * C_TILE_BYTES : 0;
     extern __shared__ uint8_t smem[];
@@ -775,6 +842,8 @@ __device__ __forceinline__ void cluster_gemm(const uint8_t* tmaps, __nv_bfloat16
             if constexpr (TMA_STORE) {  // barrier 1 or 2: each consumer meets only its own
                 if (c == 0) store_acc_tma<1>(d, c_smem, tmap_c, row0, col0);
                 else store_acc_tma<2>(d, c_smem, tmap_c, row0, col0);
+            } else if constexpr (EPI == Epilogue::kRegs16) {
+                store_acc16<BN_WS>(d, C, M, N, row0, col0);
             } else {
                 store_acc<BN_WS>(d, C, M, N, row0, col0);
             }
@@ -793,7 +862,7 @@ extern "C" __global__ void HG_CLUSTER_DIMS __launch_bounds__(384, 1)
 hopper_gemm_v5(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C, int M, int N,
                int K) {
 #if HG_SM90A
-    hg::cluster_gemm<hg::STAGES_WS, false>(tmaps, C, M, N, K);
+    hg::cluster_gemm<hg::STAGES_WS, hg::Epilogue::kRegs>(tmaps, C, M, N, K);
 #else
     __trap();
 #endif
@@ -853,9 +922,25 @@ extern "C" __global__ void HG_CLUSTER_DIMS __launch_bounds__(384, 1)
 hopper_gemm_v7(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C, int M, int N,
                int K) {
 #if HG_SM90A
-    hg::cluster_gemm<hg::STAGES_V6, true>(tmaps, C, M, N, K);
+    hg::cluster_gemm<hg::STAGES_V6, hg::Epilogue::kTma>(tmaps, C, M, N, K);
 #else
     __trap();
 #endif
 }
 // --8<-- [end:v7]
+
+// -------------------------------------------------------------------------------------------------
+// v9: v5 with 16-byte stores of C (v10 launches the same kernel on a balanced grid)
+// -------------------------------------------------------------------------------------------------
+
+// --8<-- [start:v9]
+extern "C" __global__ void HG_CLUSTER_DIMS __launch_bounds__(384, 1)
+hopper_gemm_v9(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C, int M, int N,
+               int K) {
+#if HG_SM90A
+    hg::cluster_gemm<hg::STAGES_WS, hg::Epilogue::kRegs16>(tmaps, C, M, N, K);
+#else
+    __trap();
+#endif
+}
+// --8<-- [end:v9]

@@ -21,6 +21,12 @@ Versions of ``hopper_gemm`` (never renumbered):
 - v6  like v4 with 3 stages and a TMA-store epilogue: the consumers write C to shared memory and
   one thread stores each 64 x 256 tile with ``cp.async.bulk.tensor``.
 - v7  v5's clusters and B multicast with v6's TMA-store epilogue (3 stages).
+- v9  v5 with 16-byte stores of C: the four lanes of a quad, which hold the same two rows, swap
+  values with shuffles so that each stores 8 adjacent columns at once (``store_acc16``).
+- v10 v9's kernel on a balanced persistent grid: as few clusters as still give the same number of
+  rounds of tiles, so every cluster computes the same number of tiles.
+
+(v8, the CuTe C++ version, is registered by ``snippets.part6.cute_gemm``.)
 
 The persistent cluster kernels (v5, v7) launch only as many clusters as the GPU can hold at once
 (:func:`max_active_clusters`, the driver's occupancy query): a cluster of two needs two free SMs in
@@ -83,6 +89,7 @@ class HopperConfig:
     persistent: bool = False
     cluster: int = 1
     tma_store: bool = False  # C leaves through shared memory and a TMA store
+    balanced: bool = False  # persistent: the fewest clusters that take the same rounds of tiles
 
     @property
     def b_box_rows(self) -> int:
@@ -124,6 +131,10 @@ CONFIGS = {
                        tma_store=True),
     "v7": HopperConfig("hopper_gemm_v7", 128, 256, stages=3, threads=384, persistent=True,
                        cluster=2, tma_store=True),
+    "v9": HopperConfig("hopper_gemm_v9", 128, 256, stages=4, threads=384, persistent=True,
+                       cluster=2),
+    "v10": HopperConfig("hopper_gemm_v9", 128, 256, stages=4, threads=384, persistent=True,
+                        cluster=2, balanced=True),
 }
 C_BOX_ROWS = 64  # v6 and v7 store C per consumer warpgroup: boxes of 64 rows x block_n columns
 GROUP_M = 8  # v4's grouped tile order
@@ -395,6 +406,28 @@ def max_active_clusters(cfg: HopperConfig) -> int:
 # --8<-- [end:clusters]
 
 
+# --8<-- [start:balanced]
+def balanced_grid(units: int, resident: int) -> int:
+    """How many persistent blocks (or clusters) should share ``units`` tiles (or pairs of tiles)
+    when ``resident`` fit at once: the fewest that still need only ceil(units / resident) rounds.
+    For example, 1024 pairs of tiles (8192^3) over 66 resident clusters is 15.5 rounds: half the
+    clusters compute 16 pairs and half 15. 64 clusters compute 16 each, in the same 16 rounds, and
+    leave two clusters' SMs idle instead of half-used."""
+    if units < 1 or resident < 1:
+        raise ValueError(f"balanced_grid needs units and resident >= 1, got {units} and {resident}")
+    rounds = -(-units // resident)
+    return -(-units // rounds)
+
+
+def persistent_clusters(cfg: HopperConfig, units: int) -> int:
+    """The persistent grid, in clusters (blocks when ``cfg.cluster == 1``): every unit a cluster
+    of its own if they all fit, else as many as fit at once, or with ``cfg.balanced`` the fewest
+    that take the same number of rounds."""
+    fit = min(max_active_clusters(cfg), units)
+    return balanced_grid(units, fit) if cfg.balanced else fit
+# --8<-- [end:balanced]
+
+
 def c_map_spec(m: int, n: int, address: int, cfg: HopperConfig) -> TensorMapSpec:
     """The tensor map of C (M x N bf16, row-major) for the TMA store of v6 and v7: dimensions
     innermost first, unswizzled boxes of C_BOX_ROWS rows x block_n columns, one per consumer
@@ -424,7 +457,7 @@ def _launch(name: str, a: torch.Tensor, b: torch.Tensor, cfg: HopperConfig) -> t
     with torch.cuda.device(a.device):
         if cfg.persistent:  # a whole number of clusters, all resident at once
             units = -(-m // (cfg.block_m * cfg.cluster)) * tiles[1]  # tiles, or pairs of tiles
-            grid: tuple[int, ...] = (cfg.cluster * min(max_active_clusters(cfg), units),)
+            grid: tuple[int, ...] = (cfg.cluster * persistent_clusters(cfg, units),)
         else:
             grid = (tiles[1], tiles[0])
         cuda.launch(fn, grid, cfg.threads, (tmaps, c, np.int32(m), np.int32(n), np.int32(k)),
@@ -475,6 +508,16 @@ def hopper_gemm_v7(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _launch("hopper_gemm_v7", a, b, CONFIGS["v7"])
 
 
+def hopper_gemm_v9(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v9: v5 with 16-byte stores of C (a shuffle transpose inside each quad of lanes)."""
+    return _launch("hopper_gemm_v9", a, b, CONFIGS["v9"])
+
+
+def hopper_gemm_v10(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v10: v9's kernel on a balanced grid (the fewest clusters for the same rounds of tiles)."""
+    return _launch("hopper_gemm_v10", a, b, CONFIGS["v10"])
+
+
 # --------------------------------------------------------------------------------------------------
 # Registration
 # --------------------------------------------------------------------------------------------------
@@ -512,7 +555,7 @@ TEST_SIZES = [{"m": m, "n": n, "k": k}
                               (1000, 776, 520))]
 SOURCES = (cuda.source_path(CU_FILE), _launch, check_hopper_gemm, check_gemm_operands,
            encode_tensor_map, device_tensor_maps, c_map_spec, max_active_clusters, _driver_function,
-           build_cubin)
+           build_cubin, balanced_grid, persistent_clusters)
 
 hopper_gemm = register(Op(
     name="hopper_gemm", part=6, chapter="part6/hopper-gemm.md",
@@ -537,3 +580,8 @@ hopper_gemm.add(Impl("v6", hopper_gemm_v6, "CUDA", "like v4, 3 stages, TMA-store
                      SOURCES, requires=needs_sm90))
 hopper_gemm.add(Impl("v7", hopper_gemm_v7, "CUDA", "v5's clusters + v6's TMA-store epilogue",
                      SOURCES, requires=needs_sm90))
+hopper_gemm.add(Impl("v9", hopper_gemm_v9, "CUDA", "like v5, 16-byte stores of C (quad shuffles)",
+                     SOURCES, requires=needs_sm90))
+hopper_gemm.add(Impl("v10", hopper_gemm_v10, "CUDA",
+                     "v9 on a balanced grid (fewest clusters, same rounds)", SOURCES,
+                     requires=needs_sm90))
