@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -39,6 +40,42 @@ def _include() -> Path:
         return cute_gemm.cutlass_include()
     except RuntimeError as exc:
         pytest.skip(str(exc))
+
+
+@pytest.mark.op("hopper_gemm")
+def test_concurrent_unpacking_of_the_headers_does_not_race(tmp_path, monkeypatch):
+    """One benchmark process per GPU may unpack the wheel at once (two of three crashed on a
+    FileExistsError when they shared one folder): every caller gets complete headers, an incomplete
+    earlier copy is replaced, and no temporary folder is left behind."""
+    import threading
+
+    _include()  # the wheel is in build/ (or at $KM_CUTLASS_WHEEL) once the headers are
+    wheel = Path(os.environ.get("KM_CUTLASS_WHEEL",
+                                cute_gemm.REPO_ROOT / "build" / cute_gemm.CUTLASS_WHEEL))
+    if not wheel.is_file():
+        pytest.skip(f"no {cute_gemm.CUTLASS_WHEEL} in build/")
+    monkeypatch.setenv("KM_CUTLASS_WHEEL", str(wheel))
+    monkeypatch.setattr(cute_gemm, "REPO_ROOT", tmp_path)
+    root = tmp_path / "build" / f"cutlass-{cute_gemm.CUTLASS_VERSION}"
+    (root / "cutlass_library" / "source" / "include" / "cute").mkdir(parents=True)  # incomplete
+    got, errors = [], []
+
+    def unpack():
+        try:
+            got.append(cute_gemm.cutlass_include())
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=unpack) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    include = root / "cutlass_library" / "source" / "include"
+    assert got == [include] * 4
+    assert (include / "cute" / "tensor.hpp").is_file() and (include / "cutlass").is_dir()
+    assert sorted(q.name for q in (tmp_path / "build").iterdir()) == [root.name]
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -66,11 +67,28 @@ def cutlass_include() -> Path:
                                f"(or at $KM_CUTLASS_WHEEL), and pip could not download "
                                f"nvidia-cutlass=={CUTLASS_VERSION}: "
                                f"{proc.stderr.strip().splitlines()[-1:]}")
-    with zipfile.ZipFile(wheel) as z:
-        members = [m for m in z.namelist()
-                   if m.startswith(("cutlass_library/source/include/cute/",
-                                    "cutlass_library/source/include/cutlass/"))]
-        z.extractall(root, members)
+    # Unpack into a folder of this process's own and rename it into place: several processes (one
+    # benchmark per GPU) may get here at once, and extracting into one shared folder races on its
+    # subfolders. The first rename wins; a later one finds the headers there and keeps those.
+    tmp = Path(tempfile.mkdtemp(prefix=f"{root.name}.", dir=build))
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            members = [m for m in z.namelist()
+                       if m.startswith(("cutlass_library/source/include/cute/",
+                                        "cutlass_library/source/include/cutlass/"))]
+            z.extractall(tmp, members)
+        for attempt in (1, 2):
+            try:
+                os.rename(tmp, root)
+                break
+            except OSError:
+                if (include / "cute" / "tensor.hpp").is_file():
+                    break  # another process's copy is complete
+                if attempt == 2:
+                    raise
+                shutil.rmtree(root, ignore_errors=True)  # an incomplete copy: replace it
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return include
 
 
