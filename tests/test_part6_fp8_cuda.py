@@ -1,5 +1,5 @@
-"""The CUDA FP8 GEMMs (csrc/fp8/fp8_gemm.cu: fp8_gemm v2, fp8_gemm_blockscaled v3) and the
-compile-once helper they are built with (snippets/common/cubin.py).
+"""The CUDA FP8 GEMMs (csrc/fp8/fp8_gemm.cu: fp8_gemm v2 and v3, fp8_gemm_blockscaled v3 and v4)
+and the compile-once helper they are built with (snippets/common/cubin.py).
 
 On a CPU: the helper builds a cubin once per source and flags, atomically (two processes at once
 leave one file); the kernel file compiles for sm_90a exactly as the launcher builds it, without
@@ -154,7 +154,7 @@ def test_compiles_for_sm90a_without_spills(built):
     assert "-arch=sm_90a" in f.CUBIN.flags and "-cubin" in f.CUBIN.flags
     functions = parse_ptxas(report)
     kernels = {name for name, fn in functions.items() if fn["entry"]}
-    assert kernels == set(f.KERNELS.values())
+    assert kernels == set(f.KERNELS.values()) | set(f.KERNELS16.values())
     assert not spilling_functions(functions), report
     assert "C7515" not in report, f"ptxas serialises the wgmmas:\n{report}"
     assert "warning" not in report.lower(), report
@@ -173,9 +173,11 @@ def test_sass_is_warp_specialised_fp8_wgmma_with_promotion(built):
     (per tensor) or FFMA (block-scaled: times the two scales) per accumulator register. A kernel
     that let the tensor cores sum all of K would have no such adds."""
     sass = sass_by_function(built[0])
-    assert set(sass) == set(f.KERNELS.values())
-    for blockwise, name in f.KERNELS.items():
+    assert set(sass) == set(f.KERNELS.values()) | set(f.KERNELS16.values())
+    for blockwise, name in [*f.KERNELS.items(), *f.KERNELS16.items()]:
         code = sass[name]
+        wide = "STG.E.128" in code  # v3's and v4's 16-byte stores of C
+        assert wide == (name in f.KERNELS16.values()), (name, wide)
         qgmma = re.findall(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3 [^;]*;", code)
         assert len(qgmma) == CFG.block_k // 32, qgmma
         assert sum("RZ, !UPT" in q for q in qgmma) == 1, qgmma  # the temporary's first wgmma
@@ -219,8 +221,11 @@ def test_constants_match_the_launcher():
     assert c["SCALE_BLOCK"] == f.BLOCK == CFG.block_k == CFG.block_n  # one B scale per tile
     assert c["WGMMA_K"] == 32 and c["SWIZZLE_REPEAT"] == 1024
     text = CU.read_text()
-    for name in f.KERNELS.values():
+    for name in [*f.KERNELS.values(), *f.KERNELS16.values()]:
         assert re.search(rf"__launch_bounds__\(f8::THREADS, 1\)\s*{name}\(", text), name
+    for blockwise, name in f.KERNELS16.items():  # the same bodies, with the 16-byte epilogue
+        body = "true" if blockwise else "false"
+        assert re.search(rf"{name}\(.*?f8::fp8_gemm<{body}, true>\(", text, re.S), name
 
 
 @pytest.mark.op("fp8_gemm")
@@ -249,7 +254,7 @@ def _function(text: str, name: str) -> str:
                                   "mbar_fence_init", "mbar_arrive_expect_tx", "mbar_arrive",
                                   "mbar_wait", "tmap_acquire", "tma_load_2d", "wgmma_fence",
                                   "wgmma_commit", "fence_regs", "regs_dec", "regs_inc",
-                                  "tile_coords"])
+                                  "tile_coords", "pack_bf16x2", "quad_transpose"])
 def test_copied_helpers_are_still_hopper_gemms(name):
     """fp8_gemm.cu carries copies of hopper_gemm.cu's sm90 helpers (so that editing neither stales
     the other's measurements); until they move to one header, the copies must not drift."""
@@ -390,6 +395,11 @@ def test_kernel_transcription_matches_the_reference_blockscaled(m, n, k, grid, a
 def test_persistent_grid(m, n, sms):
     tiles = -(-m // 128) * -(-n // 128)
     assert f.cuda_grid(m, n, sms) == min(sms, tiles)
+    # v3 and v4: the fewest blocks that take the same number of rounds of tiles
+    got = f.cuda_grid(m, n, sms, balanced=True)
+    assert 1 <= got <= min(sms, tiles)
+    assert -(-tiles // got) == -(-tiles // min(sms, tiles))
+    assert got == 1 or -(-tiles // (got - 1)) > -(-tiles // min(sms, tiles))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -444,12 +454,16 @@ def _bad_cuda_cases():
         (f.fp8_gemm_cuda, (a, b, sa, sb), ValueError, "must be on a cuda device"),
         (f.fp8_gemm_blockscaled_cuda, (a2.bfloat16(), asc, b2, bsc), TypeError, "float8_e4m3fn"),
         (f.fp8_gemm_blockscaled_cuda, (a2, asc, b2, bsc), ValueError, "must be on a cuda device"),
+        (f.fp8_gemm_cuda16, (a.half(), b, sa, sb), TypeError, "float8_e4m3fn"),
+        (f.fp8_gemm_cuda16, (a, b, sa, sb), ValueError, "must be on a cuda device"),
+        (f.fp8_gemm_blockscaled_cuda16, (a2.bfloat16(), asc, b2, bsc), TypeError, "float8_e4m3fn"),
+        (f.fp8_gemm_blockscaled_cuda16, (a2, asc, b2, bsc), ValueError, "must be on a cuda device"),
     ]
 
 
 @pytest.mark.op("fp8_gemm")
 @pytest.mark.op("fp8_gemm_blockscaled")
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(10))
 def test_cuda_versions_refuse_bad_input_before_launch(case):
     fn, args, exc, match = _bad_cuda_cases()[case]
     with pytest.raises(exc, match=match) as info:
@@ -467,6 +481,10 @@ def test_cuda_versions_refuse_grad():
     asc = torch.ones(32, 1, requires_grad=True)
     with pytest.raises(RuntimeError, match="grad"):
         f.fp8_gemm_blockscaled_cuda(a, asc, b, torch.ones(1, 1))
+    with pytest.raises(RuntimeError, match="grad"):
+        f.fp8_gemm_cuda16(a, b, s, torch.ones(()))
+    with pytest.raises(RuntimeError, match="grad"):
+        f.fp8_gemm_blockscaled_cuda16(a, asc, b, torch.ones(1, 1))
 
 
 @pytest.mark.op("fp8_gemm")
@@ -526,6 +544,24 @@ def test_blockscaled_matches_float64(m, n, k):
     poison_allocator(m * n * 2, DEVICE)
     ref = f.fp8_gemm_blockscaled_ref(a, asc.double(), b, bsc.double())
     _check(f.fp8_gemm_blockscaled_cuda(a, asc, b, bsc), ref, k, f"v3 {m}x{n}x{k}")
+
+
+@pytest.mark.gpu
+@pytest.mark.op("fp8_gemm")
+@pytest.mark.op("fp8_gemm_blockscaled")
+@pytest.mark.parametrize("m, n, k", [(1, 5, 16), (33, 17, 48), (200, 264, 144), (129, 130, 1024),
+                                     (1000, 776, 528), (2048, 2304, 512), (4096, 4096, 1024)])
+def test_store16_versions_store_exactly_what_v2_and_v3_compute(m, n, k):
+    """fp8_gemm v3 and fp8_gemm_blockscaled v4 change only how C is stored (16-byte stores
+    after the quad's shuffles, v2's stores where N is not a multiple of 8) and how many blocks
+    share the tiles: every element is the same sum, so C agrees bit for bit."""
+    _skip_unless_sm90()
+    a, b, sa, sb = _per_tensor(m, n, k, seed=m + n + k)
+    assert torch.equal(f.fp8_gemm_cuda16(a, b, sa, sb), f.fp8_gemm_cuda(a, b, sa, sb))
+    if n % 128 == 0 and k % 128 == 0:  # the block scales' shapes
+        a, asc, b, bsc = _blockscaled(m, n, k, seed=m + n + k)
+        assert torch.equal(f.fp8_gemm_blockscaled_cuda16(a, asc, b, bsc),
+                           f.fp8_gemm_blockscaled_cuda(a, asc, b, bsc))
 
 
 @pytest.mark.gpu
@@ -598,7 +634,7 @@ def test_each_block_gets_its_own_scales(m, n, k):
 @pytest.mark.op("fp8_gemm")
 def test_cubin_loads_on_the_gpu():
     _skip_unless_sm90()
-    for name in f.KERNELS.values():
+    for name in [*f.KERNELS.values(), *f.KERNELS16.values()]:
         fn = f.CUBIN.kernel(name, 0)
         assert fn.max_dynamic_shared_size_bytes >= 0
         assert f.CUBIN.kernel(name, 0) is fn  # loaded once
@@ -613,7 +649,7 @@ def test_one_block_per_sm_fits():
     _skip_unless_sm90()
     from snippets import cuda
 
-    for name in f.KERNELS.values():
+    for name in [*f.KERNELS.values(), *f.KERNELS16.values()]:
         fn = f.CUBIN.kernel(name, 0)
         fn.max_dynamic_shared_size_bytes = CFG.smem_bytes
         assert cuda.resident_blocks(fn, CFG.threads, CFG.smem_bytes) == 1, name

@@ -46,8 +46,9 @@ def _check(c, ref, k, label):
 @pytest.mark.op("fp8_gemm")
 @pytest.mark.op("fp8_gemm_blockscaled")
 def test_registration():
-    assert list(f.fp8_gemm.impls) == ["v0", "v1", "v2"]  # v2: CUDA (tests/test_part6_fp8_cuda.py)
-    assert list(f.fp8_gemm_blockscaled.impls) == ["v0", "v1", "v2", "v3"]
+    # v2, v3: CUDA (tests/test_part6_fp8_cuda.py)
+    assert list(f.fp8_gemm.impls) == ["v0", "v1", "v2", "v3"]
+    assert list(f.fp8_gemm_blockscaled.impls) == ["v0", "v1", "v2", "v3", "v4"]
     assert f.fp8_gemm.impls["v0"].origin == f.fp8_gemm_blockscaled.impls["v2"].origin == "library"
     assert f.fp8_gemm.ceiling == f.fp8_gemm_blockscaled.ceiling == f.CEILING
     assert f.CEILING in CEILINGS and f.CEILING in CEILING_MEASURES

@@ -4,6 +4,10 @@
 //   fp8_gemm_tensor  one fp32 scale per operand: C = (A @ B^T) * a_s * b_s, scales in the epilogue
 //   fp8_gemm_block   DeepSeek-V3's block scales: A per 1 x 128 block (a_scales[m, kb]), B per
 //                    128 x 128 block (b_scales[n / 128, kb]), applied at every promotion
+//   fp8_gemm_tensor16, fp8_gemm_block16
+//                    the same two with the Hopper GEMM's v9 epilogue: 16-byte stores of C after a
+//                    shuffle transpose inside each quad of lanes (the launcher adds v10's balanced
+//                    grid)
 //
 // One body serves both (fp8_gemm<BLOCKWISE>): a producer warpgroup keeps STAGES K-blocks of A and B
 // in shared memory with TMA (128-byte swizzle: a 128-byte row is 128 fp8 values, one K-block, one
@@ -242,11 +246,74 @@ __device__ __forceinline__ void store_tile(const float (&d)[ACC_REGS], float sca
 }
 // --8<-- [end:epilogue]
 
+// --8<-- [start:epilogue16]
+// fp8_gemm v3's and fp8_gemm_blockscaled v4's epilogue: csrc/part6/hopper_gemm.cu's store_acc16
+// (its v9) with the per-tensor scale. The four lanes of a quad hold the same two rows; two rounds
+// of shuffles leave lane q with all 8 columns of group 4g + q, stored with one 16-byte store per
+// row. Where C's rows are not 16-byte aligned (an N that is not a multiple of 8) it falls back to
+// store_tile. pack_bf16x2 and quad_transpose are hopper_gemm.cu's, copied (a CPU test compares).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// w[i] is this lane's word of group i; afterwards w[p] is lane p's word of group q (q: this lane)
+__device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int q) {
+#pragma unroll
+    for (int k = 1; k <= 2; k <<= 1) {      // round 1 swaps with lane q ^ 1, round 2 with q ^ 2
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            if (s & k) continue;             // the pair of slots (s, s ^ k)
+            const bool upper = q & k;        // the upper lane keeps slot s and receives into it
+            const uint32_t send = upper ? w[s] : w[s ^ k];
+            const uint32_t got = __shfl_xor_sync(0xffffffffu, send, k);
+            if (upper) w[s] = got;
+            else w[s ^ k] = got;
+        }
+    }
+}
+
+__device__ __forceinline__ void store_tile16(const float (&d)[ACC_REGS], float scale,
+                                             __nv_bfloat16* C, int M, int N, long long ldc,
+                                             int row0, int col0) {
+    if (ldc % 8 != 0 || N % 8 != 0) {  // the same test for every thread: no lane is left out
+        store_tile(d, scale, C, M, N, ldc, row0, col0);
+        return;
+    }
+    const int t = threadIdx.x % WG_THREADS, warp = t / 32, lane = t % 32, q = lane % 4;
+    const int r = row0 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int g = 0; g < BLOCK_N / 32; ++g) {
+        uint32_t lo[4], hi[4];  // rows r and r + 8
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float* x = d + 16 * g + 4 * i;
+            lo[i] = pack_bf16x2(x[0] * scale, x[1] * scale);
+            hi[i] = pack_bf16x2(x[2] * scale, x[3] * scale);
+        }
+        quad_transpose(lo, q);  // every lane of the warp takes part, inside C or not
+        quad_transpose(hi, q);
+        const int c = col0 + 8 * (4 * g + q);  // N % 8 == 0: the 8 columns are in C or not
+        if (c >= N) continue;
+        if (r < M) {
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                         ::"l"(C + r * ldc + c), "r"(lo[0]), "r"(lo[1]), "r"(lo[2]), "r"(lo[3])
+                         : "memory");
+        }
+        if (r + 8 < M) {
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};"
+                         ::"l"(C + (r + 8) * ldc + c), "r"(hi[0]), "r"(hi[1]), "r"(hi[2]),
+                           "r"(hi[3]) : "memory");
+        }
+    }
+}
+// --8<-- [end:epilogue16]
+
 // --8<-- [start:body]
 // The kernel body. Shared memory: STAGES x (A's 128 x 128 bytes, then B's 128 x 128 bytes), then
 // STAGES "full" and STAGES "empty" mbarriers. `it` counts K-blocks across all of a block's tiles,
 // so stage (it % STAGES) and phase ((it / STAGES) & 1) carry on from one tile to the next.
-template <bool BLOCKWISE>
+template <bool BLOCKWISE, bool STORE16 = false>
 __device__ __forceinline__ void fp8_gemm(const uint8_t* tmaps, __nv_bfloat16* C, int M, int N,
                                          int K, long long ldc, const float* a_s, const float* b_s,
                                          long long s_am, long long s_ak, long long s_bn,
@@ -347,7 +414,8 @@ __device__ __forceinline__ void fp8_gemm(const uint8_t* tmaps, __nv_bfloat16* C,
         }
         // the producer is already loading the next tile's blocks while this one is stored
         const float scale = BLOCKWISE ? 1.f : __ldg(a_s) * __ldg(b_s);
-        store_tile(acc, scale, C, M, N, ldc, row0, col0);
+        if constexpr (STORE16) store_tile16(acc, scale, C, M, N, ldc, row0, col0);
+        else store_tile(acc, scale, C, M, N, ldc, row0, col0);
     }
 }
 // --8<-- [end:body]
@@ -375,6 +443,30 @@ fp8_gemm_block(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C,
                long long s_bn, long long s_bk) {
 #if F8_SM90A
     f8::fp8_gemm<true>(tmaps, C, M, N, K, ldc, a_scales, b_scales, s_am, s_ak, s_bn, s_bk);
+#else
+    __trap();
+#endif
+}
+
+// fp8_gemm v3 and fp8_gemm_blockscaled v4: the same two bodies with the 16-byte epilogue.
+extern "C" __global__ void __launch_bounds__(f8::THREADS, 1)
+fp8_gemm_tensor16(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C, int M, int N,
+                  int K, long long ldc, const float* __restrict__ a_s,
+                  const float* __restrict__ b_s) {
+#if F8_SM90A
+    f8::fp8_gemm<false, true>(tmaps, C, M, N, K, ldc, a_s, b_s, 0, 0, 0, 0);
+#else
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(f8::THREADS, 1)
+fp8_gemm_block16(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C, int M, int N,
+                 int K, long long ldc, const float* __restrict__ a_scales,
+                 const float* __restrict__ b_scales, long long s_am, long long s_ak,
+                 long long s_bn, long long s_bk) {
+#if F8_SM90A
+    f8::fp8_gemm<true, true>(tmaps, C, M, N, K, ldc, a_scales, b_scales, s_am, s_ak, s_bn, s_bk);
 #else
     __trap();
 #endif

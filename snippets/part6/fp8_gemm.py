@@ -61,6 +61,7 @@ from snippets.common.gemm import (
     tolerance_for,
 )
 from snippets.part6.fp8 import E4M3, dequantize_blocks, quantize_blocks, quantize_per_tensor
+from snippets.part6.gemm import balanced_grid
 from snippets.part6.hopper import TensorMapSpec
 from snippets.registry import Impl, Op, device_generator, register, register_ceiling
 
@@ -473,6 +474,8 @@ class CudaConfig:
 
 CUDA_CONFIG = CudaConfig()
 KERNELS = {False: "fp8_gemm_tensor", True: "fp8_gemm_block"}  # by BLOCKWISE
+# fp8_gemm v3 and fp8_gemm_blockscaled v4: the same with 16-byte stores of C (and a balanced grid)
+KERNELS16 = {False: "fp8_gemm_tensor16", True: "fp8_gemm_block16"}
 # --8<-- [end:cuda_config]
 
 
@@ -582,15 +585,20 @@ def device_fp8_tensor_maps(specs: tuple[TensorMapSpec, ...], device) -> torch.Te
 
 
 # --8<-- [start:cuda_launch]
-def cuda_grid(m: int, n: int, sms: int, cfg: CudaConfig = CUDA_CONFIG) -> int:
+def cuda_grid(m: int, n: int, sms: int, cfg: CudaConfig = CUDA_CONFIG,
+              balanced: bool = False) -> int:
     """Persistent: one block per SM (__launch_bounds__(384, 1) and ~194 KiB of shared memory allow
-    no second), never more blocks than tiles."""
-    return min(sms, -(-m // cfg.block_m) * -(-n // cfg.block_n))
+    no second), never more blocks than tiles; ``balanced`` (v3, v4): the fewest blocks that take
+    the same rounds of tiles (the Hopper GEMM's ``balanced_grid``)."""
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    fit = min(sms, tiles)
+    return balanced_grid(tiles, fit) if balanced else fit
 
 
 def launch_cuda(name: str, a: torch.Tensor, b: torch.Tensor, specs, blockwise: bool,
-                scale_args: tuple) -> torch.Tensor:
-    """The one launcher of both CUDA versions (operands and scales already checked)."""
+                scale_args: tuple, store16: bool = False) -> torch.Tensor:
+    """The one launcher of the CUDA versions (operands and scales already checked); ``store16``:
+    the kernels with 16-byte stores of C, on the balanced grid (v3 and v4)."""
     reason = needs_fp8_sm90()
     if reason:
         raise RuntimeError(f"{name}: {reason}")
@@ -599,12 +607,12 @@ def launch_cuda(name: str, a: torch.Tensor, b: torch.Tensor, specs, blockwise: b
     c = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
     index = a.device.index if a.device.index is not None else 0
     tmaps = device_fp8_tensor_maps(specs, a.device)
-    fn = CUBIN.kernel(KERNELS[blockwise], index)
+    fn = CUBIN.kernel((KERNELS16 if store16 else KERNELS)[blockwise], index)
     if fn.max_dynamic_shared_size_bytes < cfg.smem_bytes:
         fn.max_dynamic_shared_size_bytes = cfg.smem_bytes  # above 48 KiB needs the opt-in
     with torch.cuda.device(a.device):
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-        cuda.launch(fn, cuda_grid(m, n, sms), cfg.threads,
+        cuda.launch(fn, cuda_grid(m, n, sms, balanced=store16), cfg.threads,
                     (tmaps, c, np.int32(m), np.int32(n), np.int32(k), np.int64(n), *scale_args),
                     shared_mem=cfg.smem_bytes)
     return c
@@ -634,6 +642,30 @@ def fp8_gemm_blockscaled_cuda(a, a_scales, b, b_scales):
     strides = (*a_scales.stride(), *b_scales.stride())
     return launch_cuda(name, a, b, specs, True,
                        (a_scales, b_scales, *(np.int64(s) for s in strides)))
+
+
+def fp8_gemm_cuda16(a, b, a_s, b_s):
+    """fp8_gemm v3: v2 with the Hopper GEMM's last two steps, 16-byte stores of C
+    (fp8_gemm_tensor16) and the balanced persistent grid."""
+    name = "fp8_gemm_cuda16"
+    refuse_grad(name, a, b, a_s, b_s, instead="fp8_gemm_ref")
+    check_fp8_operands(name, a, b, "cuda")
+    check_tensor_scales(name, a_s, b_s, a.device)
+    specs = tma_specs(name, a, b)
+    return launch_cuda(name, a, b, specs, False, (a_s, b_s), store16=True)
+
+
+def fp8_gemm_blockscaled_cuda16(a, a_scales, b, b_scales):
+    """fp8_gemm_blockscaled v4: v3 with 16-byte stores of C (fp8_gemm_block16) and the
+    balanced persistent grid."""
+    name = "fp8_gemm_blockscaled_cuda16"
+    refuse_grad(name, a, a_scales, b, b_scales, instead="fp8_gemm_blockscaled_ref")
+    m, n, k = check_fp8_operands(name, a, b, "cuda")
+    check_block_scales(name, m, n, k, a_scales, b_scales, a.device)
+    specs = tma_specs(name, a, b)
+    strides = (*a_scales.stride(), *b_scales.stride())
+    return launch_cuda(name, a, b, specs, True,
+                       (a_scales, b_scales, *(np.int64(s) for s in strides)), store16=True)
 # --8<-- [end:cuda_launch]
 
 
@@ -718,6 +750,9 @@ fp8_gemm.add(Impl("v1", fp8_gemm_triton, "Triton", "promoted every K step, scale
 fp8_gemm.add(Impl("v2", fp8_gemm_cuda, "CUDA",
                   "TMA producer + 2 wgmma consumers, promoted every 128, persistent",
                   (*CUDA_SOURCES, check_tensor_scales), requires=needs_fp8_sm90))
+fp8_gemm.add(Impl("v3", fp8_gemm_cuda16, "CUDA",
+                  "like v2, 16-byte stores of C, balanced grid",
+                  (*CUDA_SOURCES, check_tensor_scales), requires=needs_fp8_sm90))
 
 fp8_gemm_blockscaled = register(Op(
     name="fp8_gemm_blockscaled", part=6, chapter="part6/fp8-gemm.md",
@@ -739,12 +774,16 @@ fp8_gemm_blockscaled.add(Impl(
 fp8_gemm_blockscaled.add(Impl(
     "v3", fp8_gemm_blockscaled_cuda, "CUDA", "v2 of fp8_gemm with block scales at each promotion",
     (*CUDA_SOURCES, check_block_scales), requires=needs_fp8_sm90))
+fp8_gemm_blockscaled.add(Impl(
+    "v4", fp8_gemm_blockscaled_cuda16, "CUDA", "like v3, 16-byte stores of C, balanced grid",
+    (*CUDA_SOURCES, check_block_scales), requires=needs_fp8_sm90))
 
 
 __all__ = [
     "BLOCK", "BS_HEADLINE", "CEILING", "CUBIN", "CUDA_CONFIG", "CU_FILE", "CudaConfig", "HEADLINE",
-    "KERNELS", "cuda_grid", "device_fp8_tensor_maps", "encode_fp8_tensor_map",
-    "fp8_gemm_blockscaled_cuda", "fp8_gemm_cuda", "launch_cuda", "needs_fp8_sm90", "tma_specs",
+    "KERNELS", "KERNELS16", "cuda_grid", "device_fp8_tensor_maps", "encode_fp8_tensor_map",
+    "fp8_gemm_blockscaled_cuda", "fp8_gemm_blockscaled_cuda16", "fp8_gemm_cuda", "fp8_gemm_cuda16",
+    "launch_cuda", "needs_fp8_sm90", "tma_specs",
     "check_block_scales", "check_fp8_operands",
     "check_tensor_scales", "fp8_configs", "fp8_gemm", "fp8_gemm_blockscaled",
     "fp8_gemm_blockscaled_cublas", "fp8_gemm_blockscaled_dequant", "fp8_gemm_blockscaled_ref",
