@@ -16,7 +16,8 @@ from snippets import cuda
 from snippets.part3 import scan as sc
 
 CUDA_FNS = {"v1": sc.scan_kogge_stone, "v2": sc.scan_brent_kung, "v3": sc.scan_reduce_then_scan,
-            "v5": sc.scan_lookback, "v6": sc.scan_lookback_warp, "v7": sc.scan_lookback_v7}
+            "v5": sc.scan_lookback, "v6": sc.scan_lookback_warp, "v7": sc.scan_lookback_v7,
+            "v8": sc.scan_lookback_v8}
 ALL_FNS = {"v0": sc.scan_torch, **CUDA_FNS, "v4": sc.scan_triton}
 SIZES = (1, 31, 32, 33, 1023, 1024, 1025, 4095, 4096, 4097, 100003)
 # 1024 * 1024 + 1: v1/v2 need three levels (1025 tile sums, then 2); 2**22 + 4097 crosses many 4096-tiles.
@@ -139,7 +140,7 @@ def test_gpu_relative_error_large_n(name):
 
 @pytest.mark.gpu
 @pytest.mark.op("scan")
-@pytest.mark.parametrize("name", ("v5", "v6", "v7"))
+@pytest.mark.parametrize("name", ("v5", "v6", "v7", "v8"))
 def test_gpu_lookback_repeatable(name):
     """The look-back orders tiles by an atomic counter; run it many times to shake out a race."""
     x = _small_ints(2**21, torch.int32, "cuda")
@@ -266,6 +267,7 @@ def _v7_emulated(x, threads, items, vectors, resident, seed):
     (64, 8, 70 * 512, 1),   # one block at a time: every predecessor has its prefix
     (64, 8, 70 * 512 - 5, 70),  # all blocks resident: look-backs over aggregates, several windows
     (sc.V7_THREADS, sc.V7_ITEMS, 5 * sc.V7_TILE + 4093, 3),  # the real tile: ragged, not a multiple of 4
+    (sc.V8_THREADS, sc.V8_ITEMS, 5 * sc.V8_TILE + 4093, 4),  # v8's shape of it
 ])
 def test_v7_emulated_tiles_and_lookback(threads, items, n, resident, vectors, dtype):
     """The inclusive prefix each tile ends with, the order of its publications (aggregate, then prefix;
@@ -292,6 +294,9 @@ def test_v7_constants():
     assert sc.V7_TILE == sc.V7_THREADS * sc.V7_ITEMS and sc.V7_ITEMS % 4 == 0
     assert sc.V7_THREADS % 32 == 0 and sc.V7_THREADS // 32 <= 32
     assert sc.V7_TILE > sc.RTS_TILE  # a larger tile than v5's and v6's
+    # v8: the same tile, half the threads, twice the elements each
+    assert sc.V8_TILE == sc.V8_THREADS * sc.V8_ITEMS == sc.V7_TILE and sc.V8_ITEMS % 4 == 0
+    assert (sc.V8_THREADS, sc.V8_ITEMS) == (sc.V7_THREADS // 2, 2 * sc.V7_ITEMS)
 
 
 @pytest.mark.op("scan")
@@ -306,7 +311,8 @@ def test_v7_sass_vectors_barriers_no_fence(tmp_path):
                       str(cuda.source_path(sc.CU_FILE))], tmp_path)
     sass = sass_by_function(cubin)
     for suffix in ("f32", "i32"):
-        code = sass[f"scan_lookback_v7_{suffix}"]
-        assert code.count("LDG.E.128") == sc.V7_ITEMS // 4 and code.count("STG.E.128") == sc.V7_ITEMS // 4
-        assert code.count("BAR.SYNC") == 3
-        assert code.count("ATOMG") == 1 and "MEMBAR" not in code
+        for name, items in (("v7", sc.V7_ITEMS), ("v8", sc.V8_ITEMS)):
+            code = sass[f"scan_lookback_{name}_{suffix}"]
+            assert code.count("LDG.E.128") == items // 4 and code.count("STG.E.128") == items // 4
+            assert code.count("BAR.SYNC") == 3
+            assert code.count("ATOMG") == 1 and "MEMBAR" not in code

@@ -21,6 +21,8 @@
 // v7  scan_lookback_v7  CUB's recipe: 8192-element tiles read and written with 16-byte vectors
 //                       (warp-local transposes), the tile's sum published after one block barrier,
 //                       the look-back overlapped with the other warps' work, no fence
+// v8  scan_lookback_v8  v7's kernel with the same 8192-element tile cut the other way: half the
+//                       threads, twice the elements (and 16-byte loads in flight) each
 //
 // x and out are contiguous; out may alias x for the tile kernels of v1/v2 (the host scans tile sums
 // in place).
@@ -28,8 +30,8 @@
 // The launcher's numbers, passed by snippets/part3/scan.py as -D options (the defaults let this
 // file compile alone): TILE elements per tile in v1 and v2 (one per thread in v1), RTS_THREADS
 // threads per block and ITEMS elements per thread in v3, v5 and v6, SUMS_THREADS threads in the
-// one block of scan_sums; V7_THREADS threads per block and V7_ITEMS elements per thread in v7
-// (their defaults are next to v7).
+// one block of scan_sums; V7_THREADS threads per block and V7_ITEMS elements per thread in v7,
+// V8_THREADS and V8_ITEMS in v8 (their defaults are next to v7).
 #ifndef TILE
 #define TILE 1024
 #define RTS_THREADS 256
@@ -403,21 +405,19 @@ __device__ void scan_lookback_warp(const T* x, T* out, unsigned long long* state
 // --8<-- [end:lookback_warp]
 
 // --8<-- [start:lookback_v7]
-// v7: CUB's recipe. A larger tile (V7_THREADS threads x V7_ITEMS elements), read with 16-byte
-// vector loads, one block barrier before the tile's sum is published, and the look-back overlapped
-// with the rest of the block's work. Each warp owns a contiguous segment of 32 * V7_ITEMS elements
-// and its own slice of shared memory, so the transposes between the warp-striped vectors of global
-// memory and the blocked order of the sequential scan need only __syncwarp, not a block barrier.
-// The state words are v5's (the tile counter in state[0], then one word per tile).
+// v7: CUB's recipe. A larger tile (BLOCK_THREADS threads x THREAD_ITEMS elements), read with
+// 16-byte vector loads, one block barrier before the tile's sum is published, and the look-back
+// overlapped with the rest of the block's work. Each warp owns a contiguous segment of
+// 32 * THREAD_ITEMS elements and its own slice of shared memory, so the transposes between the
+// warp-striped vectors of global memory and the blocked order of the sequential scan need only
+// __syncwarp, not a block barrier. The state words are v5's (the tile counter in state[0], then one
+// word per tile). v7 is V7_THREADS x V7_ITEMS; v8 is the same code at V8_THREADS x V8_ITEMS.
 #ifndef V7_THREADS
 #define V7_THREADS 512
 #define V7_ITEMS 16
+#define V8_THREADS 256
+#define V8_ITEMS 32
 #endif
-static_assert(V7_THREADS % 32 == 0 && V7_THREADS / 32 <= 32, "whole warps, at most 32 of them");
-static_assert(V7_ITEMS % 4 == 0, "each lane loads and stores V7_ITEMS / 4 16-byte vectors");
-#define V7_TILE (V7_THREADS * V7_ITEMS)  // elements per tile
-#define V7_SEG (32 * V7_ITEMS)           // elements per warp segment
-#define V7_WARPS (V7_THREADS / 32)
 
 __device__ __forceinline__ bool aligned16(const void* p) {
     return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
@@ -449,19 +449,25 @@ __device__ __forceinline__ T warp_lookback(volatile unsigned long long* flags, l
     }
 }
 
-template <class T>
+template <class T, int BLOCK_THREADS, int THREAD_ITEMS>
 __device__ void scan_lookback_v7(const T* __restrict__ x, T* __restrict__ out,
                                  unsigned long long* state, long long n) {
-    __shared__ T sSeg[V7_WARPS][PAD(V7_SEG)];  // one slice per warp: (V7_WARPS, V7_SEG + padding)
-    __shared__ T sWarp[V7_WARPS];              // each warp's total
+    static_assert(BLOCK_THREADS % 32 == 0 && BLOCK_THREADS / 32 <= 32,
+                  "whole warps, at most 32 of them");
+    static_assert(THREAD_ITEMS % 4 == 0, "each lane loads and stores THREAD_ITEMS / 4 vectors");
+    constexpr int TILE_N = BLOCK_THREADS * THREAD_ITEMS;  // elements per tile
+    constexpr int SEG = 32 * THREAD_ITEMS;                // elements per warp segment
+    constexpr int WARPS = BLOCK_THREADS / 32;
+    __shared__ T sSeg[WARPS][PAD(SEG)];  // one slice per warp: (WARPS, SEG + padding)
+    __shared__ T sWarp[WARPS];           // each warp's total
     __shared__ long long sTileId;
     __shared__ T sCarry;
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     if (t == 0) sTileId = (long long)atomicAdd(&state[0], 1ull);  // forward progress, as in v5
     __syncthreads();
-    const long long tile = sTileId, base = tile * V7_TILE;
-    const long long gseg = base + (long long)warp * V7_SEG;  // this warp's first element
-    const bool full = base + V7_TILE <= n;                   // no element of the tile is past n
+    const long long tile = sTileId, base = tile * TILE_N;
+    const long long gseg = base + (long long)warp * SEG;  // this warp's first element
+    const bool full = base + TILE_N <= n;                 // no element of the tile is past n
     volatile unsigned long long* flags = state + 1;
     T* s = sSeg[warp];
 
@@ -470,11 +476,11 @@ __device__ void scan_lookback_v7(const T* __restrict__ x, T* __restrict__ out,
     // instruction. Otherwise (the last tile, or x not aligned) one element per lane per step.
     if (full && aligned16(x)) {
         const uint4* gv = reinterpret_cast<const uint4*>(x + gseg);
-        uint4 v[V7_ITEMS / 4];
+        uint4 v[THREAD_ITEMS / 4];
 #pragma unroll
-        for (int k = 0; k < V7_ITEMS / 4; ++k) v[k] = gv[k * 32 + lane];  // all loads in flight
+        for (int k = 0; k < THREAD_ITEMS / 4; ++k) v[k] = gv[k * 32 + lane];  // all loads in flight
 #pragma unroll
-        for (int k = 0; k < V7_ITEMS / 4; ++k) {
+        for (int k = 0; k < THREAD_ITEMS / 4; ++k) {
             const int e = (k * 32 + lane) * 4;
             s[PAD(e)] = of_bits<T>(v[k].x);
             s[PAD(e + 1)] = of_bits<T>(v[k].y);
@@ -483,26 +489,26 @@ __device__ void scan_lookback_v7(const T* __restrict__ x, T* __restrict__ out,
         }
     } else {
 #pragma unroll
-        for (int k = 0; k < V7_ITEMS; ++k) {
+        for (int k = 0; k < THREAD_ITEMS; ++k) {
             const int e = k * 32 + lane;
             s[PAD(e)] = gseg + e < n ? x[gseg + e] : T(0);  // past the end: the identity of +
         }
     }
     __syncwarp();
-    T r[V7_ITEMS];  // blocked: lane i holds elements i * V7_ITEMS .. of the segment
+    T r[THREAD_ITEMS];  // blocked: lane i holds elements i * THREAD_ITEMS .. of the segment
 #pragma unroll
-    for (int k = 0; k < V7_ITEMS; ++k) r[k] = s[PAD(lane * V7_ITEMS + k)];
+    for (int k = 0; k < THREAD_ITEMS; ++k) r[k] = s[PAD(lane * THREAD_ITEMS + k)];
 
     // 2. Scan in registers, then across the warp; one block barrier shares the warp totals.
 #pragma unroll
-    for (int k = 1; k < V7_ITEMS; ++k) r[k] += r[k - 1];
-    const T incl = warp_inclusive_scan(r[V7_ITEMS - 1]);
+    for (int k = 1; k < THREAD_ITEMS; ++k) r[k] += r[k - 1];
+    const T incl = warp_inclusive_scan(r[THREAD_ITEMS - 1]);
     T lane_excl = __shfl_up_sync(0xffffffffu, incl, 1);
     if (lane == 0) lane_excl = T(0);
     if (lane == 31) sWarp[warp] = incl;
     __syncthreads();
     // every warp scans the warp totals itself: its own offset and the tile's sum, no second barrier
-    const T wt = lane < V7_WARPS ? sWarp[lane] : T(0);
+    const T wt = lane < WARPS ? sWarp[lane] : T(0);
     const T wincl = warp_inclusive_scan(wt);
     const T total = __shfl_sync(0xffffffffu, wincl, 31);
     T warp_excl = __shfl_sync(0xffffffffu, wincl, (warp + 31) & 31);
@@ -516,7 +522,7 @@ __device__ void scan_lookback_v7(const T* __restrict__ x, T* __restrict__ out,
     const T offset = warp_excl + lane_excl;
     __syncwarp();  // every lane has read its elements: the slice may be overwritten
 #pragma unroll
-    for (int k = 0; k < V7_ITEMS; ++k) s[PAD(lane * V7_ITEMS + k)] = r[k] + offset;
+    for (int k = 0; k < THREAD_ITEMS; ++k) s[PAD(lane * THREAD_ITEMS + k)] = r[k] + offset;
     if (warp == 0) {
         T carry = T(0);
         if (tile > 0) {
@@ -533,7 +539,7 @@ __device__ void scan_lookback_v7(const T* __restrict__ x, T* __restrict__ out,
     if (full && aligned16(out)) {
         uint4* gv = reinterpret_cast<uint4*>(out + gseg);
 #pragma unroll
-        for (int k = 0; k < V7_ITEMS / 4; ++k) {
+        for (int k = 0; k < THREAD_ITEMS / 4; ++k) {
             const int e = (k * 32 + lane) * 4;
             gv[k * 32 + lane] =
                 make_uint4(to_bits(s[PAD(e)] + carry), to_bits(s[PAD(e + 1)] + carry),
@@ -541,7 +547,7 @@ __device__ void scan_lookback_v7(const T* __restrict__ x, T* __restrict__ out,
         }
     } else {
 #pragma unroll
-        for (int k = 0; k < V7_ITEMS; ++k) {
+        for (int k = 0; k < THREAD_ITEMS; ++k) {
             const int e = k * 32 + lane;
             if (gseg + e < n) out[gseg + e] = s[PAD(e)] + carry;
         }
@@ -584,7 +590,11 @@ __device__ void scan_lookback_v7(const T* __restrict__ x, T* __restrict__ out,
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(V7_THREADS, 2)                                   \
         scan_lookback_v7_##S(const T* x, T* out, unsigned long long* state, long long n) {        \
-        scan_lookback_v7<T>(x, out, state, n);                                                    \
+        scan_lookback_v7<T, V7_THREADS, V7_ITEMS>(x, out, state, n);                              \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(V8_THREADS, 2)                                   \
+        scan_lookback_v8_##S(const T* x, T* out, unsigned long long* state, long long n) {        \
+        scan_lookback_v7<T, V8_THREADS, V8_ITEMS>(x, out, state, n);                              \
     }
 
 INSTANTIATE(float, f32)

@@ -83,9 +83,13 @@ SUMS_THREADS = 1024  # the one block that scans v3's tile sums
 V7_THREADS = 512    # threads per block in v7
 V7_ITEMS = 16       # elements per thread in v7: four 16-byte vectors
 V7_TILE = V7_THREADS * V7_ITEMS  # elements per tile in v7
+V8_THREADS = 256    # v8: v7's kernel, the same tile cut into half the threads ...
+V8_ITEMS = 32       # ... of twice the elements: eight 16-byte vectors per thread
+V8_TILE = V8_THREADS * V8_ITEMS
 # scan.cu is compiled with these numbers (-D options): they are written only here
 CU_OPTIONS = cuda.defines(CU_FILE, TILE=TILE, RTS_THREADS=RTS_THREADS, ITEMS=ITEMS,
-                          SUMS_THREADS=SUMS_THREADS, V7_THREADS=V7_THREADS, V7_ITEMS=V7_ITEMS)
+                          SUMS_THREADS=SUMS_THREADS, V7_THREADS=V7_THREADS, V7_ITEMS=V7_ITEMS,
+                          V8_THREADS=V8_THREADS, V8_ITEMS=V8_ITEMS)
 
 
 def _kernel(name: str, dtype: torch.dtype):
@@ -178,21 +182,32 @@ def scan_lookback_warp(x: torch.Tensor) -> torch.Tensor:
 
 
 # --8<-- [start:v7_launch]
-def scan_lookback_v7(x: torch.Tensor) -> torch.Tensor:
-    """v7: like v6, but CUB's recipe: V7_TILE-element tiles (512 threads x 16) read and written
-    with 16-byte vectors, the tile's sum published after one block barrier instead of three, and
-    the look-back warp's wait overlapped with the other warps' local work. x is read once."""
-    refuse_grad("scan_lookback_v7", x, instead="torch.cumsum")
+def _lookback_tiles(name: str, x: torch.Tensor, threads: int, tile: int) -> torch.Tensor:
+    """v7 and v8: one block of ``threads`` per ``tile`` elements, each taking its tile number from
+    the counter in state[0]."""
+    refuse_grad(name, x, instead="torch.cumsum")
     cuda.require_gpu()
     _check(x, "cuda")
     n = x.numel()
     out = torch.empty_like(x)
-    tiles = triton.cdiv(n, V7_TILE)
+    tiles = triton.cdiv(n, tile)
     # [0]: tile counter; then one word per tile, as in v5 and v6
     state = torch.zeros(tiles + 1, dtype=torch.int64, device=x.device)
-    cuda.launch(_kernel("scan_lookback_v7", x.dtype), tiles, V7_THREADS,
-                (x, out, state, np.int64(n)))
+    cuda.launch(_kernel(name, x.dtype), tiles, threads, (x, out, state, np.int64(n)))
     return out
+
+
+def scan_lookback_v7(x: torch.Tensor) -> torch.Tensor:
+    """v7: like v6, but CUB's recipe: V7_TILE-element tiles (512 threads x 16) read and written
+    with 16-byte vectors, the tile's sum published after one block barrier instead of three, and
+    the look-back warp's wait overlapped with the other warps' local work. x is read once."""
+    return _lookback_tiles("scan_lookback_v7", x, V7_THREADS, V7_TILE)
+
+
+def scan_lookback_v8(x: torch.Tensor) -> torch.Tensor:
+    """v8: v7's kernel with the same 8192-element tile as 256 threads x 32: half the warps, twice
+    the 16-byte loads in flight per thread."""
+    return _lookback_tiles("scan_lookback_v8", x, V8_THREADS, V8_TILE)
 # --8<-- [end:v7_launch]
 
 
@@ -299,3 +314,5 @@ scan.add(Impl("v6", scan_lookback_warp, "CUDA",
               "like v5, warp-wide look-back, one block scan per tile", SINGLE))
 scan.add(Impl("v7", scan_lookback_v7, "CUDA",
               "8192-element tiles, 16-byte vectors, early aggregate, overlapped look-back", SINGLE))
+scan.add(Impl("v8", scan_lookback_v8, "CUDA",
+              "v7's kernel, the tile as 256 threads x 32 elements", SINGLE))
