@@ -439,7 +439,8 @@ def c_map_spec(m: int, n: int, address: int, cfg: HopperConfig) -> TensorMapSpec
 
 # --8<-- [start:launch]
 def _launch(name: str, a: torch.Tensor, b: torch.Tensor, cfg: HopperConfig) -> torch.Tensor:
-    """The one launcher of v1..v7, v9 and v10: check, encode the tensor maps, copy them to the GPU, launch."""
+    """The one launcher of v1..v7, v9 and v10: check, encode the tensor maps, copy them to the
+    GPU, launch."""
     m, n, k, ops = check_hopper_gemm(name, a, b, cfg)
     if a.device.type != "cuda":
         raise ValueError(f"{name}: a and b must be CUDA tensors, got {a.device}")
