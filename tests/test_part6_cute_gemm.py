@@ -10,8 +10,8 @@ shapes, every element of C written, identical bits from two calls."""
 from __future__ import annotations
 
 import ctypes
-import re
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path

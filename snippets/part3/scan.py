@@ -202,13 +202,15 @@ def scan_lookback_v7(x: torch.Tensor) -> torch.Tensor:
     with 16-byte vectors, the tile's sum published after one block barrier instead of three, and
     the look-back warp's wait overlapped with the other warps' local work. x is read once."""
     return _lookback_tiles("scan_lookback_v7", x, V7_THREADS, V7_TILE)
+# --8<-- [end:v7_launch]
 
 
+# --8<-- [start:v8_launch]
 def scan_lookback_v8(x: torch.Tensor) -> torch.Tensor:
     """v8: v7's kernel with the same 8192-element tile as 256 threads x 32: half the warps, twice
     the 16-byte loads in flight per thread."""
     return _lookback_tiles("scan_lookback_v8", x, V8_THREADS, V8_TILE)
-# --8<-- [end:v7_launch]
+# --8<-- [end:v8_launch]
 
 
 # --------------------------------------------------------------------------------------------------
