@@ -201,16 +201,11 @@ def _store_acc16_stores(n: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
     """store_acc16 of hopper_gemm.cu, transcribed: one (row, first column, the 8 elements held)
     per 16-byte store of the warpgroup's 128 threads, an element being (row, column) of the tile
     whose accumulator the stored bf16 value came from."""
+    coords, per = _store_acc_coords(n), n // 2  # store_acc's map: thread t's d[] is coords[t * per:]
     stores = []
     for warp in range(4):
-        held = {}  # lane -> its d[] as (row, column) pairs: store_acc's map
-        for lane in range(32):
-            r = warp * 16 + lane // 4
-            regs = []
-            for j in range(n // 8):
-                c = 8 * j + 2 * (lane % 4)
-                regs += [(r, c), (r, c + 1), (r + 8, c), (r + 8, c + 1)]
-            held[lane] = regs
+        held = {lane: coords[(32 * warp + lane) * per:(32 * warp + lane + 1) * per]
+                for lane in range(32)}
         for g in range(n // 32):
             for quad in range(8):
                 lanes = [4 * quad + q for q in range(4)]
