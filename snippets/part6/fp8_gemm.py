@@ -618,54 +618,50 @@ def launch_cuda(name: str, a: torch.Tensor, b: torch.Tensor, specs, blockwise: b
     return c
 
 
-def fp8_gemm_cuda(a, b, a_s, b_s):
-    """fp8_gemm v2: csrc/fp8/fp8_gemm.cu's fp8_gemm_tensor. TMA loads by a producer warpgroup, two
-    consumer warpgroups of wgmma m64n128k32 e4m3 whose 128-deep sums are promoted into an fp32
-    accumulator, the scales in the epilogue, persistent over 128 x 128 tiles in grouped order."""
-    name = "fp8_gemm_cuda"
+def tensor_scaled_cuda(name: str, a, b, a_s, b_s, store16: bool) -> torch.Tensor:
+    """The per-tensor-scaled versions' checks and launch (v2, and v3 with ``store16``)."""
     refuse_grad(name, a, b, a_s, b_s, instead="fp8_gemm_ref")
     check_fp8_operands(name, a, b, "cuda")
     check_tensor_scales(name, a_s, b_s, a.device)
     specs = tma_specs(name, a, b)
-    return launch_cuda(name, a, b, specs, False, (a_s, b_s))
+    return launch_cuda(name, a, b, specs, False, (a_s, b_s), store16=store16)
+
+
+def block_scaled_cuda(name: str, a, a_scales, b, b_scales, store16: bool) -> torch.Tensor:
+    """The block-scaled versions' checks and launch (v3, and v4 with ``store16``)."""
+    refuse_grad(name, a, a_scales, b, b_scales, instead="fp8_gemm_blockscaled_ref")
+    m, n, k = check_fp8_operands(name, a, b, "cuda")
+    check_block_scales(name, m, n, k, a_scales, b_scales, a.device)
+    specs = tma_specs(name, a, b)
+    strides = (*a_scales.stride(), *b_scales.stride())
+    return launch_cuda(name, a, b, specs, True,
+                       (a_scales, b_scales, *(np.int64(s) for s in strides)), store16=store16)
+
+
+def fp8_gemm_cuda(a, b, a_s, b_s):
+    """fp8_gemm v2: csrc/fp8/fp8_gemm.cu's fp8_gemm_tensor. TMA loads by a producer warpgroup, two
+    consumer warpgroups of wgmma m64n128k32 e4m3 whose 128-deep sums are promoted into an fp32
+    accumulator, the scales in the epilogue, persistent over 128 x 128 tiles in grouped order."""
+    return tensor_scaled_cuda("fp8_gemm_cuda", a, b, a_s, b_s, store16=False)
 
 
 def fp8_gemm_blockscaled_cuda(a, a_scales, b, b_scales):
     """fp8_gemm_blockscaled v3: the same kernel (fp8_gemm_block) with each 128-deep sum multiplied
     by a_scales[m, kb] * b_scales[n // 128, kb] as it is promoted; the scales are read one K-block
     ahead, any strides."""
-    name = "fp8_gemm_blockscaled_cuda"
-    refuse_grad(name, a, a_scales, b, b_scales, instead="fp8_gemm_blockscaled_ref")
-    m, n, k = check_fp8_operands(name, a, b, "cuda")
-    check_block_scales(name, m, n, k, a_scales, b_scales, a.device)
-    specs = tma_specs(name, a, b)
-    strides = (*a_scales.stride(), *b_scales.stride())
-    return launch_cuda(name, a, b, specs, True,
-                       (a_scales, b_scales, *(np.int64(s) for s in strides)))
+    return block_scaled_cuda("fp8_gemm_blockscaled_cuda", a, a_scales, b, b_scales, store16=False)
 
 
 def fp8_gemm_cuda16(a, b, a_s, b_s):
     """fp8_gemm v3: v2 with the Hopper GEMM's last two steps, 16-byte stores of C
     (fp8_gemm_tensor16) and the balanced persistent grid."""
-    name = "fp8_gemm_cuda16"
-    refuse_grad(name, a, b, a_s, b_s, instead="fp8_gemm_ref")
-    check_fp8_operands(name, a, b, "cuda")
-    check_tensor_scales(name, a_s, b_s, a.device)
-    specs = tma_specs(name, a, b)
-    return launch_cuda(name, a, b, specs, False, (a_s, b_s), store16=True)
+    return tensor_scaled_cuda("fp8_gemm_cuda16", a, b, a_s, b_s, store16=True)
 
 
 def fp8_gemm_blockscaled_cuda16(a, a_scales, b, b_scales):
     """fp8_gemm_blockscaled v4: v3 with 16-byte stores of C (fp8_gemm_block16) and the
     balanced persistent grid."""
-    name = "fp8_gemm_blockscaled_cuda16"
-    refuse_grad(name, a, a_scales, b, b_scales, instead="fp8_gemm_blockscaled_ref")
-    m, n, k = check_fp8_operands(name, a, b, "cuda")
-    check_block_scales(name, m, n, k, a_scales, b_scales, a.device)
-    specs = tma_specs(name, a, b)
-    strides = (*a_scales.stride(), *b_scales.stride())
-    return launch_cuda(name, a, b, specs, True,
-                       (a_scales, b_scales, *(np.int64(s) for s in strides)), store16=True)
+    return block_scaled_cuda("fp8_gemm_blockscaled_cuda16", a, a_scales, b, b_scales, store16=True)
 # --8<-- [end:cuda_launch]
 
 
