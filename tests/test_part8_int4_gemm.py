@@ -136,7 +136,7 @@ def test_refuses_bf16_under_interpreter_and_grad():
 @pytest.mark.op("int4_gemm")
 def test_registration_and_cost():
     op = ig.int4_gemm_op
-    assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"]
+    assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9"]
     assert op.impls["v0"].origin == op.impls["v3"].origin == "library"
     assert op.metric == "GB/s" and op.ceiling == "copy"
     assert [s["m"] for s in op.sweep] == [1, 4, 16, 64, 128]  # 128: issue 22's third goal

@@ -54,10 +54,12 @@ uint8 codes or None (symmetric: the implicit zero 8). y (M, N) in x's dtype.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
+from snippets import cuda
 from snippets._checks import refuse_grad, triton_device, triton_interpreting
 from snippets.common.gemm import INTERPRET_SMS, gemm_flops, num_sms, tolerance_for
 from snippets.part8.quant import dequantize_int4, pack_int4, rtn_int4, unpack_int4
@@ -731,6 +733,62 @@ def int4_tc_wide(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
 
 
 # --------------------------------------------------------------------------------------------------
+# v9: CUDA C, mma.sync on codes dequantised by bit tricks (csrc/part8/int4_mma.cu)
+# --------------------------------------------------------------------------------------------------
+
+# --8<-- [start:mma_launch]
+MMA_CU_FILE = "part8/int4_mma.cu"
+MMA_MAX_M = 16      # two n8 tiles of the MMA; more rows: v8's wgmma kernel
+MMA_SLAB = 128      # the K of a slab: a quad of lanes reads 64 bytes of a row, one scale
+MMA_WARPS = 4       # warps a block: they take the slabs of the block's rows in turn
+MMA_STAGES = 3      # slabs a warp's ring holds (csrc/part8/int4_mma.cu's STAGES)
+MMA_OPTIONS = cuda.defines(MMA_CU_FILE, STAGES=MMA_STAGES, MAX_WARPS=MMA_WARPS)
+MMA_SUFFIX = {torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def check_mma_call(x, packed, scales, zeros) -> tuple[int, int, int, int]:
+    """int4_mma's own limits on top of check_int4_gemm's, before any launch."""
+    m, n, k, g = check_int4_gemm(x, packed, scales, zeros, fn="int4_mma")
+    if m > MMA_MAX_M:
+        raise ValueError(f"int4_mma: M = {m} rows of x; the kernel takes M <= {MMA_MAX_M} (two n8 "
+                         "tiles of the MMA); use int4_tc_wide or int4_gemm")
+    if g % MMA_SLAB:
+        raise ValueError(f"int4_mma: the group size G = {g} must be a multiple of {MMA_SLAB} (a "
+                         "slab of K takes one scale per row); use int4_gemm")
+    if x.dtype not in MMA_SUFFIX:
+        raise TypeError(f"int4_mma: x must be bfloat16 or float16 (the MMA's operand types), got "
+                        f"{x.dtype}")
+    for name, t in (("x", x), ("packed", packed)):
+        if t.data_ptr() % 16:
+            raise ValueError(f"int4_mma: {name} must start on a 16-byte boundary (it is read 16 "
+                             f"bytes at a time); got address {t.data_ptr():#x}")
+    return m, n, k, g
+
+
+def int4_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+             zeros: torch.Tensor | None = None) -> torch.Tensor:
+    """v9: y = x @ dequantised(w).T for M <= 16 rows of x on the tensor cores (mma.sync), the codes
+    dequantised in registers with bit tricks; one block for every 16 weight rows (32 when M > 8),
+    its warps taking the 128-deep slabs of K in turn through rings of cp.async copies."""
+    refuse_grad("int4_mma", x, scales, instead="int4_gemm_ref")
+    m, n, k, g = check_mma_call(x, packed, scales, zeros)
+    cuda.require_gpu()
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    tiles = 1 if m <= 8 else 2  # m16 tiles of weight rows a block; as many n8 tiles of x's rows
+    name = f"int4_mma_{MMA_SUFFIX[x.dtype]}_m{8 * tiles}" + ("_zeros" if zeros is not None else "")
+    fn = cuda.kernel(MMA_CU_FILE, name, MMA_OPTIONS)
+    ring = MMA_WARPS * MMA_STAGES * 2 * tiles * 512  # bytes: 16 per lane, row and stage
+    with torch.cuda.device(x.device):
+        cuda.launch(fn, triton.cdiv(n, 16 * tiles), 32 * MMA_WARPS,
+                    (x, packed, scales, zeros if zeros is not None else packed, y, np.int32(m),
+                     np.int32(n), np.int32(k), np.int32(g)), shared_mem=ring)
+    return y
+# --8<-- [end:mma_launch]
+
+
+# --------------------------------------------------------------------------------------------------
 # Baselines
 # --------------------------------------------------------------------------------------------------
 
@@ -860,6 +918,20 @@ def int4_linear_tc_relabelled(x, packed, scales, dense=None):
 # --8<-- [end:relabelled]
 
 
+# --8<-- [start:mma_dispatch]
+def int4_linear_mma(x, packed, scales, dense=None):
+    """v9 with the registry's arguments: int4_mma (CUDA, mma.sync) for M <= 16 and G a multiple of
+    128; otherwise v8's dispatch (``tc_wide_or_v2``), so the M = 64 and 128 rows of the tables are
+    v8's kernel."""
+    refuse_grad("int4_linear_mma", dense, instead="int4_gemm_ref")   # forward-only
+    groups = scales.shape[-1]
+    if (x.shape[0] <= MMA_MAX_M and groups and x.shape[-1] % (MMA_SLAB * groups) == 0
+            and x.dtype in MMA_SUFFIX and x.data_ptr() % 16 == 0):
+        return int4_mma(x, packed, scales)
+    return int4_linear_tc_relabelled(x, packed, scales, dense)
+# --8<-- [end:mma_dispatch]
+
+
 def dequant_linear(x, packed, scales, dense=None):
     """v3 with the registry's arguments: dequant_matmul(x, packed, scales)."""
     return dequant_matmul(x, packed, scales)
@@ -925,4 +997,10 @@ int4_gemm_op.add(Impl("v8", int4_linear_tc_relabelled, "Triton",
                       "like v7, x relabelled once per call (a first pass), so no program relabels "
                       "it on chip", (*WIDE_SOURCES, relabel_x),
                       device="any", dtypes=_triton_dtypes()))
+int4_gemm_op.add(Impl("v9", int4_linear_mma, "CUDA",
+                      "mma.sync on codes dequantised by bit tricks, cp.async rings, M <= 16 "
+                      "(v8 for more)",
+                      (cuda.source_path(MMA_CU_FILE), check_mma_call, int4_mma, int4_linear_mma,
+                       *WIDE_SOURCES, relabel_x, int4_linear_tc_relabelled),
+                      device="cuda", dtypes=HALF))
 # --8<-- [end:register]
