@@ -232,6 +232,79 @@ int4_pack = Exercise(
 )
 
 
+# ---------------------------------------------------------------------------------- quantisation.16
+_BASES = {"bf16": 128.0, "fp16": 1024.0}
+
+
+def _half_value(half: int, kind: str) -> float:
+    """A 16-bit pattern's value as bf16 or fp16 (the checker's own decoder)."""
+    import numpy as np
+
+    if kind == "bf16":
+        return float(np.array([half << 16], dtype=np.uint32).view(np.float32)[0])
+    return float(np.array([half], dtype=np.uint16).view(np.float16)[0])
+
+
+def _check_int4_magic(run: Run) -> None:
+    mine = run.module()
+    require(mine, "registers", "values")
+    rng = random.Random(16)
+    # every code at every position of a word, then random words
+    words = [sum(c << (4 * i) for i in range(8)) for c in range(16)]
+    words += [rng.getrandbits(32) for _ in range(300)]
+    for kind, base in _BASES.items():
+        with run.case(f"{kind}: registers(word) of {len(words)} words: each half is {base:g} plus "
+                      "the code (even registers) or a fixed power-of-two multiple of it (odd ones)",
+                      hint="bf16 has 7 mantissa bits: a code at bits 4..7 of a byte would reach bit "
+                           "7, the exponent's lowest; shift it right by one first"):
+            factors = set()
+            for w in words:
+                regs = [int(r) for r in mine.registers(w, kind)]
+                if len(regs) != 4:
+                    raise Failure(f"registers({w:#010x}) should return 4 registers, got {len(regs)}")
+                codes = [(w >> (4 * i)) & 0xF for i in range(8)]
+                for r, reg in enumerate(regs):
+                    for h, c in enumerate((codes[r], codes[r + 4])):
+                        v = _half_value((reg >> (16 * h)) & 0xFFFF, kind)
+                        f = (v - base) / c if c else None
+                        ok = v - base == c if r % 2 == 0 else (c == 0 and v == base) or f in (8, 16)
+                        if not ok:
+                            raise Failure(f"registers[{r}] of word {w:#010x}, half {h}: {v!r}, "
+                                          f"which is not {base:g} + {'' if r % 2 == 0 else 'k x '}"
+                                          f"code {c} (code {r + 4 * h} of the word)")
+                        if r % 2 and c:
+                            factors.add(f)
+            if len(factors) > 1:
+                raise Failure(f"registers: the odd codes come out as {sorted(factors)} times the "
+                              "code; one factor for every register, so one multiply-add undoes it")
+        with run.case(f"{kind}: values(registers, zero) is every code minus the zero point, in "
+                      "the pairs (c0, c4), (c1, c5), (c2, c6), (c3, c7)",
+                      hint="even registers: value - (BASE + zero); odd: value / factor - (BASE / "
+                           "factor + zero)"):
+            ref = run.solution()
+            for zero in (0, 3, 8, 15):
+                for w in words[:80]:
+                    got = mine.values(ref.registers(w, kind), zero, kind)
+                    codes = [(w >> (4 * i)) & 0xF for i in range(8)]
+                    want = [(codes[r] - zero, codes[r + 4] - zero) for r in range(4)]
+                    if [tuple(float(v) for v in p) for p in got] != [tuple(map(float, p)) for p in want]:
+                        raise Failure(f"values[...] of word {w:#010x}, zero {zero}: {got}, want {want}")
+
+
+int4_magic = Exercise(
+    id="part8.quantisation.16", title="Two int4 codes into two floats with one AND-OR",
+    difficulty=2, kind="python", files=("part8/int4_magic.py",),
+    task="Fill in TYPES (the magic number of bf16 and fp16, and how the odd code of each byte goes "
+         "in), registers(word, kind) (the four registers of a word's eight codes, (c0, c4) .. (c3, "
+         "c7), built with AND, OR and shifts only) and values(regs, zero, kind) (code minus zero "
+         "point, as the kernel's one packed subtraction or multiply-add leaves it).",
+    hint="a bf16 with exponent 2^7 has 7 mantissa bits each worth 1: 0x4300 | c is 128 + c; fp16 "
+         "1024.0 = 0x6400 has 10",
+    check=_check_int4_magic,
+    planted={"bf16_code_into_exponent": "registers[", "zero_point_forgotten": "values["},
+)
+
+
 # --------------------------------------------------------------------------- speculative-decoding.7
 _SPEC_N = 6000  # passes per sampling case: a few seconds on a CPU
 
@@ -509,4 +582,5 @@ scheduler = Exercise(
                                  "emits", "admit_skips_ahead": "the book's scheduler emits"},
 )
 
-EXERCISES = [block_waste, decode_bytes, split_merge, int4_pack, spec_verify, paged_fork, scheduler]
+EXERCISES = [block_waste, decode_bytes, split_merge, int4_pack, int4_magic, spec_verify, paged_fork,
+             scheduler]
