@@ -4,10 +4,10 @@
 # end, also written to OUTDIR/outputs/gpu_tests.txt with the GPU, the commit and the versions (commit it as
 # benchmarks/results/outputs/<gpu>/gpu_tests.txt, with its record gpu_tests.meta.json).
 #
-#   bash scripts/gpu_tests.sh OUTDIR [test files...]       (default: every tests/test_*.py)
+#   bash scripts/gpu_tests.sh OUTDIR [test files...]       (default: every tests/test_*.py but KM_CPU_ONLY's)
 #   KM_SHARD=2/4 bash scripts/gpu_tests.sh OUTDIR           the second of four shards, one device call each
 #
-# Jobs: one per file, except that a file named in KM_SPLIT (FILE:N, default "tests/test_ops.py:10
+# Jobs: one per file, except that a file named in KM_SPLIT (FILE:N, default "tests/test_ops.py:12
 # tests/test_part5_lora.py:3 tests/test_part4_matmul.py:3") is N jobs, each the k-th share of its tests
 # (KM_SPLIT_PART=k/N, tests/conftest.py; an op's cases stay in one job). Split jobs start first, then the files
 # in KM_SLOW (minutes each on an H100), then the rest. KM_SHARD=i/n keeps every n-th job starting at the i-th (the longest first), so n
@@ -36,15 +36,30 @@ if ls .whl/liger_kernel-*.whl > /dev/null 2>&1 && ! $PY -c "import liger_kernel"
     && export PYTHONPATH=$PYTHONPATH:/tmp/km-wheels
 fi
 
-FILES=("$@")
-[ ${#FILES[@]} -gt 0 ] || FILES=(tests/test_*.py)
-SPLIT=" ${KM_SPLIT-tests/test_ops.py:10 tests/test_part5_lora.py:3 tests/test_part4_matmul.py:3} "
+# Files with no GPU code path: Part 7's gloo ranks on the CPU, the mutation campaign (the interpreter, GPUs
+# hidden), and checks of text, records and the site. On the GPU runner they would do exactly what the CPU suite
+# does (CI on every push, and the weekly run at the oldest and newest supported versions), for about a fifth of the
+# suite's CPU time, so the whole-suite run leaves them out and its summary names them; a file named on the command
+# line runs. tests/test_gpu_suite.py checks that none of them uses the GPU (KM_CPU_ONLY="" runs everything).
+CPU_ONLY=" ${KM_CPU_ONLY-tests/test_part7_pipeline.py tests/test_part7_tensor_parallel.py tests/test_part7_zero.py
+tests/test_part7_context_expert.py tests/test_part7_fsdp.py tests/test_part7_ddp.py tests/test_part7_transformer_dp.py
+tests/test_part7_calculator.py tests/test_mutate.py tests/test_gpu_suite.py tests/test_listing_width.py
+tests/test_contract.py tests/test_browser.py tests/test_readme.py tests/test_workflows.py tests/test_diagrams.py
+tests/test_no_measured_figures.py tests/test_ncu_counters.py tests/test_captures.py tests/test_hashing.py
+tests/test_site_render.py tests/test_site_assets.py tests/test_plots.py tests/test_timeline.py} "
+CPU_ONLY=$(tr '\n' ' ' <<< "$CPU_ONLY")
+FILES=("$@") LEFT_OUT=()
+if [ ${#FILES[@]} -eq 0 ]; then
+  for f in tests/test_*.py; do
+    if [[ $CPU_ONLY == *" $f "* ]]; then LEFT_OUT+=("$f"); else FILES+=("$f"); fi
+  done
+fi
+SPLIT=" ${KM_SPLIT-tests/test_ops.py:12 tests/test_part5_lora.py:3 tests/test_part4_matmul.py:3} "
 # Files that took minutes on an H100 (after the split ones; Part 7's spawn process groups): started next, so none
 # starts last and runs alone
 SLOW=" ${KM_SLOW-tests/test_part5_epilogue.py tests/test_part3_profiling.py tests/test_part5_flash_attention.py
-tests/test_cuda_compile.py tests/test_gradients.py tests/test_export.py tests/test_mutate.py
-tests/test_part7_pipeline.py tests/test_part7_tensor_parallel.py tests/test_part7_zero.py
-tests/test_part7_context_expert.py tests/test_part7_fsdp.py tests/test_part7_ddp.py} "
+tests/test_cuda_compile.py tests/test_gradients.py tests/test_export.py tests/test_part6_hopper_attention.py
+tests/test_exercises.py} "
 SLOW=$(tr '\n' ' ' <<< "$SLOW")
 ALONE=" ${KM_ALONE-tests/test_part2_memory.py} "
 # Jobs as FILE or FILE@k/N, split files first (they are the longest), the files that run alone last.
@@ -121,6 +136,8 @@ DIRTY=${KM_DIRTY:-$([ -n "$(git status --porcelain --untracked-files=no 2> /dev/
 f'torch {torch.__version__}, triton {triton.__version__}')" 2>&1 | tail -1
   echo "started $(date -u -d "@$START" +%Y-%m-%dT%H:%M:%SZ 2> /dev/null || date -u +%Y-%m-%dT%H:%M:%SZ)," \
     "$(($(date +%s) - START)) s"
+  [ ${#LEFT_OUT[@]} -eq 0 ] \
+    || echo "left to the CPU suite (no GPU code path), ${#LEFT_OUT[@]} files: $(basename -a -s .py "${LEFT_OUT[@]}" | tr '\n' ' ')"
 } > "$SUMMARY"
 status=0 failed=()
 for job in "${PARALLEL[@]}" "${SERIAL[@]}"; do

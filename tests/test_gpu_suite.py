@@ -1,7 +1,8 @@
 """How the GPU suite runs, checked without a GPU: REQUIRE_GPU=1 fails a version that cannot run for a reason other
 than the GPU's compute capability (a missing Liger-Kernel), KM_SPLIT_PART splits a file into shares that cover
 every test once with an op's cases together, and scripts/gpu_tests.sh deals its jobs out to KM_SHARD shards and
-writes the summary with the commit (pytest itself replaced by a stand-in that reports a result)."""
+writes the summary with the commit (pytest itself replaced by a stand-in that reports a result); the files it leaves
+to the CPU suite exist and use no GPU."""
 
 from __future__ import annotations
 
@@ -128,3 +129,57 @@ def test_gpu_tests_reports_a_failure(tmp_path):
 def test_gpu_tests_refuses_a_bad_shard(tmp_path):
     rc, _, calls = _gpu_tests(tmp_path, "3/2")
     assert rc == 2 and calls == []
+
+
+def _cpu_only() -> list[str]:
+    """gpu_tests.sh's default KM_CPU_ONLY list."""
+    text = (REPO_ROOT / "scripts" / "gpu_tests.sh").read_text()
+    m = re.search(r'CPU_ONLY=" \$\{KM_CPU_ONLY-([^}]*)\} "', text)
+    assert m, "gpu_tests.sh has no default KM_CPU_ONLY list"
+    return m[1].split()
+
+
+# What a test file that uses the GPU says: the gpu marker, torch's cuda module, a CUDA device or tensor, the session's
+# device (conftest's constants or its `device` fixture), or NCCL as a process group's backend
+GPU_USE = re.compile(r"pytest\.mark\.gpu|torch\.cuda\b|\.cuda\(|device\s*=\s*[\"']cuda|\bDEVICE\b|\bHAS_GPU\b"
+                     r"|backend\s*=\s*[\"']nccl|def test_\w+\([^)]*\bdevice\b")
+
+
+def test_the_files_left_to_the_cpu_suite_use_no_gpu():
+    files = _cpu_only()
+    assert "tests/test_part7_pipeline.py" in files and "tests/test_ops.py" not in files
+    for f in files:
+        text = (REPO_ROOT / f).read_text()
+        assert not GPU_USE.search(text), f"{f} uses the GPU ({GPU_USE.search(text)[0]!r}): the GPU suite must run it"
+        for call in re.findall(r"run_world\([^)]*\)", text):  # Part 7: ranks on the CPU
+            assert 'backend="gloo"' in call, f"{f}: {call}"
+
+
+# (the examples are cut in two so that this file, which is on the list, does not match its own pattern)
+@pytest.mark.parametrize("text, uses", [
+    ("@pytest.mark" ".gpu\ndef test_x(): ...", True), ("x = torch" ".cuda.is_available()", True),
+    ("t = torch.ones(3, device=" "'cuda')", True), ("def test_" "y(device): ...", True),
+    ("run_" "world(f, 2, backend=" "'nccl')", True), ("from conftest import DEV" "ICE", True),
+    ('mesh = init_device_mesh("cpu", (world,))', False), ('{"backend": "nccl", "gpu": "NVIDIA H200"}', False),
+    ('env = {"CUDA_VISIBLE_DEVICES": ""}', False)])
+def test_the_gpu_use_pattern(text, uses):
+    assert bool(GPU_USE.search(text)) == uses
+
+
+def test_gpu_tests_leaves_the_cpu_only_files_out_and_says_so(tmp_path):
+    stub = tmp_path / "python3"
+    stub.write_text(STUB)
+    stub.chmod(stat.S_IRWXU)
+    log = tmp_path / "calls.log"
+    env = {**os.environ, "PYTHON": str(stub), "REAL_PY": sys.executable, "STUB_LOG": str(log), "STUB_FAIL": "",
+           "KM_SPLIT": "", "KM_ALONE": "", "KM_CPU_ONLY": "tests/test_part1.py tests/test_hashing.py",
+           "KM_COMMIT": "0123456789abcdef0123456789abcdef01234567", "KM_DIRTY": "0"}
+    proc = subprocess.run(["bash", "scripts/gpu_tests.sh", str(tmp_path / "out")], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ran = {line.split()[1] for line in log.read_text().splitlines()}
+    every = {str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "tests").glob("test_*.py")}
+    assert ran == every - {"tests/test_part1.py", "tests/test_hashing.py"}
+    summary = (tmp_path / "out" / "outputs" / "gpu_tests.txt").read_text()
+    assert "left to the CPU suite (no GPU code path), 2 files: test_hashing test_part1" in summary
+    assert "test_part1:" not in summary and summary.rstrip().endswith(f"result: passed ({len(ran)} + 0 jobs)")
