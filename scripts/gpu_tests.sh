@@ -46,7 +46,8 @@ tests/test_part7_context_expert.py tests/test_part7_fsdp.py tests/test_part7_ddp
 tests/test_part7_calculator.py tests/test_mutate.py tests/test_gpu_suite.py tests/test_listing_width.py
 tests/test_contract.py tests/test_browser.py tests/test_readme.py tests/test_workflows.py tests/test_diagrams.py
 tests/test_no_measured_figures.py tests/test_ncu_counters.py tests/test_captures.py tests/test_hashing.py
-tests/test_site_render.py tests/test_site_assets.py tests/test_plots.py tests/test_timeline.py} "
+tests/test_site_render.py tests/test_site_assets.py tests/test_plots.py tests/test_timeline.py
+tests/test_nsys_capture.py} "
 CPU_ONLY=$(tr '\n' ' ' <<< "$CPU_ONLY")
 FILES=("$@") LEFT_OUT=()
 if [ ${#FILES[@]} -eq 0 ]; then
