@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# The streams chapter's overlap example (stream_overlap v0 and v3 at the headline size) under Nsight Systems,
-# captured on the GPU runner into OUTDIR/nsys_stream_overlap.txt with its record (commit it as
-# benchmarks/results/outputs/<gpu>/; `<!-- bench:output nsys_stream_overlap -->` renders it next to the
-# torch.profiler timeline).
+# Two timelines under Nsight Systems, captured on the GPU runner into OUTDIR with their records (commit them as
+# benchmarks/results/outputs/<gpu>/): the streams chapter's overlap example (stream_overlap v0 and v3 at the
+# headline size; nsys_stream_overlap.txt, rendered next to the torch.profiler timeline) and the capstone's decode
+# step (capstone_decode v2 and v3; nsys_capstone_decode.txt). KM_NSYS_TARGETS (default "streams capstone").
 #
 #   bash scripts/capture_nsys.sh OUTDIR
 #
-# For each version: nsys profile records only the profiled call (scripts/nsys_streams.py brackets it with
-# cudaProfilerStart/Stop; --capture-range=cudaProfilerApi), `nsys stats --report cuda_gpu_trace` exports every
-# copy and kernel as CSV (the report is `gputrace` in Nsight Systems before 2023), and scripts/nsys_streams.py
-# --summary turns it into per-stream counts, busy time, time with k operations in flight, and the operations in
-# start order. The .nsys-rep files (megabytes) are dropped; run the same command to open one in the Nsight Systems
-# GUI. A machine without nsys (the lent runner) can use the archive scripts/nsys_bundle.sh builds.
+# For each version: nsys profile records only the profiled calls (scripts/nsys_streams.py and
+# scripts/nsys_capstone.py bracket them with cudaProfilerStart/Stop; --capture-range=cudaProfilerApi), `nsys stats`
+# exports every copy and kernel (`--report cuda_gpu_trace`, `gputrace` in Nsight Systems before 2023) and the CUDA
+# API calls (`cuda_api_sum`, `cudaapisum` before 2023) as CSV, and each script's --summary turns them into text:
+# for the streams, per-stream counts, busy time, time with k operations in flight and the operations in start
+# order; for the capstone, per step the GPU's busy time against its span, the launch calls and the kernels that
+# take the most time. The .nsys-rep files (megabytes) are dropped; run the same command to open one in the Nsight
+# Systems GUI. A machine without nsys (the lent runner) can use the archive scripts/nsys_bundle.sh builds.
 set -uo pipefail
 OUTDIR=${1:?usage: capture_nsys.sh OUTDIR}
 mkdir -p "$OUTDIR"
@@ -21,30 +23,69 @@ NS=("$PY" -W ignore::DeprecationWarning scripts/nsys_streams.py)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 command -v nsys > /dev/null || { echo "capture_nsys: nsys is not on PATH (scripts/nsys_bundle.sh)" >&2; exit 1; }
-# the GPU trace report: cuda_gpu_trace since Nsight Systems 2023, gputrace before (Debian 12's 2022.4), same columns
+# the reports' names: cuda_gpu_trace and cuda_api_sum since Nsight Systems 2023, gputrace and cudaapisum before
+# (Debian 12's 2022.4, which scripts/nsys_bundle.sh packs), with the same columns
+REPORTS=$(nsys stats --help-reports 2>&1)
 REPORT=cuda_gpu_trace
-nsys stats --help-reports 2>&1 | grep -q "^ *cuda_gpu_trace" || REPORT=gputrace
+grep -q "^ *cuda_gpu_trace" <<< "$REPORTS" || REPORT=gputrace
+API_SUM=cuda_api_sum
+grep -q "^ *cuda_api_sum" <<< "$REPORTS" || API_SUM=cudaapisum
+TARGETS=" ${KM_NSYS_TARGETS:-streams capstone} "
 status=0
-out="$OUTDIR/nsys_stream_overlap.txt"
-{
-  nsys --version 2>&1 | head -n 1
-  for v in v0 v3; do
-    cmd=(nsys profile --trace=cuda --capture-range=cudaProfilerApi --capture-range-end=stop
-         --output "$TMP/$v" --force-overwrite true "${NS[@]}" --run "$v")
-    echo
-    if ! "${cmd[@]}" > "$TMP/$v.log" 2>&1; then
-      echo "nsys profile failed for $v:"; tail -n 20 "$TMP/$v.log"; status=1; continue
+
+# trace NAME SCRIPT VERSION [nsys profile options]: profile one version, export its GPU trace (NAME.csv) and its
+# CUDA API summary (NAME.api.csv); on failure print why and return 1
+trace() {
+  local name=$1 script=$2 v=$3
+  shift 3
+  if ! nsys profile --trace=cuda "$@" --capture-range=cudaProfilerApi --capture-range-end=stop \
+       --output "$TMP/$name" --force-overwrite true "$PY" -W ignore::DeprecationWarning "$script" --run "$v" \
+       > "$TMP/$name.log" 2>&1; then
+    echo "nsys profile failed for $v:"; tail -n 20 "$TMP/$name.log"; return 1
+  fi
+  local r
+  for r in "$REPORT:csv" "$API_SUM:api.csv"; do
+    if ! nsys stats --report "${r%%:*}" --format csv --force-export true "$TMP/$name.nsys-rep" \
+         > "$TMP/$name.${r#*:}" 2> "$TMP/$name.stats.log"; then
+      echo "nsys stats failed for $v:"; tail -n 20 "$TMP/$name.stats.log"; return 1
     fi
-    if ! nsys stats --report $REPORT --format csv --force-export true "$TMP/$v.nsys-rep" \
-         > "$TMP/$v.csv" 2> "$TMP/$v.stats.log"; then
-      echo "nsys stats failed for $v:"; tail -n 20 "$TMP/$v.stats.log"; status=1; continue
-    fi
-    shown="nsys profile --trace=cuda --capture-range=cudaProfilerApi --capture-range-end=stop"
-    shown+=" --output $v python scripts/nsys_streams.py --run $v"
-    shown+=" && nsys stats --report $REPORT --format csv $v.nsys-rep"
-    "${NS[@]}" --summary "$v" "$TMP/$v.csv" "$shown" || status=1
   done
-} > "$out"
-grep -q "GPU operations" "$out" || status=1
-if [ $status -eq 0 ]; then "$PY" -m snippets.bench.captures record "$out" || status=1; fi
+}
+
+if [[ $TARGETS == *" streams "* ]]; then
+  out="$OUTDIR/nsys_stream_overlap.txt" ok=1
+  {
+    nsys --version 2>&1 | head -n 1
+    for v in v0 v3; do
+      echo
+      trace "$v" scripts/nsys_streams.py "$v" || { ok=0; continue; }
+      shown="nsys profile --trace=cuda --capture-range=cudaProfilerApi --capture-range-end=stop"
+      shown+=" --output $v python scripts/nsys_streams.py --run $v"
+      shown+=" && nsys stats --report $REPORT --format csv $v.nsys-rep"
+      "${NS[@]}" --summary "$v" "$TMP/$v.csv" "$shown" || ok=0
+    done
+  } > "$out"
+  grep -q "GPU operations" "$out" || ok=0
+  if [ $ok = 1 ]; then "$PY" -m snippets.bench.captures record "$out" || status=1; else status=1; fi
+fi
+
+# The capstone's decode step (capstone_decode v2, the book's kernels eager, and v3, the same step in a CUDA graph;
+# --cuda-graph-trace=node shows the kernels inside the graph): the GPU's idle time between kernels, the launches.
+if [[ $TARGETS == *" capstone "* ]]; then
+  out="$OUTDIR/nsys_capstone_decode.txt" ok=1
+  {
+    nsys --version 2>&1 | head -n 1
+    for v in v2 v3; do
+      echo
+      trace "capstone_$v" scripts/nsys_capstone.py "$v" --cuda-graph-trace=node || { ok=0; continue; }
+      shown="nsys profile --trace=cuda --cuda-graph-trace=node --capture-range=cudaProfilerApi"
+      shown+=" --capture-range-end=stop --output $v python scripts/nsys_capstone.py --run $v"
+      shown+=" && nsys stats --report $REPORT,$API_SUM --format csv $v.nsys-rep"
+      "$PY" -W ignore::DeprecationWarning scripts/nsys_capstone.py --summary "$v" "$TMP/capstone_$v.csv" \
+        "$TMP/capstone_$v.api.csv" "$shown" || ok=0
+    done
+  } > "$out"
+  grep -q "GPU operations" "$out" || ok=0
+  if [ $ok = 1 ]; then "$PY" -m snippets.bench.captures record "$out" || status=1; else status=1; fi
+fi
 exit $status

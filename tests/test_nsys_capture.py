@@ -1,7 +1,8 @@
 """scripts/capture_nsys.sh and scripts/nsys_streams.py without a GPU: the trace CSV of either Nsight Systems report
 (`cuda_gpu_trace` since 2023, `gputrace` in Debian 12's 2022.4, the one scripts/nsys_bundle.sh packs) becomes the
-per-stream summary, and the capture script asks nsys for the report its version has (nsys replaced by a stand-in
-that writes a trace; the profiled program is not run)."""
+per-stream summary, the capstone's per-step summary reads the CUDA API summary too, and the capture script asks
+nsys for the reports its version has (nsys replaced by a stand-in that writes a trace; the profiled programs are
+not run)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from helpers import load_script
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ns = load_script("nsys_streams")
+nc = load_script("nsys_capstone")
 
 # two streams: a copy in, a kernel and a copy out on stream 13, a kernel on stream 14 overlapping the first kernel
 TRACE = """Generating SQLite file t.sqlite from t.nsys-rep
@@ -44,40 +46,77 @@ def test_a_trace_without_gpu_operations_says_so():
                                                            "nsys ...")
 
 
+API = """Processing [t.sqlite] with [reports/cudaapisum.py]...
+"Time (%)","Total Time (ns)","Num Calls","Avg (ns)","Med (ns)","Min (ns)","Max (ns)","StdDev (ns)","Name"
+80.0,6000,3,2000.0,2000.0,1900,2100,100.0,"cudaLaunchKernel_v7000"
+20.0,1500,3,500.0,500.0,400,600,100.0,"cudaMemcpyAsync_v3020"
+"""
+
 STUB = r"""#!/usr/bin/env bash
-# nsys as capture_nsys.sh calls it: --version, stats --help-reports (listing $STUB_REPORT), profile (writes the
-# --output .nsys-rep), stats --report NAME (the trace, for the listed report only)
+# nsys as capture_nsys.sh calls it: --version, stats --help-reports (listing $STUB_TRACE_REPORT and
+# $STUB_API_REPORT), profile (writes the --output .nsys-rep), stats --report NAME (the GPU trace or the API
+# summary, for the listed names only)
 echo "nsys $*" >> "$STUB_LOG"
 case "$1" in
   --version) echo "NVIDIA Nsight Systems version 2022.4.2.1-stub" ;;
   profile) while [ $# -gt 0 ]; do [ "$1" = --output ] && touch "$2.nsys-rep"; shift; done ;;
   stats)
     if [ "$2" = --help-reports ]; then echo "The following built-in reports are available:"; echo
-      echo "  $STUB_REPORT -- CUDA GPU Trace"; exit 0; fi
-    [ "$3" = "$STUB_REPORT" ] || { echo "ERROR: Report '$3' could not be found." >&2; exit 1; }
-    cat "$STUB_TRACE" ;;
+      echo "  $STUB_TRACE_REPORT -- CUDA GPU Trace"; echo "  $STUB_API_REPORT -- CUDA API Summary"; exit 0; fi
+    case "$3" in
+      "$STUB_TRACE_REPORT") cat "$STUB_TRACE" ;;
+      "$STUB_API_REPORT") cat "$STUB_API" ;;
+      *) echo "ERROR: Report '$3' could not be found." >&2; exit 1 ;;
+    esac ;;
 esac
 """
 
 
-@pytest.mark.parametrize("report", ["gputrace", "cuda_gpu_trace"])
-def test_capture_asks_for_the_report_its_nsys_has(tmp_path, report):
+def _capture(tmp_path: Path, targets: str, old: bool) -> tuple[Path, str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nsys").write_text(STUB)
     (bin_dir / "nsys").chmod(stat.S_IRWXU)
     (tmp_path / "trace.csv").write_text(TRACE)
+    (tmp_path / "api.csv").write_text(API)
     log = tmp_path / "calls.log"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_LOG": str(log), "STUB_REPORT": report,
-           "STUB_TRACE": str(tmp_path / "trace.csv"), "PYTHON": sys.executable,
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_LOG": str(log),
+           "STUB_TRACE_REPORT": "gputrace" if old else "cuda_gpu_trace",
+           "STUB_API_REPORT": "cudaapisum" if old else "cuda_api_sum",
+           "STUB_TRACE": str(tmp_path / "trace.csv"), "STUB_API": str(tmp_path / "api.csv"),
+           "PYTHON": sys.executable, "KM_NSYS_TARGETS": targets,
            "KM_COMMIT": "0123456789abcdef0123456789abcdef01234567", "KM_DIRTY": "0"}
     proc = subprocess.run(["bash", "scripts/capture_nsys.sh", str(tmp_path / "out")], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    text = (tmp_path / "out" / "nsys_stream_overlap.txt").read_text()
+    return tmp_path / "out", log.read_text()
+
+
+@pytest.mark.parametrize("old", [True, False], ids=["2022", "2023+"])
+def test_capture_asks_for_the_reports_its_nsys_has(tmp_path, old):
+    report = "gputrace" if old else "cuda_gpu_trace"
+    out, calls = _capture(tmp_path, "streams", old)
+    text = (out / "nsys_stream_overlap.txt").read_text()
     assert text.startswith("NVIDIA Nsight Systems version 2022.4.2.1-stub")
     assert text.count("stream_overlap v0: 4 GPU operations") == 1 and "stream_overlap v3: 4 GPU operations" in text
     assert f"nsys stats --report {report} --format csv v3.nsys-rep" in text
-    assert (tmp_path / "out" / "nsys_stream_overlap.meta.json").is_file()
-    calls = log.read_text()
+    assert (out / "nsys_stream_overlap.meta.json").is_file()
+    assert not (out / "nsys_capstone_decode.txt").exists(), "KM_NSYS_TARGETS=streams captures the streams only"
     assert calls.count(f"stats --report {report} ") == 2
+
+
+def test_capture_of_the_capstone_step(tmp_path):
+    out, calls = _capture(tmp_path, "capstone", True)
+    text = (out / "nsys_capstone_decode.txt").read_text()
+    assert "--cuda-graph-trace=node" in text and "nsys_capstone.py --run v3" in text
+    # the trace above read as 3 steps: 4 operations in a 2 us span, 3 us of them busy (two overlap)
+    assert "capstone_decode v2, per step (the mean of 3 steps): 1 GPU operations\nGPU busy 1.0 us of a 0.7 us span" in text
+    assert "cudaLaunchKernel 1 calls 2.0 us, cudaMemcpyAsync 1 calls 0.5 us" in text
+    assert (out / "nsys_capstone_decode.meta.json").is_file()
+    assert "profile --trace=cuda --cuda-graph-trace=node" in calls
+
+
+def test_the_api_summary_of_either_version():
+    api = nc.parse_api(API)
+    assert api == {"cudaLaunchKernel": (3, 6000.0), "cudaMemcpyAsync": (3, 1500.0)}
+    assert nc.parse_api("SKIPPED: t.sqlite does not contain CUDA trace data.") == {}

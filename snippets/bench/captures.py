@@ -89,12 +89,17 @@ def _stream_overlap(params: dict) -> list[tuple[str, str]]:
     return [("stream_overlap", "v0"), ("stream_overlap", "v3")]
 
 
+def _capstone_decode(params: dict) -> list[tuple[str, str]]:
+    return [("capstone_decode", "v2"), ("capstone_decode", "v3")]
+
+
 PROGRAMS = "tests/test_cuda_programs.py"  # builds and runs Part 1's programs, saves their output (KM_OUTPUT_DIR)
 OUTPUTS = "scripts/capture_outputs.sh"
 PROFILES = ("scripts/capture_profiles.sh", "scripts/profile_kernels.py")
 STREAMS = ("scripts/capture_streams.sh", "scripts/capture_streams.py")
 NCU_COUNTERS = ("scripts/capture_ncu_counters.sh", "scripts/ncu_counters.py")
 NSYS_STREAMS = ("scripts/capture_nsys.sh", "scripts/nsys_streams.py")
+NSYS_CAPSTONE = (*NSYS_STREAMS, "scripts/nsys_capstone.py")  # nsys_capstone.py imports nsys_streams.py
 # scripts/capture_triton.py imports these by name (importlib), not with an import statement
 TRITON_METADATA_MODULES = ("snippets.part1.elementwise", "snippets.part3.reduce", "snippets.part3.wmma",
                            "snippets.part4.softmax", "snippets.part4.layernorm", "snippets.part4.matmul",
@@ -132,6 +137,7 @@ PRODUCERS: dict[str, Producer] = {
     "ncu_counters_int4": Producer(NCU_COUNTERS, impls=_param_impls),
     "cublas_sgemm": Producer(("scripts/capture_cublas.sh",), files=("csrc/standalone/cublas_sgemm.cu",)),
     "nsys_stream_overlap": Producer(NSYS_STREAMS, impls=_stream_overlap),
+    "nsys_capstone_decode": Producer(NSYS_CAPSTONE, impls=_capstone_decode),
 }
 GPU_TESTS = "gpu_tests"  # the GPU test suite's summary (scripts/gpu_tests.sh): it ran everything
 
