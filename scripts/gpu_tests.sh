@@ -38,7 +38,7 @@ fi
 
 # Files with no GPU code path: Part 7's gloo ranks on the CPU, the mutation campaign (the interpreter, GPUs
 # hidden), and checks of text, records and the site. On the GPU runner they would do exactly what the CPU suite
-# does (CI on every push, and the weekly run at the oldest and newest supported versions), for about a fifth of the
+# does (CI on every push, and the weekly run at the oldest and newest supported versions), for a large share of the
 # suite's CPU time, so the whole-suite run leaves them out and its summary names them; a file named on the command
 # line runs. tests/test_gpu_suite.py checks that none of them uses the GPU (KM_CPU_ONLY="" runs everything).
 CPU_ONLY=" ${KM_CPU_ONLY-tests/test_part7_pipeline.py tests/test_part7_tensor_parallel.py tests/test_part7_zero.py
