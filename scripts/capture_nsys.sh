@@ -33,8 +33,8 @@ grep -q "^ *cuda_api_sum" <<< "$REPORTS" || API_SUM=cudaapisum
 TARGETS=" ${KM_NSYS_TARGETS:-streams capstone} "
 status=0
 
-# trace NAME SCRIPT VERSION [nsys profile options]: profile one version, export its GPU trace (NAME.csv) and its
-# CUDA API summary (NAME.api.csv); on failure print why and return 1
+# trace NAME SCRIPT VERSION [nsys profile options]: profile one version into NAME.nsys-rep and export its GPU
+# trace (NAME.csv); on failure print why and return 1
 trace() {
   local name=$1 script=$2 v=$3
   shift 3
@@ -43,13 +43,22 @@ trace() {
        > "$TMP/$name.log" 2>&1; then
     echo "nsys profile failed for $v:"; tail -n 20 "$TMP/$name.log"; return 1
   fi
-  local r
-  for r in "$REPORT:csv" "$API_SUM:api.csv"; do
-    if ! nsys stats --report "${r%%:*}" --format csv --force-export true "$TMP/$name.nsys-rep" \
-         > "$TMP/$name.${r#*:}" 2> "$TMP/$name.stats.log"; then
-      echo "nsys stats failed for $v:"; tail -n 20 "$TMP/$name.stats.log"; return 1
-    fi
-  done
+  export_csv "$name" "$REPORT" csv
+}
+
+# export_csv NAME REPORT SUFFIX: nsys stats' REPORT of NAME.nsys-rep as CSV, into NAME.SUFFIX
+export_csv() {
+  nsys stats --report "$2" --format csv --force-export true "$TMP/$1.nsys-rep" > "$TMP/$1.$3" \
+    2> "$TMP/$1.stats.log" || { echo "nsys stats failed for $1:"; tail -n 20 "$TMP/$1.stats.log"; return 1; }
+}
+
+# finish FILE OK: record FILE if every version of it was summarised (OK = 1), else mark the run failed
+finish() {
+  if [ "$2" = 1 ] && grep -q "GPU operations" "$1"; then
+    "$PY" -m snippets.bench.captures record "$1" || status=1
+  else
+    status=1
+  fi
 }
 
 if [[ $TARGETS == *" streams "* ]]; then
@@ -65,8 +74,7 @@ if [[ $TARGETS == *" streams "* ]]; then
       "${NS[@]}" --summary "$v" "$TMP/$v.csv" "$shown" || ok=0
     done
   } > "$out"
-  grep -q "GPU operations" "$out" || ok=0
-  if [ $ok = 1 ]; then "$PY" -m snippets.bench.captures record "$out" || status=1; else status=1; fi
+  finish "$out" $ok
 fi
 
 # The capstone's decode step (capstone_decode v2, the book's kernels eager, and v3, the same step in a CUDA graph;
@@ -77,7 +85,8 @@ if [[ $TARGETS == *" capstone "* ]]; then
     nsys --version 2>&1 | head -n 1
     for v in v2 v3; do
       echo
-      trace "capstone_$v" scripts/nsys_capstone.py "$v" --cuda-graph-trace=node || { ok=0; continue; }
+      trace "capstone_$v" scripts/nsys_capstone.py "$v" --cuda-graph-trace=node \
+        && export_csv "capstone_$v" "$API_SUM" api.csv || { ok=0; continue; }
       shown="nsys profile --trace=cuda --cuda-graph-trace=node --capture-range=cudaProfilerApi"
       shown+=" --capture-range-end=stop --output $v python scripts/nsys_capstone.py --run $v"
       shown+=" && nsys stats --report $REPORT,$API_SUM --format csv $v.nsys-rep"
@@ -85,7 +94,6 @@ if [[ $TARGETS == *" capstone "* ]]; then
         "$TMP/capstone_$v.api.csv" "$shown" || ok=0
     done
   } > "$out"
-  grep -q "GPU operations" "$out" || ok=0
-  if [ $ok = 1 ]; then "$PY" -m snippets.bench.captures record "$out" || status=1; else status=1; fi
+  finish "$out" $ok
 fi
 exit $status

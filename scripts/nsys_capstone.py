@@ -16,7 +16,6 @@ in the launch calls, and the kernels that take the most time, grouped by name.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from nsys_streams import parse_trace  # noqa: E402
+from nsys_streams import column, csv_rows, parse_trace  # noqa: E402
 
 from snippets.registry import get_op, size_key  # noqa: E402
 
@@ -61,17 +60,11 @@ def run(version: str) -> str:
 def parse_api(text: str) -> dict[str, tuple[int, float]]:
     """``nsys stats --report cuda_api_sum`` (``cudaapisum`` before 2023) as CSV -> {name: (calls, total ns)}.
     Lines before the header (nsys's own messages) are skipped; names lose a version suffix (``_v7000``)."""
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith(('"Time', "Time"))), None)
-    if start is None:
+    rows = csv_rows(text, "Time")
+    if not rows:
         return {}
-    rows = list(csv.reader(lines[start:]))
     header = rows[0]
-
-    def col(name: str) -> int:
-        return next(i for i, h in enumerate(header) if h.startswith(name))
-
-    c_total, c_calls, c_name = col("Total Time"), col("Num Calls"), col("Name")
+    c_total, c_calls, c_name = column(header, "Total Time"), column(header, "Num Calls"), column(header, "Name")
     out: dict[str, tuple[int, float]] = {}
     for r in rows[1:]:
         if len(r) != len(header) or not r[c_name]:

@@ -53,11 +53,20 @@ def run(version: str) -> str:
     return f"{OP} {version} ({impl.desc}) at {size_key(op.headline)}: profiled call done"
 
 
-def _column(header: list[str], *names: str) -> int:
+def column(header: list[str], *names: str) -> int:
     for i, h in enumerate(header):
         if any(h.startswith(n) for n in names):
             return i
-    raise ValueError(f"cuda_gpu_trace: none of the columns {names} in {header}")
+    raise ValueError(f"nsys stats: none of the columns {names} in {header}")
+
+
+def csv_rows(text: str, first: str) -> list[list[str]]:
+    """The CSV table of an ``nsys stats --format csv`` report, header first: the lines before the header
+    (nsys's own messages) skipped, the header being the line whose first column starts with ``first``.
+    Empty if there is none (a report with no data says so in a message instead)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith((f'"{first}', first))), None)
+    return [] if start is None else list(csv.reader(lines[start:]))
 
 
 def kind(name: str) -> str:
@@ -74,14 +83,12 @@ def kind(name: str) -> str:
 def parse_trace(text: str) -> list[dict]:
     """The rows of ``nsys stats --report cuda_gpu_trace --format csv``: start and duration in ns,
     stream, name, kind. Lines before the CSV header (nsys's own messages) are skipped."""
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith(('"Start', "Start"))), None)
-    if start is None:
+    rows = csv_rows(text, "Start")
+    if not rows:
         return []
-    rows = list(csv.reader(lines[start:]))
     header = rows[0]
-    c_start, c_dur = _column(header, "Start"), _column(header, "Duration")
-    c_strm, c_name = _column(header, "Strm", "Stream"), _column(header, "Name")
+    c_start, c_dur = column(header, "Start"), column(header, "Duration")
+    c_strm, c_name = column(header, "Strm", "Stream"), column(header, "Name")
     ops = []
     for r in rows[1:]:
         if len(r) != len(header) or not r[c_start].strip():

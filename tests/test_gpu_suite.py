@@ -84,15 +84,18 @@ exec "$REAL_PY" "$@"
 """
 
 
-def _gpu_tests(tmp_path: Path, shard: str, fail: str = "") -> tuple[int, Path, list[str]]:
+def _gpu_tests(tmp_path: Path, shard: str, fail: str = "",
+               files: tuple[str, ...] = ("tests/test_part2_memory.py", "tests/test_part1.py", "tests/test_ops.py"),
+               **env_extra: str) -> tuple[int, Path, list[str]]:
+    """gpu_tests.sh on ``files`` (none: its default, every file) with the stand-in pytest; ``env_extra``
+    overrides its environment (KM_SPLIT, KM_ALONE, KM_CPU_ONLY)."""
     stub = tmp_path / "python3"
     stub.write_text(STUB)
     stub.chmod(stat.S_IRWXU)
     out, log = tmp_path / f"out{shard.replace('/', 'of')}", tmp_path / f"calls{shard.replace('/', 'of')}.log"
     env = {**os.environ, "PYTHON": str(stub), "REAL_PY": sys.executable, "STUB_LOG": str(log), "STUB_FAIL": fail,
            "KM_SHARD": shard, "KM_SPLIT": "tests/test_ops.py:3", "KM_ALONE": "tests/test_part2_memory.py",
-           "KM_COMMIT": "0123456789abcdef0123456789abcdef01234567", "KM_DIRTY": "0"}
-    files = ["tests/test_part2_memory.py", "tests/test_part1.py", "tests/test_ops.py"]
+           "KM_COMMIT": "0123456789abcdef0123456789abcdef01234567", "KM_DIRTY": "0", **env_extra}
     proc = subprocess.run(["bash", "scripts/gpu_tests.sh", str(out), *files], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     return proc.returncode, out, log.read_text().splitlines() if log.exists() else []
@@ -167,19 +170,12 @@ def test_the_gpu_use_pattern(text, uses):
 
 
 def test_gpu_tests_leaves_the_cpu_only_files_out_and_says_so(tmp_path):
-    stub = tmp_path / "python3"
-    stub.write_text(STUB)
-    stub.chmod(stat.S_IRWXU)
-    log = tmp_path / "calls.log"
-    env = {**os.environ, "PYTHON": str(stub), "REAL_PY": sys.executable, "STUB_LOG": str(log), "STUB_FAIL": "",
-           "KM_SPLIT": "", "KM_ALONE": "", "KM_CPU_ONLY": "tests/test_part1.py tests/test_hashing.py",
-           "KM_COMMIT": "0123456789abcdef0123456789abcdef01234567", "KM_DIRTY": "0"}
-    proc = subprocess.run(["bash", "scripts/gpu_tests.sh", str(tmp_path / "out")], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    ran = {line.split()[1] for line in log.read_text().splitlines()}
+    rc, out, calls = _gpu_tests(tmp_path, "1/1", files=(), KM_SPLIT="", KM_ALONE="",
+                                KM_CPU_ONLY="tests/test_part1.py tests/test_hashing.py")
+    assert rc == 0
+    ran = {line.split()[1] for line in calls}
     every = {str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "tests").glob("test_*.py")}
     assert ran == every - {"tests/test_part1.py", "tests/test_hashing.py"}
-    summary = (tmp_path / "out" / "outputs" / "gpu_tests.txt").read_text()
+    summary = (out / "outputs" / "gpu_tests.txt").read_text()
     assert "left to the CPU suite (no GPU code path), 2 files: test_hashing test_part1" in summary
     assert "test_part1:" not in summary and summary.rstrip().endswith(f"result: passed ({len(ran)} + 0 jobs)")

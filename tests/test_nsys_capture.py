@@ -103,6 +103,7 @@ def test_capture_asks_for_the_reports_its_nsys_has(tmp_path, old):
     assert (out / "nsys_stream_overlap.meta.json").is_file()
     assert not (out / "nsys_capstone_decode.txt").exists(), "KM_NSYS_TARGETS=streams captures the streams only"
     assert calls.count(f"stats --report {report} ") == 2
+    assert "cudaapisum" not in calls and "cuda_api_sum " not in calls, "the streams summary reads no API summary"
 
 
 def test_capture_of_the_capstone_step(tmp_path):
