@@ -8,7 +8,9 @@
 # On the GPU machine:
 #   mkdir -p /tmp/nsys && tar xJf OUT.tar.xz -C /tmp/nsys
 #   export PATH=/tmp/nsys/target-linux-x64:$PATH
-#   ldd /tmp/nsys/target-linux-x64/nsys | grep -q "not found" && export LD_LIBRARY_PATH=/tmp/nsys/lib
+#   ldd /tmp/nsys/target-linux-x64/nsys /tmp/nsys/host-linux-x64/QdstrmImporter | grep -q "not found" \
+#     && export LD_LIBRARY_PATH=/tmp/nsys/lib     (the runner's Ubuntu 24.04 image lacks libpfm.so.4, which
+#                                                   the importer links: without it nsys stops at .qdstrm)
 #   bash scripts/capture_nsys.sh OUTDIR
 #
 # From Debian's non-free section (the nsight-systems packages of Debian 12, version 2022.4, CUPTI up to 11.8):
