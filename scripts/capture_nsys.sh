@@ -43,14 +43,6 @@ trace() {
        > "$TMP/$name.log" 2>&1; then
     echo "nsys profile failed for $v:"; tail -n 20 "$TMP/$name.log"; return 1
   fi
-  # an nsys older than the driver can profile and still fail to analyse what it recorded (2022.4 on a CUDA 13
-  # driver: "Unknown driver API function index"); the report it writes then holds no CUDA trace at all, which
-  # must not read as a step with no GPU work
-  if grep -q "Analysis failed" "$TMP/$name.log"; then
-    echo "nsys could not analyse the trace of $v:"
-    grep -o "Unknown driver API function index: [0-9]*\|Status: [A-Za-z]*" "$TMP/$name.log" | sort -u
-    return 1
-  fi
   export_csv "$name" "$REPORT" csv
 }
 

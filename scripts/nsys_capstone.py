@@ -68,6 +68,11 @@ def run(version: str) -> str:
     return f"{OP} {version} ({impl.desc}) at {size_key(op.headline)}: {STEPS} profiled steps done"
 
 
+NO_TRACE = ("(no GPU operation in the trace. A decode step always runs kernels, so nsys recorded nothing it could "
+            "analyse: an Nsight Systems older than the driver stops at driver functions it does not know, as "
+            "2022.4 does on a CUDA 13 driver for the eager step; nothing is summarised for this version)")
+
+
 def parse_api(text: str) -> dict[str, tuple[int, float]]:
     """``nsys stats --report cuda_api_sum`` (``cudaapisum`` before 2023) as CSV -> {name: (calls, total ns)}.
     Lines before the header (nsys's own messages) are skipped; names lose a version suffix (``_v7000``)."""
@@ -89,8 +94,8 @@ def parse_api(text: str) -> dict[str, tuple[int, float]]:
 def summary(version: str, trace_csv: str, api_csv: str, command: str, steps: int = STEPS) -> str:
     ops = parse_trace(trace_csv)
     lines = [f"$ {command}", ""]
-    if not ops:
-        return "\n".join([*lines, "(no GPU operation in the trace)"]) + "\n"
+    if not ops:  # a decode step always runs kernels: an empty trace is a failed analysis, not an idle step
+        return "\n".join([*lines, NO_TRACE]) + "\n"
     span = max(o["start"] + o["dur"] for o in ops) - ops[0]["start"]
     busy = sum(o["dur"] for o in ops)   # the step's operations run one after another on one stream
     lines.append(f"{OP} {version}, per step (the mean of {steps} steps): {len(ops) / steps:.0f} GPU operations")
@@ -126,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         print(run(args.run))
     else:
         version, trace, api, command = args.summary
-        sys.stdout.write(summary(version, Path(trace).read_text(), Path(api).read_text(), command))
+        trace_csv = Path(trace).read_text()
+        sys.stdout.write(summary(version, trace_csv, Path(api).read_text(), command))
+        if not parse_trace(trace_csv):
+            return 1  # the capture is not recorded (scripts/capture_nsys.sh)
     return 0
 
 
