@@ -4,6 +4,7 @@
 # collector and what turns its raw capture into a report, small enough to travel with the repository.
 #
 #   bash scripts/nsys_bundle.sh OUT.tar.xz        (about 30 MB; keep it in an ignored folder, e.g. build/)
+#   KM_NSYS_SUITE=trixie bash scripts/nsys_bundle.sh OUT.tar.xz     (Debian 13's 2023.4, CUPTI 12.4; larger)
 #
 # On the GPU machine:
 #   mkdir -p /tmp/nsys && tar xJf OUT.tar.xz -C /tmp/nsys
@@ -13,10 +14,10 @@
 #                                                   the importer links: without it nsys stops at .qdstrm)
 #   bash scripts/capture_nsys.sh OUTDIR
 #
-# From Debian's non-free section (the nsight-systems packages of Debian 12, version 2022.4, CUPTI up to 11.8):
-# - nsight-systems-target: `nsys` itself, the CUDA injection libraries and the `nsys stats` reports. Dropped: the
-#   CUPTI libraries older than 11.8 and the MPI, SHMEM, UCX, cuDNN and Vulkan layers (the streams capture traces
-#   CUDA only);
+# From Debian's non-free section (the nsight-systems packages of Debian 12, version 2022.4, CUPTI up to 11.8; or of
+# Debian 13, version 2023.4, CUPTI 12.4, about 40 MB packed):
+# - nsight-systems-target: `nsys` itself, the CUDA injection libraries and the `nsys stats` reports. Dropped: every
+#   CUPTI library but the newest and the MPI, SHMEM, UCX, cuDNN and Vulkan layers (the captures trace CUDA only);
 # - nsight-systems (the GUI's package, 130 MB): only QdstrmImporter and the libraries it links, which turn the
 #   collector's .qdstrm into the .nsys-rep that `nsys stats` reads (without it `nsys profile` stops at .qdstrm);
 # - libssh-4, which the importer links as libssh.so, and the few system libraries nsys links that a minimal image
@@ -27,7 +28,10 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 mkdir -p lists/partial
-echo "deb http://deb.debian.org/debian bookworm main non-free" > sources.list
+# 2022.4 (bookworm) records a CUDA 13 driver's calls but cannot analyse a trace that holds a driver function newer
+# than it knows (the capstone's eager step); trixie's 2023.4 knows CUDA 12.4's
+SUITE=${KM_NSYS_SUITE:-bookworm}
+echo "deb http://deb.debian.org/debian $SUITE main non-free" > sources.list
 APT=(-o Dir::Etc::SourceList="$WORK/sources.list" -o Dir::Etc::SourceParts=/dev/null
      -o Dir::State::Lists="$WORK/lists" -o Debug::NoLocking=1)
 apt-get "${APT[@]}" update > /dev/null
@@ -37,9 +41,12 @@ T=x/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64
 H=x/usr/lib/nsight-systems/host-linux-x64
 mkdir -p b/host-linux-x64 b/lib
 cp -a "$T" b/
-(cd b/target-linux-x64 && rm -rf CollectX vulkan-layers nvtx libcupti.so.10.* libcupti.so.11.[0-7] \
-  libToolsInjectionMPICH64.so libToolsInjectionOpenMPI64.so libToolsInjectionOpenSHMEM64.so \
-  libToolsInjectionUCP64.so libToolsInjectionCuDNN64_*.so libToolsInjectionCuBLAS64_10.so)
+# only the newest CUPTI (the one that matches the newest drivers) and no MPI, SHMEM, UCX, cuDNN or Vulkan layer
+(cd b/target-linux-x64 && NEWEST=$(ls libcupti.so.* | sort -V | tail -n 1) \
+  && for c in libcupti.so.*; do [ "$c" = "$NEWEST" ] || rm -f "$c"; done \
+  && rm -rf CollectX vulkan-layers nvtx libToolsInjectionMPICH64.so libToolsInjectionOpenMPI64.so \
+    libToolsInjectionOpenSHMEM64.so libToolsInjectionUCP64.so libToolsInjectionCuDNN64_*.so \
+    libToolsInjectionCuBLAS64_10.so)
 cp "$H/QdstrmImporter" b/host-linux-x64/
 cp -L x/usr/lib/x86_64-linux-gnu/libssh.so.4 b/host-linux-x64/libssh.so
 LD_LIBRARY_PATH=$H ldd "$H/QdstrmImporter" | awk '$3 ~ /host-linux-x64/ {print $3}' \
