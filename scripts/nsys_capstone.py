@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         print(run(args.run))
     else:
         version, trace, api, command = args.summary
-        trace_csv = Path(trace).read_text()
-        sys.stdout.write(summary(version, trace_csv, Path(api).read_text(), command))
-        if not parse_trace(trace_csv):
+        text = summary(version, Path(trace).read_text(), Path(api).read_text(), command)
+        sys.stdout.write(text)
+        if NO_TRACE in text:
             return 1  # the capture is not recorded (scripts/capture_nsys.sh)
     return 0
 
