@@ -9,7 +9,10 @@
   ``snippets.common``.
 - One exception, ``CAPSTONE``: ``snippets.part8.capstone``, the book's last chapter, builds a model
   from the kernels of Part 5 and Part 8 and may import those two parts. It is the one module meant
-  to stand on the whole book; no other module is granted this.
+  to stand on the whole book; no other part-wide grant exists.
+- One narrower exception, ``BORROWS``: ``snippets.part3.wmma``'s ``tf32_gemm`` v4 calls two named public
+  functions of later chapters (Part 2's Triton transpose, Part 4's persistent TMA matmul), to show what
+  Part 3's TF32 kernel gains from them. The grant names the modules and the names, nothing else.
 - ``snippets.common`` imports only the foundation, other ``snippets.common`` modules and the timer
   (a shared ceiling measures with it), never a chapter.
 - No module of ``snippets`` imports an underscore name from another module (``from snippets.x import
@@ -38,6 +41,9 @@ FOUNDATION = ("snippets", "snippets.registry", "snippets._checks", "snippets.cud
 CHAPTER_TOOLING = ("snippets.bench.timing",)  # the timer: ceilings and the measuring chapters
 # the one module allowed to import other parts (see the module docstring): module -> parts
 CAPSTONE = {"snippets.part8.capstone": ("snippets.part5", "snippets.part8")}
+# a module allowed a few named public functions of another chapter: module -> {module: names}
+BORROWS = {"snippets.part3.wmma": {"snippets.part2.transpose": {"transpose_triton"},
+                                   "snippets.part4.matmul": {"autotuned", "TMA_SOURCES"}}}
 # (module, private name of another module) still used; see the module docstring
 KNOWN_PRIVATE: set[tuple[str, str]] = set()
 # packages whose modules share underscore helpers among themselves (not with other packages)
@@ -80,8 +86,10 @@ def imports(path: Path) -> list[tuple[int, str, str | None]]:
     return [(line, m, n) for line, m, n in out if m == "snippets" or m.startswith("snippets.")]
 
 
-def allowed(importer: str, imported: str) -> bool:
+def allowed(importer: str, imported: str, name: str | None = None) -> bool:
     if imported in FOUNDATION or imported.startswith("snippets.common"):
+        return True
+    if name is not None and name in BORROWS.get(importer, {}).get(imported, ()):
         return True
     if any(imported == p or imported.startswith(f"{p}.") for p in CAPSTONE.get(importer, ())):
         return True
@@ -95,7 +103,8 @@ def allowed(importer: str, imported: str) -> bool:
 @pytest.mark.parametrize("path", CHAPTERS + COMMON, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_a_chapter_imports_the_foundation_common_and_its_own_part(path):
     me = module_name(path)
-    bad = [f"line {line}: {m}" for line, m, _ in imports(path) if m != me and not allowed(me, m)]
+    bad = [f"line {line}: {m}" + (f".{n}" if n else "") for line, m, n in imports(path)
+           if m != me and not allowed(me, m, n)]
     assert not bad, f"{me} imports outside the rule (move what is shared to snippets.common): {bad}"
 
 
@@ -177,6 +186,14 @@ def test_the_capstone_exception_is_narrow():
     assert not allowed("snippets.part8.capstone", "snippets.part7.launch")
     assert not allowed("snippets.part8.decode_model", "snippets.part5.rmsnorm")
     assert not allowed("snippets.part7.capstone", "snippets.part5.rmsnorm")
+
+
+def test_the_borrowed_names_are_narrow():
+    """BORROWS lets Part 3's tensor-core module take the named functions, not the modules or other names."""
+    assert allowed("snippets.part3.wmma", "snippets.part2.transpose", "transpose_triton")
+    assert not allowed("snippets.part3.wmma", "snippets.part2.transpose")
+    assert not allowed("snippets.part3.wmma", "snippets.part2.transpose", "transpose_smem")
+    assert not allowed("snippets.part3.sgemm", "snippets.part4.matmul", "autotuned")
 
 
 STATE_SCRIPT = r"""

@@ -21,7 +21,8 @@ from snippets.part3 import wmma as w
 HALF = (torch.float16, torch.bfloat16)
 WMMA_VERSIONS = {"v0": w.wmma_cublas, "v1": w.wmma_naive, "v2": w.wmma_smem, "v3": w.wmma_async,
                  "v4": w.wmma_triton, "v5": w.wmma_triton_wide, "v6": w.wmma_mma}
-TF32_VERSIONS = {"v0": w.tf32_cublas, "v1": w.tf32_wmma, "v2": w.tf32_triton, "v3": w.tf32_kmajor}
+TF32_VERSIONS = {"v0": w.tf32_cublas, "v1": w.tf32_wmma, "v2": w.tf32_triton, "v3": w.tf32_kmajor,
+                 "v4": w.tf32_persistent}
 CUDA_HALF = {"v1": w.wmma_naive, "v2": w.wmma_smem, "v3": w.wmma_async, "v6": w.wmma_mma}
 
 # (M, N, K) that v1 takes (all multiples of 16): one fragment, partial 32 x 32 blocks (M or N = 16 mod 32),
@@ -130,7 +131,7 @@ def test_check_operands_returns_sizes():
 @pytest.mark.op("tf32_gemm")
 @pytest.mark.parametrize("version, fn, dtype",
                          [(v, f, torch.float16) for v, f in WMMA_VERSIONS.items() if v not in ("v4", "v5")]
-                         + [(v, f, torch.float32) for v, f in TF32_VERSIONS.items() if v not in ("v2", "v3")])
+                         + [(v, f, torch.float32) for v, f in TF32_VERSIONS.items() if v not in ("v2", "v3", "v4")])
 def test_cpu_tensors_refused(version, fn, dtype):
     """CPU tensors are refused with a ValueError naming the device, before any GPU is needed."""
     a, b = _operands(16, 16, 16, "cpu", dtype)
@@ -227,6 +228,38 @@ def test_triton_tf32_any_shape(device, m, n, k):
     a, b = _operands(m, n, k, device, torch.float32, seed=_seed(m, n, k))
     poison_allocator(m * n * 4, device)
     _check(w.tf32_triton(a, b), a, b, f"tf32 v2 {m}x{n}x{k}")
+
+
+# tf32_gemm v4 (TMA) takes K and N in multiples of 4: ragged M, and N and K that cut the tiles
+V4_SHAPES = [(1, 4, 4), (17, 36, 20), (70, 68, 100), (33, 132, 36)]
+
+
+@pytest.mark.op("tf32_gemm")
+@pytest.mark.parametrize("m, n, k", V4_SHAPES)
+def test_tf32_v4_any_aligned_shape(device, m, n, k):
+    """Under the interpreter INTERPRET's 32 x 32 x 32 tiles and 3 "SMs": each program loops over
+    several tiles, and the boxes hang over every edge (TMA fills zeros, writes nothing outside)."""
+    a, b = _operands(m, n, k, device, torch.float32, seed=_seed(m, n, k))
+    poison_allocator(m * n * 4, device)
+    _check(w.tf32_persistent(a, b), a, b, f"tf32 v4 {m}x{n}x{k}")
+
+
+@pytest.mark.op("tf32_gemm")
+@pytest.mark.parametrize("m, n, k, words", [(3, 6, 4, "N = 6"), (3, 4, 10, "K = 10")])
+def test_tf32_v4_refuses_rows_tma_cannot_copy(device, m, n, k, words):
+    a, b = _operands(m, n, k, device, torch.float32)
+    with pytest.raises(ValueError, match=f"multiples of 4 floats, got .*{words}"):
+        w.tf32_persistent(a, b)
+
+
+@pytest.mark.op("tf32_gemm")
+def test_tf32_v4_refuses_a_misaligned_a(device):
+    buf = torch.zeros(32 * 32 + 4, device=device)
+    a = buf[1:1 + 32 * 32].view(32, 32)  # 4 bytes past a 16-byte boundary
+    b = torch.zeros(32, 32, device=device)
+    with pytest.raises(ValueError, match="16-byte boundary"):
+        w.tf32_persistent(a, b)
+    w.tf32_persistent(a.clone(), b)
 
 
 @pytest.mark.op("wmma_gemm")

@@ -27,6 +27,9 @@ Versions of ``tf32_gemm`` (fp32 inputs and output, products in TF32, sums in fp3
 - v3  Triton, like v2 with B copied once to K-major order (B^T, N x K) and read so: Hopper's TF32
       ``wgmma`` reads both operands K-major from shared memory, and with B K-major in global memory
       too every copy into shared memory is a 16-byte ``cp.async`` instead of 4-byte ones.
+- v4  Triton, v3's idea with the two tools the later Parts build: B copied K-major by Part 2's Triton
+      transpose (``transpose`` v8) instead of ``b.t().contiguous()``, and the product run by Part 4's
+      persistent TMA kernel (``matmul`` v4, autotuned), which reads B^T through a K-major descriptor.
 
 A is M x K and B is K x N, both row-major (contiguous). The cost is 2 * M * N * K FLOPs; the fewest
 bytes are (M * K + K * N + M * N) * itemsize. ``wmma_gemm`` is compared with cuBLAS fp16
@@ -52,14 +55,19 @@ from snippets.common.gemm import (
     HALF_TYPES,
     INTERPRET,
     check_operands,
+    check_tma,
     gemm_flops,
+    launch_tma,
     make_operands,
     matmul_kernel,
+    needs_hopper,
     prune_configs,
     tile_coords,
     tolerance_for,
     triton_half_dtypes,
 )
+from snippets.part2.transpose import transpose_triton
+from snippets.part4.matmul import TMA_SOURCES, autotuned
 from snippets.registry import Impl, Op, register
 
 CU_FILE = "part3/wmma_gemm.cu"
@@ -396,6 +404,31 @@ def tf32_kmajor(a: torch.Tensor, b: torch.Tensor, config: dict | None = None) ->
 # --8<-- [end:kmajor]
 
 
+# --8<-- [start:persistent]
+def tf32_persistent(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v4 of tf32_gemm: v3's plan, B copied to K-major order and then multiplied, with the two steps
+    done by the kernels the later Parts build. The copy is Part 2's Triton transpose (``transpose``
+    v8: a tile of B read by rows and written by rows of B^T), the product Part 4's persistent TMA
+    kernel (``matmul`` v4, autotuned; B^T handed over as a K-major view, so every TMA box of B is
+    K-major as the TF32 ``wgmma`` needs). TMA moves rows that are multiples of 16 bytes: K and N must
+    be multiples of 4 (check_tma says which one is not)."""
+    refuse_grad("tf32_persistent", a, b, instead="a @ b")
+    m, n, k = check_operands(a, b, (torch.float32,), device=triton_device())
+    if k % 4 or n % 4:  # checked before the transpose runs: no launch on input the product refuses
+        raise ValueError(f"tf32_persistent: TMA copies rows of whole 16-byte units, so K and N must be "
+                         f"multiples of 4 floats, got K = {k}, N = {n} (tf32_kmajor takes any shape)")
+    check_tma(a=a)  # and A must start on a 16-byte boundary
+    bt = transpose_triton(b)  # (N, K), K contiguous: K * N * 4 bytes read and as many written
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    # Part 4's kernel through its launcher (launch_tma): B^T's view bt.t() is B again, K x N with
+    # K-major strides, so it gets the K-major descriptor; on fp32 operands the kernel's tl.dot is a
+    # TF32 one (tl.dot's default precision for fp32)
+    tuned = autotuned(True, torch.float32)  # Part 4's persistent kernel under its fp32 autotuner
+    return launch_tma(tuned.fn, autotuned, a, bt.t(), c, (None, None),
+                      dict(INT_ACC=False, HAS_SCALES=False))
+# --8<-- [end:persistent]
+
+
 # --------------------------------------------------------------------------------------------------
 # TF32 on the CPU
 # --------------------------------------------------------------------------------------------------
@@ -455,6 +488,8 @@ SOURCES = (cuda.source_path(CU_FILE), _launch_wmma, check_operands, check_suppor
 TRITON_SOURCES = (matmul_kernel, _triton_gemm, _launch_triton, check_operands)
 KMAJOR_SOURCES = (matmul_kmajor_kernel, tf32_kmajor, _launch_triton, prune_configs,
                   check_operands)
+PERSISTENT_SOURCES = (tf32_persistent, transpose_triton, *TMA_SOURCES,
+                      check_operands)
 
 wmma_gemm = register(Op(
     name="wmma_gemm", part=3, chapter="part3/tensor-cores.md", title="Tensor-core GEMM (fp16/bf16)",
@@ -490,3 +525,6 @@ tf32_gemm.add(Impl("v2", tf32_triton, "Triton", "tl.dot, input_precision=tf32", 
                    device="any"))
 tf32_gemm.add(Impl("v3", tf32_kmajor, "Triton", "like v2, B copied K-major: 16-byte cp.async",
                    KMAJOR_SOURCES, device="any"))
+tf32_gemm.add(Impl("v4", tf32_persistent, "Triton",
+                   "B^T by Part 2's transpose, Part 4's persistent TMA kernel",
+                   PERSISTENT_SOURCES, device="any", requires=needs_hopper))
