@@ -121,3 +121,21 @@ def test_the_api_summary_of_either_version():
     api = nc.parse_api(API)
     assert api == {"cudaLaunchKernel": (3, 6000.0), "cudaMemcpyAsync": (3, 1500.0)}
     assert nc.parse_api("SKIPPED: t.sqlite does not contain CUDA trace data.") == {}
+
+
+def test_the_capstone_step_is_found():
+    """The script profiles capstone_decode, which Part 8 registers: the bare registry does not hold it."""
+    assert {"v2", "v3"} <= set(nc.get_op("capstone_decode").impls)
+
+
+def test_an_empty_capstone_trace_is_a_failed_analysis(tmp_path, capsys):
+    """A decode step always runs kernels: a trace with none (an nsys too old for the driver gives one) says so and
+    exits 1, and the text lacks the line capture_nsys.sh records on ("GPU operations")."""
+    empty = tmp_path / "t.csv"
+    empty.write_text("SKIPPED: t.sqlite does not contain GPU trace data.\n")
+    assert nc.main(["--summary", "v2", str(empty), str(empty), "nsys ..."]) == 1
+    out = capsys.readouterr().out
+    assert "nsys recorded nothing it could analyse" in out and "GPU operations" not in out
+    (tmp_path / "trace.csv").write_text(TRACE)
+    (tmp_path / "api.csv").write_text(API)
+    assert nc.main(["--summary", "v2", str(tmp_path / "trace.csv"), str(tmp_path / "api.csv"), "nsys ..."]) == 0
