@@ -411,7 +411,7 @@ def tf32_persistent(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     v8: a tile of B read by rows and written by rows of B^T), the product Part 4's persistent TMA
     kernel (``matmul`` v4, autotuned; B^T handed over as a K-major view, so every TMA box of B is
     K-major as the TF32 ``wgmma`` needs). TMA moves rows that are multiples of 16 bytes: K and N must
-    be multiples of 4 (check_tma says which one is not)."""
+    be multiples of 4, and A must start on a 16-byte boundary; both are refused before any launch."""
     refuse_grad("tf32_persistent", a, b, instead="a @ b")
     m, n, k = check_operands(a, b, (torch.float32,), device=triton_device())
     if k % 4 or n % 4:  # checked before the transpose runs: no launch on input the product refuses
