@@ -27,9 +27,10 @@ Versions of ``tf32_gemm`` (fp32 inputs and output, products in TF32, sums in fp3
 - v3  Triton, like v2 with B copied once to K-major order (B^T, N x K) and read so: Hopper's TF32
       ``wgmma`` reads both operands K-major from shared memory, and with B K-major in global memory
       too every copy into shared memory is a 16-byte ``cp.async`` instead of 4-byte ones.
-- v4  Triton, v3's idea with the two tools the later Parts build: B copied K-major by Part 2's Triton
-      transpose (``transpose`` v8) instead of ``b.t().contiguous()``, and the product run by Part 4's
-      persistent TMA kernel (``matmul`` v4, autotuned), which reads B^T through a K-major descriptor.
+- v4  Triton, v3's idea with the two tools the later Parts build: B copied K-major by Part 2's
+      Triton transpose (``transpose`` v8) instead of ``b.t().contiguous()``, and the product run by
+      Part 4's persistent TMA kernel (``matmul`` v4, autotuned), reading B^T through a K-major
+      descriptor.
 
 A is M x K and B is K x N, both row-major (contiguous). The cost is 2 * M * N * K FLOPs; the fewest
 bytes are (M * K + K * N + M * N) * itemsize. ``wmma_gemm`` is compared with cuBLAS fp16
@@ -410,13 +411,15 @@ def tf32_persistent(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     done by the kernels the later Parts build. The copy is Part 2's Triton transpose (``transpose``
     v8: a tile of B read by rows and written by rows of B^T), the product Part 4's persistent TMA
     kernel (``matmul`` v4, autotuned; B^T handed over as a K-major view, so every TMA box of B is
-    K-major as the TF32 ``wgmma`` needs). TMA moves rows that are multiples of 16 bytes: K and N must
-    be multiples of 4, and A must start on a 16-byte boundary; both are refused before any launch."""
+    K-major as the TF32 ``wgmma`` needs). TMA moves rows that are multiples of 16 bytes: K and N
+    must be multiples of 4, and A must start on a 16-byte boundary; both are refused before any
+    launch."""
     refuse_grad("tf32_persistent", a, b, instead="a @ b")
     m, n, k = check_operands(a, b, (torch.float32,), device=triton_device())
-    if k % 4 or n % 4:  # checked before the transpose runs: no launch on input the product refuses
-        raise ValueError(f"tf32_persistent: TMA copies rows of whole 16-byte units, so K and N must be "
-                         f"multiples of 4 floats, got K = {k}, N = {n} (tf32_kmajor takes any shape)")
+    if k % 4 or n % 4:  # checked before the transpose: no launch on input the product refuses
+        raise ValueError(f"tf32_persistent: TMA copies rows of whole 16-byte units, so K and N "
+                         f"must be multiples of 4 floats, got K = {k}, N = {n} (tf32_kmajor "
+                         "takes any shape)")
     check_tma(a=a)  # and A must start on a 16-byte boundary
     bt = transpose_triton(b)  # (N, K), K contiguous: K * N * 4 bytes read and as many written
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
