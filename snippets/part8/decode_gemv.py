@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from snippets._checks import check_tensors, refuse_grad, triton_device, triton_interpreting
+from snippets.common.gemm import INT32_MAX, UNIT_ROUNDOFF
 from snippets.registry import Impl, Op, device_generator, register
 
 HALF = (torch.float16, torch.bfloat16)
@@ -57,7 +58,7 @@ def check_gemv(x: torch.Tensor, w: torch.Tensor, dtypes: tuple[torch.dtype, ...]
         raise ValueError(f"x has K = {x.shape[1]} columns but w has {w.shape[1]} (w is N x K, "
                          "as nn.Linear.weight)")
     n, k = w.shape
-    if n * k >= 2**31:
+    if n * k > INT32_MAX:
         raise ValueError(f"w has {n} x {k} elements, past the kernel's 32-bit offsets")
     return n, k
 # --8<-- [end:check]
@@ -145,7 +146,7 @@ def flops(size, dtype) -> int:
 def tolerance(k: int, dtype: torch.dtype) -> tuple[float, float]:
     """(rtol, atol) against the fp32 sum: y is ~1, rounded to the dtype once (2u relative), and
     cuBLAS may sum in another order or split K (a few fp32 ulps times sqrt(K), far below u)."""
-    u = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}[dtype]
+    u = {**UNIT_ROUNDOFF, torch.float32: 2.0**-24}[dtype]  # fp16/bf16: the GEMMs' unit roundoff
     return 2 * u, 2 * u + 1e-6 * k**0.5
 
 
