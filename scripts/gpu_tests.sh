@@ -7,16 +7,18 @@
 #   bash scripts/gpu_tests.sh OUTDIR [test files...]       (default: every tests/test_*.py but KM_CPU_ONLY's)
 #   KM_SHARD=2/4 bash scripts/gpu_tests.sh OUTDIR           the second of four shards, one device call each
 #
-# Jobs: one per file, except that a file named in KM_SPLIT (FILE:N, default "tests/test_ops.py:12
-# tests/test_part5_lora.py:3 tests/test_part4_matmul.py:3") is N jobs, each the k-th share of its tests
-# (KM_SPLIT_PART=k/N, tests/conftest.py; an op's cases stay in one job). Split jobs start first, then the files
+# Jobs: one per file, except that a file named in KM_SPLIT (FILE:N, default "tests/test_ops.py:16
+# tests/test_part5_lora.py:3 tests/test_part4_matmul.py:3 tests/test_part5_epilogue.py:3") is N jobs, each the k-th share of its tests
+# (KM_SPLIT_PART=k/N, tests/conftest.py; a version's cases stay in one job). Split jobs start first, then the files
 # in KM_SLOW (minutes each on an H100), then the rest. KM_SHARD=i/n keeps every n-th job starting at the i-th (the longest first), so n
 # calls run the whole suite; merge their summaries with
 #   python -m snippets.bench.captures merge-tests OUT1/outputs/gpu_tests.txt ... -o FILE.
 # Files in KM_ALONE (default tests/test_part2_memory.py: it reads the device's free memory, which other processes
 # move) run one at a time after the others, in the shard their job falls in.
 #
-# pyproject.toml's addopts (the docs plugin) are switched off: the GPU image has no pytest-markdown-docs.
+# pyproject.toml's addopts (the docs plugin) are switched off: the GPU image has no pytest-markdown-docs. Tests
+# marked cpu_only (transcriptions and models of kernels on the CPU, in files that also have GPU tests) are left
+# to the CPU suite, like the files of KM_CPU_ONLY below; each job's log lists its 25 slowest tests.
 # KM_TEST_GPUS (default: every GPU nvidia-smi lists): jobs go round-robin to the GPUs, one each (Part 7's files see
 # all of them). KM_JOBS: jobs at once (default 16); KM_FILE_TIMEOUT: seconds per job (default 500); KM_BUDGET: seconds for the
 # whole run (default 560, under one 600 s device call): a job that starts late gets what is left, so the summary
@@ -55,7 +57,7 @@ if [ ${#FILES[@]} -eq 0 ]; then
     if [[ $CPU_ONLY == *" $f "* ]]; then LEFT_OUT+=("$f"); else FILES+=("$f"); fi
   done
 fi
-SPLIT=" ${KM_SPLIT-tests/test_ops.py:12 tests/test_part5_lora.py:3 tests/test_part4_matmul.py:3} "
+SPLIT=" ${KM_SPLIT-tests/test_ops.py:16 tests/test_part5_lora.py:3 tests/test_part4_matmul.py:3 tests/test_part5_epilogue.py:3} "
 # Files that took minutes on an H100 (after the split ones; Part 7's spawn process groups): started next, so none
 # starts last and runs alone
 SLOW=" ${KM_SLOW-tests/test_part5_epilogue.py tests/test_part3_profiling.py tests/test_part5_flash_attention.py
@@ -111,9 +113,10 @@ run_job() {
   [ "${KM_TEST_GPUS:-1}" -gt 1 ] && [[ $f != tests/test_part7_* ]] \
     && env=("CUDA_VISIBLE_DEVICES=$(($2 % KM_TEST_GPUS))")
   env "${env[@]}" KM_SPLIT_PART=$part timeout "$t" $PY -m pytest "$f" -q -p no:cacheprovider -o addopts= --tb=short -rfE \
-    --durations=5 > "$OUTDIR/tests/$b.log" 2>&1
+    -m "not cpu_only" --durations=25 > "$OUTDIR/tests/$b.log" 2>&1
   local rc=$?
-  [ -n "$part" ] && [ $rc = 5 ] && rc=0  # a share with no tests (fewer groups than shares)
+  # no test ran: a share with none (fewer groups than shares), or a file whose every test is marked cpu_only
+  [ $rc = 5 ] && { [ -n "$part" ] || grep -q "deselected" "$OUTDIR/tests/$b.log"; } && rc=0
   echo "$b rc $rc" >> "$OUTDIR/tests/rc.txt"
 }
 export -f run_job
@@ -139,6 +142,7 @@ f'torch {torch.__version__}, triton {triton.__version__}')" 2>&1 | tail -1
     "$(($(date +%s) - START)) s"
   [ ${#LEFT_OUT[@]} -eq 0 ] \
     || echo "left to the CPU suite (no GPU code path), ${#LEFT_OUT[@]} files: $(basename -a -s .py "${LEFT_OUT[@]}" | tr '\n' ' ')"
+  echo "left to the CPU suite too: the tests marked cpu_only (pytest -m \"not cpu_only\")"
 } > "$SUMMARY"
 status=0 failed=()
 for job in "${PARALLEL[@]}" "${SERIAL[@]}"; do

@@ -8,7 +8,8 @@
   ``REQUIRE_GPU=1`` its reason fails the test instead, unless the reason is the GPU itself (a compute
   capability it lacks), so a library baseline missing on the runner (Liger-Kernel) cannot pass by skipping.
 - ``KM_SPLIT_PART=k/n`` runs the k-th of n shares of the collected tests (scripts/gpu_tests.sh splits the
-  longest files into several processes with it): tests of one op (or one test function) stay together.
+  longest files into several processes with it): the tests of one version of an op (or of one test function)
+  stay together.
 """
 
 from __future__ import annotations
@@ -55,15 +56,17 @@ def skip_unavailable(reason: str) -> None:
 
 
 def _split_group(item) -> str:
-    """The tests that stay in one process when a file is split: an op's cases (its compiled kernels and
-    torch.compile graphs are reused between them), else a test function's cases with the same first parameter."""
+    """The tests that stay in one process when a file is split: the cases of one version of an op (its
+    compiled kernels, autotuning and torch.compile graphs are reused between them), else a test function's
+    cases with the same first parameter."""
     spec = getattr(item, "callspec", None)
     name = getattr(item, "originalname", item.name)
     if spec is None:
         return name
     op = spec.params.get("op")
     if getattr(op, "name", None):
-        return f"op {op.name}"
+        impl = getattr(spec.params.get("impl"), "name", None)
+        return f"op {op.name} {impl}" if impl else f"op {op.name}"
     return f"{name}[{spec.id.split('-')[0]}]"
 
 

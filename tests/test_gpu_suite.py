@@ -1,11 +1,12 @@
 """How the GPU suite runs, checked without a GPU: REQUIRE_GPU=1 fails a version that cannot run for a reason other
 than the GPU's compute capability (a missing Liger-Kernel), KM_SPLIT_PART splits a file into shares that cover
-every test once with an op's cases together, and scripts/gpu_tests.sh deals its jobs out to KM_SHARD shards and
+every test once with each version's cases together, and scripts/gpu_tests.sh deals its jobs out to KM_SHARD shards and
 writes the summary with the commit (pytest itself replaced by a stand-in that reports a result); the files it leaves
 to the CPU suite exist and use no GPU."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -59,14 +60,14 @@ def test_split_shares_cover_every_test_once(path, n):
     shares = [_collected(path, f"{k}/{n}") for k in range(1, n + 1)]
     assert sorted(t for s in shares for t in s) == sorted(whole)
     assert all(shares), "every share has tests"
-    if path.endswith("test_ops.py"):  # an op's cases stay in one process (its compiled kernels are reused)
-        op_of = re.compile(r"\[([a-z0-9_]+)-v\d+-")
+    if path.endswith("test_ops.py"):  # a version's cases stay in one process (its compiled kernels are reused)
+        op_of = re.compile(r"\[([a-z0-9_]+-v\d+)-")
         where = {}
         for k, share in enumerate(shares):
             for t in share:
                 m = op_of.search(t)
                 if m:
-                    assert where.setdefault(m[1], k) == k, f"{m[1]} is split across shares"
+                    assert where.setdefault(m[1], k) == k, f"{m[1]} is split across shares (one version of an op)"
 
 
 STUB = r"""#!/usr/bin/env bash
@@ -74,6 +75,7 @@ STUB = r"""#!/usr/bin/env bash
 # the real interpreter.
 if [ "$1" = -m ] && [ "$2" = pytest ]; then
   echo "pytest $3 KM_SPLIT_PART=$KM_SPLIT_PART" >> "$STUB_LOG"
+  [ -z "$STUB_ARGS" ] || printf '%s\n' "$@" > "$STUB_ARGS"
   if [ -n "$STUB_FAIL" ] && [[ $3 == *"$STUB_FAIL"* ]]; then
     echo "FAILED $3::test_x - AssertionError"; echo "1 failed, 2 passed in 0.01s"; exit 1
   fi
@@ -94,7 +96,7 @@ def _gpu_tests(tmp_path: Path, shard: str, fail: str = "",
     stub.chmod(stat.S_IRWXU)
     out, log = tmp_path / f"out{shard.replace('/', 'of')}", tmp_path / f"calls{shard.replace('/', 'of')}.log"
     env = {**os.environ, "PYTHON": str(stub), "REAL_PY": sys.executable, "STUB_LOG": str(log), "STUB_FAIL": fail,
-           "KM_SHARD": shard, "KM_SPLIT": "tests/test_ops.py:3", "KM_ALONE": "tests/test_part2_memory.py",
+           "STUB_ARGS": "", "KM_SHARD": shard, "KM_SPLIT": "tests/test_ops.py:3", "KM_ALONE": "tests/test_part2_memory.py",
            "KM_COMMIT": "0123456789abcdef0123456789abcdef01234567", "KM_DIRTY": "0", **env_extra}
     proc = subprocess.run(["bash", "scripts/gpu_tests.sh", str(out), *files], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -120,6 +122,17 @@ def test_gpu_tests_shards_split_files_and_write_the_summary(tmp_path):
     merged = captures.merge_tests([out1 / "outputs" / "gpu_tests.txt", out2 / "outputs" / "gpu_tests.txt"],
                                   tmp_path / "gpu_tests.txt")
     assert "shard 2/2" in merged.read_text() and captures.status(merged).fresh
+    alone = captures.status(out1 / "outputs" / "gpu_tests.txt")  # shard 1/2 is not the whole suite
+    assert alone.state == "partial" and "2/2" in alone.why
+
+
+@pytest.mark.parametrize("headers, missing", [
+    (["1/2 of 97", "2/2 of 97", "6/12 of 12"], []),  # a single job re-run after the whole run
+    (["1/2 of 98"], [(2, 2)]), (["2/3 of 9"], [(1, 3), (3, 3)]), ([], [])])
+def test_missing_shards(headers, missing):
+    text = "\n".join(f"GPU tests (bash scripts/gpu_tests.sh, REQUIRE_GPU=1), shard {h} jobs; commit abc\nresult: passed"
+                     for h in headers)
+    assert captures.missing_shards(text) == missing
 
 
 def test_gpu_tests_reports_a_failure(tmp_path):
@@ -179,3 +192,46 @@ def test_gpu_tests_leaves_the_cpu_only_files_out_and_says_so(tmp_path):
     summary = (out / "outputs" / "gpu_tests.txt").read_text()
     assert "left to the CPU suite (no GPU code path), 2 files: test_hashing test_part1" in summary
     assert "test_part1:" not in summary and summary.rstrip().endswith(f"result: passed ({len(ran)} + 0 jobs)")
+
+
+def test_gpu_tests_leaves_the_cpu_only_tests_out_and_says_so(tmp_path):
+    args = tmp_path / "args.txt"
+    rc, out, _ = _gpu_tests(tmp_path, "1/1", files=("tests/test_part1.py",), STUB_ARGS=str(args))
+    assert rc == 0
+    argv = args.read_text().splitlines()
+    assert argv[argv.index("-m", 1) + 1] == "not cpu_only", argv  # the second -m: pytest's marker filter
+    summary = (out / "outputs" / "gpu_tests.txt").read_text()
+    assert "the tests marked cpu_only" in summary
+
+
+def _cpu_only_tests() -> list[tuple[str, str, str]]:
+    """(file, test name, source) of every test function marked cpu_only."""
+    found = []
+    for path in sorted((REPO_ROOT / "tests").glob("test_*.py")):
+        text = path.read_text()
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef) and any(
+                    "cpu_only" in ast.unparse(d) for d in node.decorator_list):
+                found.append((path.name, node.name, ast.get_source_segment(text, node)))
+    return found
+
+
+def test_the_tests_marked_cpu_only_use_no_gpu():
+    """What the GPU suite leaves out must not need the GPU: no gpu marker, no CUDA device, no device fixture."""
+    found = _cpu_only_tests()
+    assert any(name == "test_overlap_order_is_v1s_arithmetic" for _, name, _ in found)
+    for file, name, source in found:
+        assert not GPU_USE.search(source), f"{file}::{name} uses the GPU ({GPU_USE.search(source)[0]!r})"
+
+
+def test_the_cpu_only_marker_deselects_exactly_those_tests():
+    path = "tests/test_part6_hopper_attention_bwd.py"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider",
+                          "--collect-only", "-q", "-m", "not cpu_only", path], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    kept = [line for line in out.stdout.splitlines() if "::" in line]
+    marked = {name for file, name, _ in _cpu_only_tests() if file == Path(path).name}
+    assert marked and kept
+    assert not any(t.split("::")[1].split("[")[0] in marked for t in kept)
+    assert set(_collected(path, None)) - set(kept), "the marker deselected nothing"

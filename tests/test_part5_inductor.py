@@ -174,9 +174,11 @@ def _shared_memory_refusal(exc: BaseException) -> tuple[int, int] | None:
 
 @pytest.mark.gpu
 def test_max_autotune_template_fuses_the_epilogue():
-    """With Triton templates as the only GEMM backend, Inductor writes the matmul itself, and at 256 x 256 the
-    bias and GELU join it: one template kernel, no cuBLAS call. (Whether an epilogue joins is decided by timing
-    both ways; the 4096 x 4096 capture of the chapter keeps the GELU in a kernel of its own.)
+    """With Triton templates as the only GEMM backend, Inductor writes the matmul itself, and the bias and GELU
+    can join it: one template kernel, no cuBLAS call. By default Inductor decides whether an epilogue joins by
+    timing both ways (the 4096 x 4096 capture of the chapter keeps the GELU in a kernel of its own), and a timing
+    taken while other tests share the GPU can go either way: the test switches that benchmark off
+    (``benchmark_epilogue_fusion``), so what it checks is that the fusion is possible, not which way a race went.
 
     Inductor's template configurations are not all within every GPU's shared memory (a 256 x 256 x 64 tile in
     4 stages needs 262144 bytes; an H100 or H200 gives a program 232448): the test asks Inductor to prune the
@@ -188,6 +190,8 @@ def test_max_autotune_template_fuses_the_epilogue():
     options = dict(kwargs["options"])
     if hasattr(inductor_config, "max_autotune_prune_choices_based_on_shared_mem"):
         options["max_autotune_prune_choices_based_on_shared_mem"] = True
+    if hasattr(inductor_config, "benchmark_epilogue_fusion"):
+        options["benchmark_epilogue_fusion"] = False
     args = ind.block_inputs("linear_gelu_autotune", "cuda", torch.bfloat16, rows=256, width=256)
     try:
         cap = ind.capture(fn, *args, **{**kwargs, "options": options})

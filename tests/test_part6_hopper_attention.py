@@ -543,6 +543,7 @@ def _kernel_transcription(q, k, v, causal, scale, deferred=False, order="v1"):
     return o.bfloat16(), lse
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("s, d, causal", [(1, 64, False), (77, 64, True), (300, 128, False),
                                           (300, 128, True), (256, 64, True)])
 def test_kernel_arithmetic_matches_reference(s, d, causal):
@@ -556,6 +557,7 @@ def test_kernel_arithmetic_matches_reference(s, d, causal):
     torch.testing.assert_close(lse.double(), lse_ref[0, 0], rtol=0, atol=1e-4)
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("s, d, causal", [(1, 64, False), (77, 64, True), (300, 128, False),
                                           (300, 128, True), (640, 64, True), (640, 128, False)])
 def test_pingpong_order_is_v1s_arithmetic(s, d, causal):
@@ -569,6 +571,7 @@ def test_pingpong_order_is_v1s_arithmetic(s, d, causal):
     assert torch.equal(o1, o2) and torch.equal(lse1, lse2)
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", ha.HEAD_DIMS)
 @pytest.mark.parametrize("s", [1, 77, 128, 129, 300, 1000, 2049])
@@ -685,6 +688,7 @@ def _lean_transcription(q, k, v, causal, scale, ex2_error=0.0):
     return o.bfloat16(), lse
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("scale", [None, 0.3, -0.3, 0.0])
 @pytest.mark.parametrize("s, d, causal", [(1, 64, False), (77, 64, True), (300, 128, False),
                                           (300, 128, True), (640, 64, True), (1000, 128, False)])
@@ -948,6 +952,7 @@ def _run_protocol(tiles: tuple[int, int], first: int, warps: int = 1, plant: str
     return len(seen)
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("step", [2, 3])
 def test_pingpong_protocol_has_no_deadlock_and_alternates(step):
     """Every key-tile count up to 64, with and without the causal mask (every block of the
@@ -966,6 +971,7 @@ def test_pingpong_protocol_has_no_deadlock_and_alternates(step):
     assert len(checked) == 64 * 2
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("step", [2, 3])
 def test_pingpong_protocol_warp_by_warp(step):
     """The same with every consumer split into two model warps (each standing for two hardware

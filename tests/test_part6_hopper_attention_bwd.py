@@ -577,6 +577,7 @@ TRANSCRIPTION_CASES = [(77, 64, False), (77, 64, True), (130, 128, True), (130, 
                        (200, 64, True), (200, 128, False), (256, 64, True)]
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("scale", [None, 0.05, -0.1])
 @pytest.mark.parametrize("s, d, causal", TRANSCRIPTION_CASES)
 def test_kernel_arithmetic_matches_reference(s, d, causal, scale):
@@ -597,6 +598,7 @@ def _violates(out: torch.Tensor, ref: torch.Tensor) -> bool:
     return not torch.allclose(out.double(), ref, rtol=rtol, atol=atol)
 
 
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("plant", ["diagonal", "flag"])
 @pytest.mark.parametrize("s, d, causal", [c for c in TRANSCRIPTION_CASES if c[2]])
 def test_planted_mask_bugs_are_caught(s, d, causal, plant):

@@ -29,6 +29,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -233,7 +234,8 @@ def record(path: Path, params: dict | None = None, root: Path = REPO_ROOT) -> Pa
 
 @dataclass(frozen=True)
 class Status:
-    """A captured file's state: ``"fresh"``, ``"stale"`` or ``"no provenance"``, and why in words."""
+    """A captured file's state: ``"fresh"``, ``"stale"``, ``"no provenance"`` or (a GPU suite summary that lacks
+    some of its run's shards) ``"partial"``, and why in words."""
 
     gpu: str
     name: str
@@ -269,7 +271,27 @@ def status(path: Path, root: Path = REPO_ROOT) -> Status:
     if current != recorded:
         return Status(**base, state="stale", recorded=recorded, current=current,
                       why="the code that produced it has changed since it was captured")
+    if name == GPU_TESTS:
+        missing = missing_shards(path.read_text())
+        if missing:
+            return Status(**base, state="partial", recorded=recorded, current=current,
+                          why=f"shard {', '.join(f'{i}/{n}' for i, n in missing)} of the run did not run")
     return Status(**base, state="fresh", why="", recorded=recorded, current=current)
+
+
+SHARD_LINE = re.compile(r"^GPU tests .*, shard (\d+)/(\d+) of (\d+) jobs", re.MULTILINE)
+
+
+def missing_shards(summary: str) -> list[tuple[int, int]]:
+    """The shards of a GPU suite summary's main run (its header with the most jobs) that it lacks: a summary of
+    shard 1/2 alone is not the whole suite. Extra headers of fewer jobs are re-runs of single jobs."""
+    runs: dict[tuple[int, int], set[int]] = {}
+    for i, n, jobs in SHARD_LINE.findall(summary):
+        runs.setdefault((int(jobs), int(n)), set()).add(int(i))
+    if not runs:
+        return []
+    jobs, n = max(runs)
+    return [(i, n) for i in range(1, n + 1) if i not in runs[(jobs, n)]]
 
 
 def captured_files(results_dir: Path = RESULTS_DIR) -> list[Path]:
