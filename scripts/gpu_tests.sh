@@ -122,6 +122,12 @@ run_job() {
 export -f run_job
 KM_TEST_GPUS=${KM_TEST_GPUS:-$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || echo 1)}
 [ "$KM_TEST_GPUS" -ge 1 ] 2> /dev/null || KM_TEST_GPUS=1
+# The host's cores shared out among the jobs at once (KM_THREADS to override): torch's CPU work (references,
+# transcriptions) would otherwise start a thread per core in every job, and 16 jobs on 16 or 32 cores run their
+# CPU tests several times slower than one job alone.
+THREADS=${KM_THREADS:-$(($(nproc) / ${KM_JOBS:-16}))}
+[ "$THREADS" -ge 1 ] 2> /dev/null || THREADS=1
+export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 export OUTDIR DEADLINE PY KM_FILE_TIMEOUT KM_TEST_GPUS
 if [ ${#PARALLEL[@]} -gt 0 ]; then
   for ((j = 0; j < ${#PARALLEL[@]}; j++)); do echo "${PARALLEL[j]} $j"; done \

@@ -75,7 +75,7 @@ STUB = r"""#!/usr/bin/env bash
 # the real interpreter.
 if [ "$1" = -m ] && [ "$2" = pytest ]; then
   echo "pytest $3 KM_SPLIT_PART=$KM_SPLIT_PART" >> "$STUB_LOG"
-  [ -z "$STUB_ARGS" ] || printf '%s\n' "$@" > "$STUB_ARGS"
+  [ -z "$STUB_ARGS" ] || printf '%s\n' "$@" "OMP_NUM_THREADS=$OMP_NUM_THREADS" > "$STUB_ARGS"
   if [ -n "$STUB_FAIL" ] && [[ $3 == *"$STUB_FAIL"* ]]; then
     echo "FAILED $3::test_x - AssertionError"; echo "1 failed, 2 passed in 0.01s"; exit 1
   fi
@@ -200,6 +200,8 @@ def test_gpu_tests_leaves_the_cpu_only_tests_out_and_says_so(tmp_path):
     assert rc == 0
     argv = args.read_text().splitlines()
     assert argv[argv.index("-m", 1) + 1] == "not cpu_only", argv  # the second -m: pytest's marker filter
+    threads = max(1, len(os.sched_getaffinity(0)) // 16)  # the cores (nproc) shared out among 16 jobs
+    assert f"OMP_NUM_THREADS={threads}" in argv
     summary = (out / "outputs" / "gpu_tests.txt").read_text()
     assert "the tests marked cpu_only" in summary
 
