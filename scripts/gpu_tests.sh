@@ -8,10 +8,10 @@
 #   KM_SHARD=2/4 bash scripts/gpu_tests.sh OUTDIR           the second of four shards, one device call each
 #
 # Jobs: one per file, except that a file named in KM_SPLIT (FILE:N, default "tests/test_ops.py:16
-# tests/test_part5_lora.py:3 tests/test_part4_matmul.py:3 tests/test_part5_epilogue.py:3") is N jobs, each the k-th share of its tests
-# (KM_SPLIT_PART=k/N, tests/conftest.py; a version's cases stay in one job). Split jobs start first, then the files
-# in KM_SLOW (minutes each on an H100), then the rest. KM_SHARD=i/n keeps every n-th job starting at the i-th (the longest first), so n
-# calls run the whole suite; merge their summaries with
+# tests/test_part5_lora.py:3 tests/test_part4_matmul.py:3 tests/test_part5_epilogue.py:3") is N jobs, each the
+# k-th share of its tests (KM_SPLIT_PART=k/N, tests/conftest.py; a version's cases stay in one job). Split jobs
+# start first, then the files in KM_SLOW (minutes each on an H100), then the rest. KM_SHARD=i/n keeps every n-th
+# job starting at the i-th (the longest first), so n calls run the whole suite; merge their summaries with
 #   python -m snippets.bench.captures merge-tests OUT1/outputs/gpu_tests.txt ... -o FILE.
 # Files in KM_ALONE (default tests/test_part2_memory.py: it reads the device's free memory, which other processes
 # move) run one at a time after the others, in the shard their job falls in.

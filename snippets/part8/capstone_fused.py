@@ -51,8 +51,7 @@ def stack_weights(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def _rope_append_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, tables_ptr, q_ptr, kc_ptr, vc_ptr,
                         stride_row, stride_table, n_pages, n_angles, H, H_KV,
                         PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-                        BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                        COMPUTE: tl.constexpr):
+                        BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr):
     b = tl.program_id(0)                       # one program per sequence: one new token each
     HALF: tl.constexpr = HEAD_DIM // 2
     pos = tl.load(pos_ptr)                     # the position, read on the device
@@ -73,16 +72,16 @@ def _rope_append_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, tables_ptr, q_ptr, k
     k_off = H * HEAD_DIM + hk[:, None] * HEAD_DIM + cols[None, :]  # then k: H_kv D columns
     v_off = k_off + H_KV * HEAD_DIM                                # then v
     # every load before any store (a store could alias a later load, for all the compiler knows)
-    q1 = tl.load(row + q_off, mask=mq, other=0.0).to(COMPUTE)
-    q2 = tl.load(row + q_off + HALF, mask=mq, other=0.0).to(COMPUTE)
-    k1 = tl.load(row + k_off, mask=mk, other=0.0).to(COMPUTE)
-    k2 = tl.load(row + k_off + HALF, mask=mk, other=0.0).to(COMPUTE)
+    q1 = tl.load(row + q_off, mask=mq, other=0.0).to(tl.float32)
+    q2 = tl.load(row + q_off + HALF, mask=mq, other=0.0).to(tl.float32)
+    k1 = tl.load(row + k_off, mask=mk, other=0.0).to(tl.float32)
+    k2 = tl.load(row + k_off + HALF, mask=mk, other=0.0).to(tl.float32)
     v1 = tl.load(row + v_off, mask=mk, other=0.0)
     v2 = tl.load(row + v_off + HALF, mask=mk, other=0.0)
-    c1 = tl.load(cos_ptr + pos * HEAD_DIM + cols, mask=col_ok, other=0.0).to(COMPUTE)
-    c2 = tl.load(cos_ptr + pos * HEAD_DIM + HALF + cols, mask=col_ok, other=0.0).to(COMPUTE)
-    s1 = tl.load(sin_ptr + pos * HEAD_DIM + cols, mask=col_ok, other=0.0).to(COMPUTE)
-    s2 = tl.load(sin_ptr + pos * HEAD_DIM + HALF + cols, mask=col_ok, other=0.0).to(COMPUTE)
+    c1 = tl.load(cos_ptr + pos * HEAD_DIM + cols, mask=col_ok, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + pos * HEAD_DIM + HALF + cols, mask=col_ok, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + pos * HEAD_DIM + cols, mask=col_ok, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + pos * HEAD_DIM + HALF + cols, mask=col_ok, other=0.0).to(tl.float32)
     # y = x cos + rotate_half(x) sin, per half: (x1 c1 - x2 s1, x2 c2 + x1 s2), rounded once
     q_out = q_ptr + b.to(tl.int64) * H * HEAD_DIM + q_off
     tl.store(q_out, (q1 * c1[None, :] - q2 * s1[None, :]).to(q_ptr.dtype.element_ty), mask=mq)
@@ -122,16 +121,16 @@ def rope_append(qkv, cos, sin, pos, k_cache, v_cache, tables, n_heads: int, n_kv
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[2] != hkv:
         raise ValueError(f"{name}: k_cache and v_cache must be (pages, page, {hkv}, D) alike, got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    pages, page, _, d = k_cache.shape
+    _, page, _, d = k_cache.shape
     if page != BLOCK_SIZE or d % 2 or h % hkv:
         raise ValueError(f"{name}: page {page} (must be {BLOCK_SIZE}), head_dim {d} (must be "
                          f"even), {h} heads over {hkv} KV heads (must divide)")
     width = (h + 2 * hkv) * d
-    rows = qkv.reshape(-1, qkv.shape[-1])
-    b = rows.shape[0]
     if qkv.shape[-1] != width or (qkv.dim() == 3 and qkv.shape[1] != 1) or qkv.dim() not in (2, 3):
         raise ValueError(f"{name}: qkv must be (B, 1, {width}) or (B, {width}) for {h} + 2 x {hkv} "
                          f"heads of {d}, got {tuple(qkv.shape)}")
+    rows = qkv.reshape(-1, width)
+    b = rows.shape[0]
     if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] != d:
         raise ValueError(f"{name}: cos and sin must be (positions, {d}), got {tuple(cos.shape)} "
                          f"and {tuple(sin.shape)}")
@@ -147,7 +146,7 @@ def rope_append(qkv, cos, sin, pos, k_cache, v_cache, tables, n_heads: int, n_kv
                               BLOCK_H=triton.next_power_of_2(h),
                               BLOCK_HKV=triton.next_power_of_2(hkv),
                               BLOCK_HALF=triton.next_power_of_2(max(d // 2, 1)),
-                              COMPUTE=tl.float32, num_warps=4)
+                              num_warps=4)
     return q
 # --8<-- [end:rope_append]
 
