@@ -31,6 +31,7 @@ NEW_OP_MODULES = (
     "snippets.part4.conv2d",
     "snippets.part8.capstone",
     "snippets.part8.capstone_fused",
+    "snippets.part8.capstone_block",
     "snippets.part6.fp8_attention",
     "snippets.part8.decode_gemv",
 )

@@ -1,0 +1,246 @@
+"""Part 8, the capstone's decode step v6: v5's step with the block's small operations carried by
+its GEMVs.
+
+v5 (capstone_fused) stacked the projections and fused RoPE with the cache write; its measurement
+(capstone.md) found the time saved per block about the same at 1B's and 8B's shapes: a fixed cost
+per kernel removed, not faster reads. v6 removes the next kernels of each block the same way: the
+operations between the products are folded into the products' own kernel, :func:`block_gemv`.
+
+- **RMSNorm as the GEMV's prologue.** ``rmsnorm(x, g) @ W^T`` is ``r * ((x * g) @ W^T)`` with ``r
+  = 1 / sqrt(mean(x^2) + eps)`` one number per row. Every program of the GEMV reads the whole row
+  of x anyway, so it sums the squares as it goes and scales its outputs by ``r`` at the end: the
+  norm's kernel, and its round trip through memory, are gone.
+- **SwiGLU as the gate/up GEMV's epilogue.** A program owns rows n of the gate weight and the same
+  rows of the up weight (rows n and F + n of the stacked matrix) and writes ``silu(gate) * up``,
+  F values where v5 wrote 2 F and read them back.
+- **The residual add as the epilogue** of the output and down projections: ``x + o @ W^T`` in one
+  kernel.
+
+A block is then seven kernels: the norm + q/k/v GEMV, v5's RoPE + cache write, the split-KV
+attention's two, the output GEMV + residual, the norm + gate/up GEMV + SwiGLU, the down GEMV +
+residual. The head is one more: the final norm + the LM head's GEMV.
+
+The GEMV walks K with fp32 products. At a batch of at most ``DOT_FROM - 1`` rows the products are
+elementwise (no tensor cores: a handful of rows leaves nothing for them to reuse); from
+``DOT_FROM`` rows on the batch is a skinny GEMM, and the tile goes through ``tl.dot``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from snippets._checks import check_tensors, refuse_grad, triton_device, triton_interpreting
+from snippets.common.gemm import INT32_MAX
+from snippets.part5.rmsnorm import EPS
+from snippets.part8.capstone import capstone_decode, needs_cuda_graphs
+from snippets.part8.capstone_fused import DTYPES, StackedDecoder, rope_append
+from snippets.registry import Impl
+
+DOT_FROM = 16   # rows of the batch from which the tile goes through tl.dot (its smallest M)
+MAX_DOT_B = 64  # rows per program on the tl.dot path; a larger batch is split over the grid
+
+
+# --8<-- [start:kernel]
+@triton.jit
+def _block_gemv_kernel(x_ptr, g_ptr, w_ptr, res_ptr, y_ptr, B, N, K, eps,
+                       NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
+                       DOT: tl.constexpr, IEEE: tl.constexpr, BLOCK_B: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # y (B, N) = [res +] epilogue(r * ((x * g) @ W^T)); with GLU, W is (2 N, K): gate rows, up rows
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    bs = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_ok, b_ok = rows < N, bs < B
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * K       # gate (or only) rows of this program
+    u_rows = w_rows + N.to(tl.int64) * K                   # the up rows, GLU only
+    x_rows = x_ptr + bs.to(tl.int64)[:, None] * K
+    ss = tl.zeros((BLOCK_B,), dtype=tl.float32)            # the rows' sums of squares (NORM)
+    if DOT:
+        acc = tl.zeros((BLOCK_B, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_B, BLOCK_N), dtype=tl.float32)
+    else:  # elementwise products kept per lane, one reduction at the end (decode_gemv's plan)
+        acc = tl.zeros((BLOCK_B, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_B, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        x = tl.load(x_rows + cols[None, :], mask=b_ok[:, None] & col_ok[None, :], other=0.0)
+        x = x.to(tl.float32)
+        if NORM:                                           # the norm's prologue: r at the end
+            ss += tl.sum(x * x, axis=1)
+            x = x * tl.load(g_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        w_ok = row_ok[:, None] & col_ok[None, :]
+        w = tl.load(w_rows + cols[None, :], mask=w_ok, other=0.0)
+        if GLU:
+            u = tl.load(u_rows + cols[None, :], mask=w_ok, other=0.0)
+        if DOT:
+            if IEEE:                                       # fp32: no TF32 rounding of the inputs
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+                if GLU:
+                    acc_u += tl.dot(x, tl.trans(u), input_precision="ieee")
+            else:
+                acc += tl.dot(x.to(w.dtype), tl.trans(w))
+                if GLU:
+                    acc_u += tl.dot(x.to(w.dtype), tl.trans(u))
+        else:
+            acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
+            if GLU:
+                acc_u += x[:, None, :] * u.to(tl.float32)[None, :, :]
+    if DOT:
+        y = acc
+        yu = acc_u
+    else:
+        y = tl.sum(acc, axis=2)
+        yu = tl.sum(acc_u, axis=2)
+    if NORM:
+        r = 1.0 / tl.sqrt(ss / K + eps)
+        y = y * r[:, None]
+        yu = yu * r[:, None]
+    if GLU:                                                # SwiGLU: silu(gate) * up
+        y = y / (1.0 + tl.exp(-y)) * yu
+    out = bs.to(tl.int64)[:, None] * N + rows[None, :]
+    ok = b_ok[:, None] & row_ok[None, :]
+    if RESIDUAL:
+        y += tl.load(res_ptr + out, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=ok)
+# --8<-- [end:kernel]
+
+
+# --8<-- [start:configs]
+def _configs(block_b: int, glu: bool, dot: bool) -> list[triton.Config]:
+    """Tile shapes for a batch tile of ``block_b`` rows. Elementwise: decode_gemv's three shapes,
+    BLOCK_K shortened so that each accumulator holds the same 4096 (or 8192) products per step.
+    tl.dot: a few (BLOCK_N, BLOCK_K) with software pipelining of the weight's loads."""
+    if dot:
+        return [triton.Config(dict(BLOCK_N=bn, BLOCK_K=bk), num_warps=w, num_stages=s)
+                for bn, bk, w, s in ((16, 256, 4, 4), (32, 128, 4, 4), (64, 128, 4, 3))]
+    per = block_b * (2 if glu else 1)
+    return [triton.Config(dict(BLOCK_N=bn, BLOCK_K=max(16, bk // per)), num_warps=w)
+            for bn, bk, w in ((4, 1024, 4), (8, 512, 4), (16, 512, 8))]
+
+
+@functools.lru_cache(maxsize=None)
+def _autotuned(block_b: int, glu: bool, dot: bool):
+    return triton.autotune(configs=_configs(block_b, glu, dot), key=["N", "K"])(
+        _block_gemv_kernel)
+# --8<-- [end:configs]
+
+
+# --8<-- [start:block_gemv]
+def block_gemv(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None,
+               eps: float = EPS, glu: bool = False,
+               residual: torch.Tensor | None = None) -> torch.Tensor:
+    """y = [residual +] f(rmsnorm(x, norm) @ W^T) for x (B, K) and W (N, K), one kernel.
+
+    ``norm`` (K,): RMSNorm's weight, applied to x first (eps as Part 5's rmsnorm); ``glu``: W is
+    (2 F, K), gate rows then up rows (``capstone_fused.stack_weights``), and y = silu(x W_g^T) *
+    (x W_u^T), (B, F); ``residual`` (B, N): added to the result. Products and epilogue in fp32,
+    y rounded once to x's dtype. Nothing is rounded between the norm and the product, or between
+    the product and SwiGLU, where the unfused step rounds each."""
+    name = "block_gemv"
+    tensors = {"x": x, "w": w, **({"norm": norm} if norm is not None else {}),
+               **({"residual": residual} if residual is not None else {})}
+    check_tensors(tuple(tensors), tuple(tensors.values()), dtypes=DTYPES, device=triton_device(),
+                  same_shape=False, allow_empty=False)
+    refuse_grad(name, *tensors.values(), instead="the unfused step (StaticDecoder.step)")
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"{name}: x must be (B, K) and w (N, K) with the same K, got "
+                         f"{tuple(x.shape)} and {tuple(w.shape)}")
+    b, k = x.shape
+    if glu and w.shape[0] % 2:
+        raise ValueError(f"{name}: glu needs w of 2 F rows (gate, then up), got {w.shape[0]}")
+    n = w.shape[0] // 2 if glu else w.shape[0]
+    if w.numel() > INT32_MAX or b * max(n, k) > INT32_MAX:
+        raise ValueError(f"{name}: w {tuple(w.shape)} or x {tuple(x.shape)} is past the kernel's "
+                         "32-bit row offsets")
+    if norm is not None and norm.shape != (k,):
+        raise ValueError(f"{name}: norm must be ({k},), got {tuple(norm.shape)}")
+    if residual is not None and residual.shape != (b, n):
+        raise ValueError(f"{name}: residual must be ({b}, {n}), got {tuple(residual.shape)}")
+    if not eps > 0:
+        raise ValueError(f"{name}: eps must be positive, got {eps}")
+    y = torch.empty(b, n, dtype=x.dtype, device=x.device)  # never the residual's storage
+    dot = b >= DOT_FROM
+    block_b = min(max(DOT_FROM, triton.next_power_of_2(b)), MAX_DOT_B) if dot else \
+        triton.next_power_of_2(b)
+    args = (x, norm if norm is not None else x, w, residual if residual is not None else x, y,
+            b, n, k, float(eps))
+    flags = dict(NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None, DOT=dot,
+                 IEEE=x.dtype == torch.float32, BLOCK_B=block_b)
+    if triton_interpreting():  # several programs and K steps at tiny sizes
+        tile = dict(BLOCK_N=16, BLOCK_K=16) if dot else dict(BLOCK_N=4, BLOCK_K=16)
+        grid = (triton.cdiv(n, tile["BLOCK_N"]), triton.cdiv(b, block_b))
+        _block_gemv_kernel[grid](*args, **flags, **tile)
+    else:
+        _autotuned(block_b, glu, dot)[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),
+                                                    triton.cdiv(b, block_b))](*args, **flags)
+    return y
+# --8<-- [end:block_gemv]
+
+
+# --8<-- [start:step]
+class BlockDecoder(StackedDecoder):
+    """v5's stacked decoder with each block's norms, SwiGLU and residual adds carried by its GEMVs
+    (:func:`block_gemv`): seven kernels a block. Made by :meth:`over`, like
+    :class:`StackedDecoder`, on the same cache, tables and position."""
+
+    @classmethod
+    def over(cls, decoder) -> BlockDecoder:
+        views = decoder._views
+        if "block" not in views:
+            stacked = StackedDecoder.over(decoder)     # its stacked weights, made once
+            other = object.__new__(cls)
+            other.__dict__.update(stacked.__dict__)
+            other.graph = None
+            views["block"] = other
+        return views["block"]
+
+    def _step(self, tokens: torch.Tensor) -> torch.Tensor:
+        model, cfg = self.model, self.model.cfg
+        b, h, hkv, d = self.batch, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        lens = (self.pos + 1).to(torch.int32).repeat(b)                    # (B,), on the device
+        x = model.embed[tokens]                                            # (B, dim)
+        for i, layer in enumerate(model.layers):
+            w_qkv, w_gu = self.weights[i]
+            qkv = block_gemv(x, w_qkv, norm=layer.attn_norm)              # norm + q, k, v
+            q = rope_append(qkv, model.cos, model.sin, self.pos, self.k[i], self.v[i],
+                            self.tables, h, hkv)                           # (B, H, D)
+            o = self.ops["decode_attention"](q, self.k[i], self.v[i], self.tables, lens)
+            x = block_gemv(o.reshape(b, h * d), layer.wo, residual=x)     # x + o W_o^T
+            m = block_gemv(x, w_gu, norm=layer.mlp_norm, glu=True)        # norm + SwiGLU
+            x = block_gemv(m, layer.wd, residual=x)                       # x + m W_d^T
+        if not self.fixed_position:
+            self.pos += 1
+        return block_gemv(x, model.lm_head, norm=model.norm)              # (B, vocab)
+# --8<-- [end:step]
+
+
+# --8<-- [start:op_version]
+def decode_block_graph(decoder, tokens, k_cache, v_cache):
+    """v6: the block decoder's step (:class:`BlockDecoder`) captured once in a CUDA graph and
+    replayed, as v3 and v5 do."""
+    name = "decode_block_graph"
+    if not (callable(getattr(decoder, "step", None)) and getattr(decoder, "fixed_position", None)
+            is True and isinstance(getattr(decoder, "_views", None), dict)):
+        raise TypeError(f"{name}: decoder must be a StaticDecoder with fixed_position=True, got "
+                        f"{type(decoder).__name__}")
+    refuse_grad(name, k_cache, v_cache, instead="static_decode_ref")
+    for label, t, own in (("k_cache", k_cache, decoder.k), ("v_cache", v_cache, decoder.v)):
+        if not isinstance(t, torch.Tensor) or t.data_ptr() != own.data_ptr():
+            raise ValueError(f"{name}: {label} must be the decoder's own cache storage")
+    d = BlockDecoder.over(decoder)
+    if d.graph is None:          # captured on the first call: the harness's check, never timed
+        d.capture()
+    return d.replay(tokens)
+
+
+capstone_decode.add(Impl("v6", decode_block_graph, "Triton",
+                         "v5 with RMSNorm, SwiGLU and the residual adds inside the GEMVs "
+                         "(7 kernels a block)",
+                         (BlockDecoder, block_gemv, _block_gemv_kernel, _configs,
+                          "snippets/part8/capstone_fused.py", "snippets/part8/capstone.py"),
+                         requires=needs_cuda_graphs))
+# --8<-- [end:op_version]
