@@ -3,8 +3,8 @@
 
 On a CPU (Triton's interpreter, float32): block_gemv with every combination of its prologue and
 epilogues against the unfused reference (Part 5's RMSNorm and SwiGLU, a product, an add), at ragged
-N and K, several K steps, on both of its paths (elementwise under DOT_FROM rows, tl.dot from there,
-and a batch split over the grid past MAX_DOT_B); the block step gives the book step's logits and cache,
+N and K, several K steps, on both of its paths (elementwise at batch 1, tl.dot from DOT_FROM rows, and
+a batch split over the grid past MAX_DOT_B); the block step gives the book step's logits and cache,
 step after step; bad input is refused before any launch. On a GPU: bf16 at Llama 3.2 1B's widths,
 and v6's graph replays against the reference and v3."""
 
@@ -44,8 +44,8 @@ def _tensors(b, n, k, glu, dtype=torch.float32, device=DEVICE, seed=0):
     return [t.to(device, dtype) for t in (x, w, norm, res)]
 
 
-CASES = [  # (b, n, k): 1 row and 3 (elementwise), 16 and 20 (tl.dot), 70 (two batch tiles)
-    (1, 5, 37), (3, 9, 50), (16, 17, 40), (20, 33, 33), (70, 18, 20)]
+CASES = [  # (b, n, k): 1 row (elementwise), 3 and 20 (tl.dot, padded), 70 (two batch tiles)
+    (1, 5, 37), (1, 9, 50), (3, 9, 50), (20, 33, 33), (70, 18, 20)]
 
 
 @pytest.mark.parametrize("b, n, k", CASES)
@@ -140,7 +140,7 @@ def test_v6_refuses_a_decoder_that_is_not_fixed():
 @pytest.mark.parametrize("b", [1, 8, 32])
 @pytest.mark.parametrize("n, k, glu", [(3072, 2048, False), (8192, 2048, True), (2048, 8192, False)])
 def test_block_gemv_at_llama_1b_widths_in_bf16(b, n, k, glu):
-    """The step's three shapes (q/k/v, gate/up, down) at batch 1, 8 (elementwise) and 32 (tl.dot), with
+    """The step's three shapes (q/k/v, gate/up, down) at batch 1 (elementwise), 8 and 32 (tl.dot), with
     the prologue and epilogue each uses: against float64, within bf16's rounding of the output."""
     x, w, g, res = _tensors(b, n, k, glu, dtype=torch.bfloat16, device="cuda", seed=b)
     norm = g if k == 2048 else None

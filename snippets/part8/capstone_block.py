@@ -20,14 +20,16 @@ A block is then seven kernels: the norm + q/k/v GEMV, v5's RoPE + cache write, t
 attention's two, the output GEMV + residual, the norm + gate/up GEMV + SwiGLU, the down GEMV +
 residual. The head is one more: the final norm + the LM head's GEMV.
 
-The GEMV walks K with fp32 products. At a batch of at most ``DOT_FROM - 1`` rows the products are
-elementwise (no tensor cores: a handful of rows leaves nothing for them to reuse); from
-``DOT_FROM`` rows on the batch is a skinny GEMM, and the tile goes through ``tl.dot``.
+The GEMV walks K with fp32 products. At batch 1 the products are elementwise (no tensor cores:
+one row leaves nothing for them to reuse); from ``DOT_FROM`` rows on the batch is a skinny GEMM,
+and the tile goes through ``tl.dot``, its rows padded to 16: elementwise, every row of the batch
+would cost one more FMA per weight on the CUDA cores, and a batch of 8 is already bound by them.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 
 import torch
 import triton
@@ -40,7 +42,8 @@ from snippets.part8.capstone import capstone_decode, needs_cuda_graphs
 from snippets.part8.capstone_fused import DTYPES, StackedDecoder, rope_append
 from snippets.registry import Impl
 
-DOT_FROM = 16   # rows of the batch from which the tile goes through tl.dot (its smallest M)
+DOT_FROM = 2    # rows of the batch from which the tile goes through tl.dot
+MIN_DOT_B = 16  # tl.dot's smallest M: a batch tile of fewer rows is padded to it
 MAX_DOT_B = 64  # rows per program on the tl.dot path; a larger batch is split over the grid
 
 
@@ -116,7 +119,8 @@ def _configs(block_b: int, glu: bool, dot: bool) -> list[triton.Config]:
     tl.dot: a few (BLOCK_N, BLOCK_K) with software pipelining of the weight's loads."""
     if dot:
         return [triton.Config(dict(BLOCK_N=bn, BLOCK_K=bk), num_warps=w, num_stages=s)
-                for bn, bk, w, s in ((16, 256, 4, 4), (32, 128, 4, 4), (64, 128, 4, 3))]
+                for bn, bk, w, s in ((16, 256, 4, 4), (16, 512, 4, 3), (32, 128, 4, 4),
+                                     (32, 256, 8, 3), (64, 128, 4, 3))]
     per = block_b * (2 if glu else 1)
     return [triton.Config(dict(BLOCK_N=bn, BLOCK_K=max(16, bk // per)), num_warps=w)
             for bn, bk, w in ((4, 1024, 4), (8, 512, 4), (16, 512, 8))]
@@ -164,7 +168,7 @@ def block_gemv(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = 
         raise ValueError(f"{name}: eps must be positive, got {eps}")
     y = torch.empty(b, n, dtype=x.dtype, device=x.device)  # never the residual's storage
     dot = b >= DOT_FROM
-    block_b = min(max(DOT_FROM, triton.next_power_of_2(b)), MAX_DOT_B) if dot else \
+    block_b = min(max(MIN_DOT_B, triton.next_power_of_2(b)), MAX_DOT_B) if dot else \
         triton.next_power_of_2(b)
     args = (x, norm if norm is not None else x, w, residual if residual is not None else x, y,
             b, n, k, float(eps))
@@ -233,6 +237,11 @@ def decode_block_graph(decoder, tokens, k_cache, v_cache):
             raise ValueError(f"{name}: {label} must be the decoder's own cache storage")
     d = BlockDecoder.over(decoder)
     if d.graph is None:          # captured on the first call: the harness's check, never timed
+        # A decoder and its views refer to each other, so a dropped one waits for the cycle
+        # collector; free those before this capture adds the stacked weights and a graph's pool
+        # (an 8B model's are tens of GB).
+        gc.collect()
+        torch.cuda.empty_cache()
         d.capture()
     return d.replay(tokens)
 
