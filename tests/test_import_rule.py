@@ -12,7 +12,9 @@
   to stand on the whole book; no other part-wide grant exists.
 - One narrower exception, ``BORROWS``: ``snippets.part3.wmma``'s ``tf32_gemm`` v4 calls two named public
   functions of later chapters (Part 2's Triton transpose, Part 4's persistent TMA matmul), to show what
-  Part 3's TF32 kernel gains from them. The grant names the modules and the names, nothing else.
+  Part 3's TF32 kernel gains from them; and ``snippets.part8.capstone_block`` (the capstone's v6) takes
+  Part 5's RMSNorm epsilon, the constant of the norm it folds into its GEMV. The grant names the modules
+  and the names, nothing else.
 - ``snippets.common`` imports only the foundation, other ``snippets.common`` modules and the timer
   (a shared ceiling measures with it), never a chapter.
 - No module of ``snippets`` imports an underscore name from another module (``from snippets.x import
@@ -43,7 +45,8 @@ CHAPTER_TOOLING = ("snippets.bench.timing",)  # the timer: ceilings and the meas
 CAPSTONE = {"snippets.part8.capstone": ("snippets.part5", "snippets.part8")}
 # a module allowed a few named public functions of another chapter: module -> {module: names}
 BORROWS = {"snippets.part3.wmma": {"snippets.part2.transpose": {"transpose_triton"},
-                                   "snippets.part4.matmul": {"autotuned", "TMA_SOURCES"}}}
+                                   "snippets.part4.matmul": {"autotuned", "TMA_SOURCES"}},
+           "snippets.part8.capstone_block": {"snippets.part5.rmsnorm": {"EPS"}}}
 # (module, private name of another module) still used; see the module docstring
 KNOWN_PRIVATE: set[tuple[str, str]] = set()
 # packages whose modules share underscore helpers among themselves (not with other packages)
@@ -194,6 +197,9 @@ def test_the_borrowed_names_are_narrow():
     assert not allowed("snippets.part3.wmma", "snippets.part2.transpose")
     assert not allowed("snippets.part3.wmma", "snippets.part2.transpose", "transpose_smem")
     assert not allowed("snippets.part3.sgemm", "snippets.part4.matmul", "autotuned")
+    assert allowed("snippets.part8.capstone_block", "snippets.part5.rmsnorm", "EPS")
+    assert not allowed("snippets.part8.capstone_block", "snippets.part5.rmsnorm", "rmsnorm_triton")
+    assert not allowed("snippets.part8.capstone_block", "snippets.part5.swiglu", "EPS")
 
 
 STATE_SCRIPT = r"""
