@@ -236,3 +236,44 @@ class NoLaunch:
 
     def __getitem__(self, grid):
         raise AssertionError(f"a kernel was launched (grid {grid}) on input that must be refused")
+
+
+def assert_graph_step_matches_v3(op: Op, version: str, config: str, b: int) -> None:
+    """A graphed capstone decode step (``version`` of ``op``, capstone_decode) on the harness's inputs,
+    against the reference (float64) and against v3 on one decoder: the later versions change which kernels
+    run and where they round, not the step's arithmetic, so they agree to bf16's rounding of the logits;
+    replays repeat exactly (a fixed position)."""
+    size = {"config": config, "b": b, "ctx": 20}
+    inputs = op.make_inputs(size, torch.bfloat16, "cuda", torch.Generator().manual_seed(3))
+    want = op.reference(*inputs[:1], inputs[1], inputs[2].double(), inputs[3].double())
+    v3 = op.impls["v3"].fn(*inputs).clone()
+    got = op.impls[version].fn(*inputs).clone()
+    assert torch.equal(op.impls[version].fn(*inputs), got)
+    rtol, atol = op.tolerances[torch.bfloat16]
+    torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol)
+    torch.testing.assert_close(got.float(), v3.float(), rtol=rtol, atol=atol)
+
+
+def assert_decoder_follows_book(view, steps: int, atol: float) -> None:
+    """Prefill, then ``steps`` steps across the first page's end: a decoder made by ``view`` (a class's
+    ``over``) on a book StaticDecoder of the tiny model gives the logits of a book decoder over another
+    cache, prefilled alike, step after step, and caches the same K and V."""
+    from conftest import DEVICE as device
+    from snippets.part8 import capstone as cp
+
+    model = cp.Llama(cp.TINY, seed=0, device=device)
+    prompt = torch.randint(cp.TINY.vocab, (2, 5), generator=torch.Generator().manual_seed(1)).to(device)
+    book = cp.StaticDecoder(model, 2, 5 + steps, "book")
+    mine = view(cp.StaticDecoder(model, 2, 5 + steps, "book"))
+    assert view(mine) is mine  # made once per family of views
+    torch.testing.assert_close(mine.prefill(prompt), book.prefill(prompt), rtol=0, atol=1e-6)
+    tok = prompt[:, -1]
+    for i in range(steps):
+        want = book.step(tok)
+        got = mine.step(tok)
+        torch.testing.assert_close(got, want, rtol=0, atol=atol, msg=lambda m: f"step {i}: {m}")
+        assert mine.length == book.length and int(mine.pos) == mine.length
+        tok = want.argmax(-1)
+    assert torch.equal(mine.tables, book.tables)  # the same seeded scatter: slots comparable as stored
+    torch.testing.assert_close(mine.k, book.k, rtol=0, atol=atol)
+    torch.testing.assert_close(mine.v, book.v, rtol=0, atol=atol)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_decoder_follows_book, assert_graph_step_matches_v3
 
 from conftest import DEVICE, poison_allocator
 from snippets.part5 import rmsnorm as rn
@@ -84,25 +85,9 @@ def test_the_result_is_new_storage():
 
 
 def test_block_step_is_the_book_step():
-    """Prefill, then steps across the first page's end: the block decoder over one cache gives the
-    book decoder's logits (over another cache, prefilled alike) and the same cached K and V."""
-    model = cp.Llama(cp.TINY, seed=0, device=DEVICE)
-    prompt = torch.randint(cp.TINY.vocab, (2, 5), generator=torch.Generator().manual_seed(1))
-    prompt, n = prompt.to(DEVICE), 13
-    book = cp.StaticDecoder(model, 2, 5 + n, "book")
-    mine = cb.BlockDecoder.over(cp.StaticDecoder(model, 2, 5 + n, "book"))
-    assert cb.BlockDecoder.over(mine) is mine and isinstance(mine, cf.StackedDecoder)
-    torch.testing.assert_close(mine.prefill(prompt), book.prefill(prompt), rtol=0, atol=1e-6)
-    tok = prompt[:, -1]
-    atol = 1e-5 if DEVICE == "cpu" else 1e-4
-    for i in range(n):
-        want = book.step(tok)
-        got = mine.step(tok)
-        torch.testing.assert_close(got, want, rtol=0, atol=atol, msg=lambda m: f"step {i}: {m}")
-        assert mine.length == book.length and int(mine.pos) == mine.length
-        tok = want.argmax(-1)
-    torch.testing.assert_close(mine.k, book.k, rtol=0, atol=atol)
-    torch.testing.assert_close(mine.v, book.v, rtol=0, atol=atol)
+    """The block decoder over one cache gives the book decoder's logits and cache, step after step."""
+    assert_decoder_follows_book(cb.BlockDecoder.over, 13, 1e-5 if DEVICE == "cpu" else 1e-4)
+    assert issubclass(cb.BlockDecoder, cf.StackedDecoder)
 
 
 @pytest.mark.parametrize("bad, err, words", [
@@ -153,15 +138,5 @@ def test_block_gemv_at_llama_1b_widths_in_bf16(b, n, k, glu):
 @pytest.mark.gpu
 @pytest.mark.parametrize("config, b", [("tiny", 2), ("llama_1b", 1), ("llama_1b", 32)])
 def test_v6_replays_equal_v3s(config, b):
-    """The harness's inputs; v6's graph against the reference (float64) and against v3 on one decoder,
-    at batch 1 (elementwise GEMVs) and 32 (tl.dot); replays repeat exactly (a fixed position)."""
-    op = cp.capstone_decode
-    size = {"config": config, "b": b, "ctx": 20}
-    inputs = op.make_inputs(size, torch.bfloat16, "cuda", torch.Generator().manual_seed(3))
-    want = op.reference(*inputs[:1], inputs[1], inputs[2].double(), inputs[3].double())
-    v3 = op.impls["v3"].fn(*inputs).clone()
-    v6 = op.impls["v6"].fn(*inputs).clone()
-    assert torch.equal(op.impls["v6"].fn(*inputs), v6)
-    rtol, atol = op.tolerances[torch.bfloat16]
-    torch.testing.assert_close(v6.double(), want, rtol=rtol, atol=atol)
-    torch.testing.assert_close(v6.float(), v3.float(), rtol=rtol, atol=atol)
+    """v6's graph against the reference and v3, at batch 1 (elementwise GEMVs) and 32 (tl.dot)."""
+    assert_graph_step_matches_v3(cp.capstone_decode, "v6", config, b)

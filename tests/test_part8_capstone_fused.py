@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import assert_decoder_follows_book, assert_graph_step_matches_v3
 
 from conftest import DEVICE, poison_allocator
 from snippets.part5 import rope as rp
@@ -94,25 +95,8 @@ def test_stacked_weights_are_the_layers_weights():
 
 
 def test_stacked_step_is_the_book_step():
-    """Prefill, then steps across the first page's end: the stacked decoder over one cache gives the
-    book decoder's logits (over another cache, prefilled alike) and the same cached K and V."""
-    model = cp.Llama(cp.TINY, seed=0, device=DEVICE)
-    prompt = torch.randint(cp.TINY.vocab, (2, 5), generator=torch.Generator().manual_seed(1))
-    prompt, n = prompt.to(DEVICE), 14
-    book = cp.StaticDecoder(model, 2, 5 + n, "book")
-    mine = cf.StackedDecoder.over(cp.StaticDecoder(model, 2, 5 + n, "book"))
-    assert cf.StackedDecoder.over(mine) is mine            # made once per family of views
-    torch.testing.assert_close(mine.prefill(prompt), book.prefill(prompt), rtol=0, atol=1e-6)
-    tok = prompt[:, -1]
-    for i in range(n):
-        want = book.step(tok)
-        got = mine.step(tok)
-        torch.testing.assert_close(got, want, rtol=0, atol=ATOL, msg=lambda m: f"step {i}: {m}")
-        assert mine.length == book.length and int(mine.pos) == mine.length
-        tok = want.argmax(-1)
-    assert torch.equal(mine.tables, book.tables)  # the same seeded scatter: slots comparable as stored
-    torch.testing.assert_close(mine.k, book.k, rtol=0, atol=ATOL)
-    torch.testing.assert_close(mine.v, book.v, rtol=0, atol=ATOL)
+    """The stacked decoder over one cache gives the book decoder's logits and cache, step after step."""
+    assert_decoder_follows_book(cf.StackedDecoder.over, 14, ATOL)
 
 
 @pytest.mark.parametrize("bad, words", [
@@ -174,16 +158,5 @@ def test_kernels_at_llama_1b_widths_in_bf16():
 @pytest.mark.gpu
 @pytest.mark.parametrize("config, b", [("tiny", 2), ("llama_1b", 1)])
 def test_v5_replays_equal_v3s(config, b):
-    """The harness's inputs; v5's graph against the reference (float64) and against v3 on one decoder:
-    v5 changes which products run, not their arithmetic, so the two agree to bf16's rounding of the
-    logits; replays repeat exactly (a fixed position)."""
-    op = cp.capstone_decode
-    size = {"config": config, "b": b, "ctx": 20}
-    inputs = op.make_inputs(size, torch.bfloat16, "cuda", torch.Generator().manual_seed(3))
-    want = op.reference(*inputs[:1], inputs[1], inputs[2].double(), inputs[3].double())
-    v3 = op.impls["v3"].fn(*inputs).clone()
-    v5 = op.impls["v5"].fn(*inputs).clone()
-    assert torch.equal(op.impls["v5"].fn(*inputs), v5)
-    rtol, atol = op.tolerances[torch.bfloat16]
-    torch.testing.assert_close(v5.double(), want, rtol=rtol, atol=atol)
-    torch.testing.assert_close(v5.float(), v3.float(), rtol=rtol, atol=atol)
+    """v5's graph against the reference and v3: the harness's inputs, bf16."""
+    assert_graph_step_matches_v3(cp.capstone_decode, "v5", config, b)
