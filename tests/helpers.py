@@ -277,3 +277,20 @@ def assert_decoder_follows_book(view, steps: int, atol: float) -> None:
     assert torch.equal(mine.tables, book.tables)  # the same seeded scatter: slots comparable as stored
     torch.testing.assert_close(mine.k, book.k, rtol=0, atol=atol)
     torch.testing.assert_close(mine.v, book.v, rtol=0, atol=atol)
+
+
+def assert_graph_version_refuses_loose_decoders(fn) -> None:
+    """A graphed capstone step ``fn(decoder, tokens, k_cache, v_cache)`` refuses a decoder whose position
+    moves (its graph would replay a stale one) and a cache that is not the decoder's own storage, K or V."""
+    from conftest import DEVICE as device
+    from snippets.part8 import capstone as cp
+
+    model = cp.Llama(cp.TINY, seed=0, device=device)
+    dec = cp.StaticDecoder(model, 1, 8)
+    tok = torch.zeros(1, dtype=torch.long, device=device)
+    with pytest.raises(TypeError, match="fixed_position=True"):
+        fn(dec, tok, dec.k, dec.v)
+    fixed = cp.StaticDecoder(model, 1, 8, fixed_position=True)
+    for k, v in ((fixed.k.clone(), fixed.v), (fixed.k, fixed.v.clone())):
+        with pytest.raises(ValueError, match="own cache storage"):
+            fn(fixed, tok, k, v)

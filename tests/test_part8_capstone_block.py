@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_decoder_follows_book, assert_graph_step_matches_v3
+from helpers import (
+    assert_decoder_follows_book,
+    assert_graph_step_matches_v3,
+    assert_graph_version_refuses_loose_decoders,
+)
 
 from conftest import DEVICE, poison_allocator
 from snippets.part5 import rmsnorm as rn
@@ -111,14 +115,7 @@ def test_block_gemv_refuses_bad_input(bad, err, words):
 
 
 def test_v6_refuses_a_decoder_that_is_not_fixed():
-    model = cp.Llama(cp.TINY, seed=0, device=DEVICE)
-    dec = cp.StaticDecoder(model, 1, 8)
-    tok = torch.zeros(1, dtype=torch.long, device=DEVICE)
-    with pytest.raises(TypeError, match="fixed_position=True"):
-        cb.decode_block_graph(dec, tok, dec.k, dec.v)
-    fixed = cp.StaticDecoder(model, 1, 8, fixed_position=True)
-    with pytest.raises(ValueError, match="own cache storage"):
-        cb.decode_block_graph(fixed, tok, fixed.k, fixed.v.clone())
+    assert_graph_version_refuses_loose_decoders(cb.decode_block_graph)
 
 
 @pytest.mark.gpu

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_decoder_follows_book, assert_graph_step_matches_v3
+from helpers import (
+    assert_decoder_follows_book,
+    assert_graph_step_matches_v3,
+    assert_graph_version_refuses_loose_decoders,
+)
 
 from conftest import DEVICE, poison_allocator
 from snippets.part5 import rope as rp
@@ -131,14 +135,7 @@ def test_swiglu_stacked_refuses_bad_input():
 
 
 def test_v5_refuses_a_decoder_that_is_not_fixed():
-    model = cp.Llama(cp.TINY, seed=0, device=DEVICE)
-    dec = cp.StaticDecoder(model, 1, 8)
-    tok = torch.zeros(1, dtype=torch.long, device=DEVICE)
-    with pytest.raises(TypeError, match="fixed_position=True"):
-        cf.decode_stacked_graph(dec, tok, dec.k, dec.v)
-    fixed = cp.StaticDecoder(model, 1, 8, fixed_position=True)
-    with pytest.raises(ValueError, match="own cache storage"):
-        cf.decode_stacked_graph(fixed, tok, fixed.k.clone(), fixed.v)
+    assert_graph_version_refuses_loose_decoders(cf.decode_stacked_graph)
 
 
 @pytest.mark.gpu
