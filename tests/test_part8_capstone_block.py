@@ -10,6 +10,9 @@ and v6's graph replays against the reference and v3."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from helpers import (
@@ -92,6 +95,32 @@ def test_block_step_is_the_book_step():
     """The block decoder over one cache gives the book decoder's logits and cache, step after step."""
     assert_decoder_follows_book(cb.BlockDecoder.over, 13, 1e-5 if DEVICE == "cpu" else 1e-4)
     assert issubclass(cb.BlockDecoder, cf.StackedDecoder)
+
+
+def test_a_dropped_decoder_and_its_views_are_freed_at_once():
+    """A decoder refers to its views and a view to its decoder weakly: dropping the decoder frees
+    it, its views, its cache and its model by reference counting, with the cycle collector off
+    (a benchmark sweep that builds an 8B model per job must not wait for it). A view outliving
+    its decoder still steps, and says so if asked for another view."""
+    gc.disable()
+    try:
+        model = cp.Llama(cp.TINY, seed=0, device=DEVICE)
+        dec = cp.StaticDecoder(model, 1, 8, fixed_position=True)
+        book = dec.with_backend("book")
+        block = cb.BlockDecoder.over(dec)
+        assert book.with_backend("torch") is dec and block.with_backend("book") is book
+        assert cf.StackedDecoder.over(book) is dec._views["stacked"] and block.k is dec.k
+        refs = [weakref.ref(o) for o in (dec, book, block, dec._views["stacked"], dec.k, model)]
+        del model, dec, book
+        tok = torch.zeros(1, dtype=torch.long, device=DEVICE)
+        assert block.step(tok).shape == (1, cp.TINY.vocab)    # holds its own cache and weights
+        assert cb.BlockDecoder.over(block) is block
+        with pytest.raises(RuntimeError, match="has been freed"):
+            block.with_backend("torch")
+        del block
+        assert [r() for r in refs] == [None] * len(refs)
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("bad, err, words", [

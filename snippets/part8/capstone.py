@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -647,7 +648,32 @@ class StaticDecoder:
         self.pos = torch.zeros(1, dtype=torch.long, device=w.device)   # the next token's position
         self._length = [0]     # its copy on the host, in a list that with_backend's views share
         self.graph = None
-        self._views = {backend: self}
+        self._own_views = {}   # this decoder's views of other backends and steps, by name
+
+    def _root(self) -> StaticDecoder:
+        """The decoder that owns this one's cache and views: itself, or a view's decoder."""
+        ref = self.__dict__.get("_owner")
+        root = self if ref is None else ref()
+        if root is None:
+            raise RuntimeError("StaticDecoder: this view's decoder has been freed; keep the "
+                               "decoder it was made from")
+        return root
+
+    @property
+    def _views(self) -> dict:
+        """The views of the decoder that owns this one's cache (shared by all its views)."""
+        return self._root().__dict__["_own_views"]
+
+    def view(self, cls: type) -> StaticDecoder:
+        """A new decoder of class ``cls`` over this one's cache, tables and position, with no
+        graph. It refers to the decoder that owns the cache weakly (the owner refers to its
+        views): a decoder dropped with its views is freed at once, not at the cycle collector's
+        next pass, which matters when it holds an 8B model's weights."""
+        other = object.__new__(cls)
+        other.__dict__.update(self.__dict__)
+        other.__dict__.pop("_own_views", None)
+        other._owner, other.graph = weakref.ref(self._root()), None
+        return other
 
     @property
     def length(self) -> int:
@@ -658,13 +684,16 @@ class StaticDecoder:
         """A decoder of ``backend`` over this one's cache, tables and position (shared, not
         copied: a step of either moves both), with a graph of its own: two backends timed on one
         prefilled cache."""
-        if backend not in self._views:
-            other = object.__new__(StaticDecoder)
-            other.__dict__.update(self.__dict__)
+        root = self._root()
+        if backend == root.backend:
+            return root
+        views = root._own_views
+        if backend not in views:
+            other = root.view(StaticDecoder)
             other.ops = _check_backend("StaticDecoder.with_backend", self.model, backend)
-            other.backend, other.graph = backend, None
-            self._views[backend] = other
-        return self._views[backend]
+            other.backend = backend
+            views[backend] = other
+        return views[backend]
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """K and V (B, T, Hkv, D) of the tokens at positions ``pos`` .. ``pos + T - 1``: each
@@ -840,12 +869,14 @@ def static_decode_ref(decoder: StaticDecoder, tokens: torch.Tensor, k_cache: tor
 
 
 # --8<-- [start:op_versions]
-def _timed(name: str, decoder, tokens, k_cache, v_cache, backend: str) -> StaticDecoder:
-    """The checks of a timed call (no read-back from the device): a fixed-position decoder,
-    its own cache storage, no input autograd tracks; the decoder of ``backend`` on that cache."""
+def check_timed_call(name: str, decoder, tokens, k_cache, v_cache) -> None:
+    """The checks of a timed call of a decode version (no read-back from the device): a
+    fixed-position decoder with its views, its own cache storage as ``k_cache`` and ``v_cache``,
+    no input autograd tracks, ``tokens`` of the decoder's batch."""
     # by its attributes, not its class: an exported copy of this module has a class of its own
     fixed = getattr(decoder, "fixed_position", None) is True
-    if not (callable(getattr(decoder, "step", None)) and fixed):
+    if not (callable(getattr(decoder, "step", None)) and fixed
+            and isinstance(getattr(decoder, "_views", None), dict)):
         raise TypeError(f"{name}: decoder must be a StaticDecoder with fixed_position=True, got "
                         f"{type(decoder).__name__}")
     refuse_grad(name, k_cache, v_cache, instead="static_decode_ref")
@@ -853,6 +884,18 @@ def _timed(name: str, decoder, tokens, k_cache, v_cache, backend: str) -> Static
         if not isinstance(t, torch.Tensor) or t.data_ptr() != own.data_ptr():
             raise ValueError(f"{name}: {label} must be the decoder's own cache storage")
     decoder._check_step(name, tokens, 1, check=False)
+
+
+def graphed_step(decoder: StaticDecoder, tokens: torch.Tensor) -> torch.Tensor:
+    """One step of ``decoder`` through its CUDA graph, captured on the first call (the
+    harness's correctness check, never timed)."""
+    if decoder.graph is None:
+        decoder.capture()
+    return decoder.replay(tokens)
+
+
+def _timed(name: str, decoder, tokens, k_cache, v_cache, backend: str) -> StaticDecoder:
+    check_timed_call(name, decoder, tokens, k_cache, v_cache)
     return decoder.with_backend(backend)
 
 
@@ -884,10 +927,7 @@ def decode_book(decoder, tokens, k_cache, v_cache):
 
 
 def _graphed(name: str, backend: str, decoder, tokens, k_cache, v_cache):
-    d = _timed(name, decoder, tokens, k_cache, v_cache, backend)
-    if d.graph is None:          # captured on the first call: the harness's check, never timed
-        d.capture()
-    return d.replay(tokens)
+    return graphed_step(_timed(name, decoder, tokens, k_cache, v_cache, backend), tokens)
 
 
 def decode_book_graph(decoder, tokens, k_cache, v_cache):

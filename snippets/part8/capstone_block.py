@@ -29,7 +29,6 @@ would cost one more FMA per weight on the CUDA cores, and a batch of 8 is alread
 from __future__ import annotations
 
 import functools
-import gc
 
 import torch
 import triton
@@ -38,7 +37,12 @@ import triton.language as tl
 from snippets._checks import check_tensors, refuse_grad, triton_device, triton_interpreting
 from snippets.common.gemm import INT32_MAX
 from snippets.part5.rmsnorm import EPS
-from snippets.part8.capstone import capstone_decode, needs_cuda_graphs
+from snippets.part8.capstone import (
+    capstone_decode,
+    check_timed_call,
+    graphed_step,
+    needs_cuda_graphs,
+)
 from snippets.part8.capstone_fused import DTYPES, StackedDecoder, rope_append
 from snippets.registry import Impl
 
@@ -63,10 +67,10 @@ def _block_gemv_kernel(x_ptr, g_ptr, w_ptr, res_ptr, y_ptr, B, N, K, eps,
     ss = tl.zeros((BLOCK_B,), dtype=tl.float32)            # the rows' sums of squares (NORM)
     if DOT:
         acc = tl.zeros((BLOCK_B, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_B, BLOCK_N), dtype=tl.float32)
     else:  # elementwise products kept per lane, one reduction at the end (decode_gemv's plan)
         acc = tl.zeros((BLOCK_B, BLOCK_N, BLOCK_K), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_B, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if GLU:                                                # the up half's accumulator
+        acc_u = tl.zeros_like(acc)
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         col_ok = cols < K
@@ -94,15 +98,18 @@ def _block_gemv_kernel(x_ptr, g_ptr, w_ptr, res_ptr, y_ptr, B, N, K, eps,
                 acc_u += x[:, None, :] * u.to(tl.float32)[None, :, :]
     if DOT:
         y = acc
-        yu = acc_u
     else:
         y = tl.sum(acc, axis=2)
-        yu = tl.sum(acc_u, axis=2)
     if NORM:
         r = 1.0 / tl.sqrt(ss / K + eps)
         y = y * r[:, None]
-        yu = yu * r[:, None]
     if GLU:                                                # SwiGLU: silu(gate) * up
+        if DOT:
+            yu = acc_u
+        else:
+            yu = tl.sum(acc_u, axis=2)
+        if NORM:
+            yu = yu * r[:, None]
         y = y / (1.0 + tl.exp(-y)) * yu
     out = bs.to(tl.int64)[:, None] * N + rows[None, :]
     ok = b_ok[:, None] & row_ok[None, :]
@@ -193,13 +200,11 @@ class BlockDecoder(StackedDecoder):
 
     @classmethod
     def over(cls, decoder) -> BlockDecoder:
+        if type(decoder) is cls:                       # already one: itself
+            return decoder
         views = decoder._views
         if "block" not in views:
-            stacked = StackedDecoder.over(decoder)     # its stacked weights, made once
-            other = object.__new__(cls)
-            other.__dict__.update(stacked.__dict__)
-            other.graph = None
-            views["block"] = other
+            views["block"] = StackedDecoder.over(decoder).view(cls)  # v5's stacked weights
         return views["block"]
 
     def _step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -226,24 +231,8 @@ class BlockDecoder(StackedDecoder):
 def decode_block_graph(decoder, tokens, k_cache, v_cache):
     """v6: the block decoder's step (:class:`BlockDecoder`) captured once in a CUDA graph and
     replayed, as v3 and v5 do."""
-    name = "decode_block_graph"
-    if not (callable(getattr(decoder, "step", None)) and getattr(decoder, "fixed_position", None)
-            is True and isinstance(getattr(decoder, "_views", None), dict)):
-        raise TypeError(f"{name}: decoder must be a StaticDecoder with fixed_position=True, got "
-                        f"{type(decoder).__name__}")
-    refuse_grad(name, k_cache, v_cache, instead="static_decode_ref")
-    for label, t, own in (("k_cache", k_cache, decoder.k), ("v_cache", v_cache, decoder.v)):
-        if not isinstance(t, torch.Tensor) or t.data_ptr() != own.data_ptr():
-            raise ValueError(f"{name}: {label} must be the decoder's own cache storage")
-    d = BlockDecoder.over(decoder)
-    if d.graph is None:          # captured on the first call: the harness's check, never timed
-        # A decoder and its views refer to each other, so a dropped one waits for the cycle
-        # collector; free those before this capture adds the stacked weights and a graph's pool
-        # (an 8B model's are tens of GB).
-        gc.collect()
-        torch.cuda.empty_cache()
-        d.capture()
-    return d.replay(tokens)
+    check_timed_call("decode_block_graph", decoder, tokens, k_cache, v_cache)
+    return graphed_step(BlockDecoder.over(decoder), tokens)
 
 
 capstone_decode.add(Impl("v6", decode_block_graph, "Triton",

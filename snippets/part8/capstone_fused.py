@@ -29,7 +29,14 @@ import triton
 import triton.language as tl
 
 from snippets._checks import check_tensors, refuse_grad, triton_device
-from snippets.part8.capstone import BLOCK_SIZE, StaticDecoder, capstone_decode, needs_cuda_graphs
+from snippets.part8.capstone import (
+    BLOCK_SIZE,
+    StaticDecoder,
+    capstone_decode,
+    check_timed_call,
+    graphed_step,
+    needs_cuda_graphs,
+)
 from snippets.registry import Impl
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -194,12 +201,11 @@ class StackedDecoder(StaticDecoder):
     def over(cls, decoder: StaticDecoder) -> StackedDecoder:
         """The stacked decoder over ``decoder``'s cache (made once, then reused: its stacked
         weights and its graph belong to the decoder's family of views)."""
+        if type(decoder) is cls:                       # already one: itself
+            return decoder
         views = decoder._views
         if "stacked" not in views:
-            book = decoder.with_backend("book")
-            other = object.__new__(cls)
-            other.__dict__.update(book.__dict__)
-            other.graph = None
+            other = decoder.with_backend("book").view(cls)
             other.weights = stack_weights(decoder.model)
             views["stacked"] = other
         return views["stacked"]
@@ -228,19 +234,8 @@ class StackedDecoder(StaticDecoder):
 def decode_stacked_graph(decoder, tokens, k_cache, v_cache):
     """v5: the stacked step (:class:`StackedDecoder`) captured once in a CUDA graph and replayed,
     as v3 does with v2's step."""
-    name = "decode_stacked_graph"
-    if not (callable(getattr(decoder, "step", None)) and getattr(decoder, "fixed_position", None)
-            is True and isinstance(getattr(decoder, "_views", None), dict)):
-        raise TypeError(f"{name}: decoder must be a StaticDecoder with fixed_position=True, got "
-                        f"{type(decoder).__name__}")
-    refuse_grad(name, k_cache, v_cache, instead="static_decode_ref")
-    for label, t, own in (("k_cache", k_cache, decoder.k), ("v_cache", v_cache, decoder.v)):
-        if not isinstance(t, torch.Tensor) or t.data_ptr() != own.data_ptr():
-            raise ValueError(f"{name}: {label} must be the decoder's own cache storage")
-    d = StackedDecoder.over(decoder)
-    if d.graph is None:          # captured on the first call: the harness's check, never timed
-        d.capture()
-    return d.replay(tokens)
+    check_timed_call("decode_stacked_graph", decoder, tokens, k_cache, v_cache)
+    return graphed_step(StackedDecoder.over(decoder), tokens)
 
 
 capstone_decode.add(Impl("v5", decode_stacked_graph, "Triton",
