@@ -70,6 +70,79 @@ def test_block_gemv_is_the_unfused_arithmetic(b, n, k, norm, glu, residual):
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
 
 
+TMA_CASES = [  # (b, n, k): K a multiple of 8 (16-byte rows); 70 rows: two batch tiles
+    (3, 9, 48), (20, 33, 64), (70, 18, 24)]
+
+
+@pytest.mark.parametrize("b, n, k", TMA_CASES)
+@pytest.mark.parametrize("norm, glu, residual", [
+    (False, False, False), (True, False, False), (False, False, True), (True, True, False),
+    (False, True, True)])
+def test_tma_product_is_the_unfused_arithmetic(b, n, k, norm, glu, residual):
+    """v7's transposed TMA product (fp16 here: the interpreter's bf16 dot is not trusted), with
+    every prologue and epilogue, a gate tile that reads past F (n not a multiple of the tile)."""
+    x, w, g, res = _tensors(b, n, k, glu, dtype=torch.float16, seed=b + n + k)
+    assert cb.tma_applies(x, w)
+    poison_allocator(b * n * 2, DEVICE)
+    got = cb.block_gemv(x, w, norm=g if norm else None, glu=glu,
+                        residual=res if residual else None, tma=True)
+    want = _ref(x, w, g if norm else None, glu, res if residual else None)
+    assert got.shape == (b, n) and got.dtype == x.dtype
+    torch.testing.assert_close(got.double(), want, rtol=4e-3, atol=4e-3)  # fp16: x * g rounded
+
+
+def test_tma_falls_back_where_its_rules_fail():
+    """fp32, rows of K not a multiple of 8, a base off 16 bytes: v6's kernel, the same result."""
+    x, w, g, _ = _tensors(3, 9, 48, False, dtype=torch.float16)
+    buf = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+    shifted = buf[1:].view_as(x).copy_(x)
+    for xx, ww in ((x.float(), w.float()), (x[:, :44].contiguous(), w[:, :44].contiguous()),
+                   (shifted, w)):
+        assert not cb.tma_applies(xx, ww)
+        torch.testing.assert_close(cb.block_gemv(xx, ww, norm=g[:xx.shape[1]].to(xx.dtype), tma=True),
+                                   cb.block_gemv(xx, ww, norm=g[:xx.shape[1]].to(xx.dtype)),
+                                   rtol=0, atol=0)
+
+
+def _compiled(tma: bool, block_b: int, glu: bool) -> list:
+    """v7's TMA tiles (or v6's tl.dot tiles) compiled for sm_90 on this machine, bf16, with the
+    norm, and SwiGLU or the residual add: ptxas's reports."""
+    from snippets.common.introspect import compile_many
+
+    ptrs = dict(g_ptr="*bf16", res_ptr="*bf16", y_ptr="*bf16")
+    ints = dict(B="i32", N="i32", K="i32", eps="fp32")
+    flags = dict(NORM=True, GLU=glu, RESIDUAL=not glu, BLOCK_B=block_b)
+    jobs = []
+    if tma:
+        for bn, bk, warps, stages in cb.TMA_TILES:
+            sig = dict(x_desc=f"tensordesc<bf16[{block_b}, {bk}]>",
+                       w_desc=f"tensordesc<bf16[{bn}, {bk}]>", **ptrs, **ints)
+            jobs.append((cb._block_gemm_tma_kernel, sig, dict(**flags, BLOCK_N=bn, BLOCK_K=bk),
+                         dict(num_warps=warps, num_stages=stages)))
+    else:
+        for c in cb._configs(block_b, glu, True):
+            sig = dict(x_ptr="*bf16", w_ptr="*bf16", **ptrs, **ints)
+            jobs.append((cb._block_gemv_kernel, sig, dict(**flags, **c.kwargs, DOT=True, IEEE=False),
+                         dict(num_warps=c.num_warps, num_stages=c.num_stages)))
+    return compile_many(jobs)
+
+
+@pytest.mark.cpu_only
+def test_v6s_batched_tiles_spill():
+    """Why v7: v6's batched tile keeps the weight tile's 64-bit addresses in registers and spills,
+    at every one of its configs, for batch 8's tile with SwiGLU."""
+    assert all(k.spill_stores > 0 for k in _compiled(False, 16, True))
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("block_b, glu", [(16, True), (32, False), (32, True)])
+def test_v7s_tiles_load_by_tma_into_wgmma_without_spills(block_b, glu):
+    """v7's tiles load by TMA, multiply with wgmma, and none spills, with either epilogue."""
+    for k, tile in zip(_compiled(True, block_b, glu), cb.TMA_TILES):
+        assert k.spill_stores == 0 and k.spill_loads == 0, (tile, k.ptxas_report)
+        assert "cp.async.bulk.tensor" in k.ptx and "wgmma" in k.ptx, tile
+
+
 def test_the_norm_uses_the_whole_row_and_eps():
     """A row of x = c (every element): RMSNorm makes it sign(c) * norm whatever c, unless eps is
     comparable with c^2; sums of squares taken over one K step, or without eps, give other values."""
@@ -147,22 +220,34 @@ def test_v6_refuses_a_decoder_that_is_not_fixed():
     assert_graph_version_refuses_loose_decoders(cb.decode_block_graph)
 
 
+def test_v7_step_is_the_book_step():
+    """v7's decoder is its own view (not v6's) and follows the book decoder (fp32 here: v6's
+    kernel; its TMA product is tested above and on the GPU)."""
+    assert_decoder_follows_book(cb.TmaBlockDecoder.over, 13, 1e-5 if DEVICE == "cpu" else 1e-4)
+    assert cb.TmaBlockDecoder.KEY != cb.BlockDecoder.KEY and cb.TmaBlockDecoder.TMA
+    assert_graph_version_refuses_loose_decoders(cb.decode_block_tma_graph)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("b", [1, 8, 32])
 @pytest.mark.parametrize("n, k, glu", [(3072, 2048, False), (8192, 2048, True), (2048, 8192, False)])
-def test_block_gemv_at_llama_1b_widths_in_bf16(b, n, k, glu):
+@pytest.mark.parametrize("tma", [False, True])
+def test_block_gemv_at_llama_1b_widths_in_bf16(b, n, k, glu, tma):
     """The step's three shapes (q/k/v, gate/up, down) at batch 1 (elementwise), 8 and 32 (tl.dot), with
     the prologue and epilogue each uses: against float64, within bf16's rounding of the output."""
     x, w, g, res = _tensors(b, n, k, glu, dtype=torch.bfloat16, device="cuda", seed=b)
     norm = g if k == 2048 else None
     residual = None if glu or k == 2048 else res
-    got = cb.block_gemv(x, w, norm=norm, glu=glu, residual=residual)
+    assert cb.tma_applies(x, w)  # on the runner's Hopper GPUs
+    got = cb.block_gemv(x, w, norm=norm, glu=glu, residual=residual, tma=tma)
     want = _ref(x, w, norm, glu, residual)
     torch.testing.assert_close(got.double(), want, rtol=1.6e-2, atol=2e-2)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config, b", [("tiny", 2), ("llama_1b", 1), ("llama_1b", 32)])
-def test_v6_replays_equal_v3s(config, b):
-    """v6's graph against the reference and v3, at batch 1 (elementwise GEMVs) and 32 (tl.dot)."""
-    assert_graph_step_matches_v3(cp.capstone_decode, "v6", config, b)
+@pytest.mark.parametrize("version", ["v6", "v7"])
+def test_v6_replays_equal_v3s(config, b, version):
+    """v6's and v7's graphs against the reference and v3, at batch 1 (elementwise GEMVs) and 32
+    (tl.dot; v7: TMA)."""
+    assert_graph_step_matches_v3(cp.capstone_decode, version, config, b)

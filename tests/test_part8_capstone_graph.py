@@ -240,20 +240,21 @@ def test_op_versions_check_their_inputs():
 
 @pytest.mark.op("capstone_decode")
 def test_registration_and_cost_model():
-    """Seven versions, five from the capstone's module, v5 from capstone_fused and v6 from
+    """Eight versions, five from the capstone's module, v5 from capstone_fused, v6 and v7 from
     capstone_block (graphs and torch.compile GPU-only, with their reasons); the bytes are
     decode_model's for the capstone's configuration, whose parameter count is the capstone's."""
-    from snippets.part8 import capstone_block  # noqa: F401 (registers v5 and v6, whichever ran first)
+    from snippets.part8 import capstone_block  # noqa: F401 (registers v5, v6 and v7, whichever ran first)
 
     op = cp.capstone_decode
-    assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4", "v5", "v6"]
+    assert list(op.impls) == ["v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7"]
     assert [op.impls[v].origin for v in op.impls] == ["library", "library", "book", "book",
-                                                      "library", "book", "book"]
+                                                      "library", "book", "book", "book"]
     assert {v for v in op.impls if op.impls[v].runs_on("cpu")} == {"v0", "v2"}
     if not torch.cuda.is_available():
         assert op.impls["v3"].unavailable() == "CUDA graphs need a CUDA GPU"
         assert op.impls["v5"].unavailable() == "CUDA graphs need a CUDA GPU"
         assert op.impls["v6"].unavailable() == "CUDA graphs need a CUDA GPU"
+        assert op.impls["v7"].unavailable() == "CUDA graphs need a CUDA GPU"
     for size in [op.headline, *op.sweep]:
         cfg = cp.decoder_config(size, torch.bfloat16)
         assert dm.param_count(cfg) == cp.CONFIGS[size["config"]].n_params()

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from snippets._checks import check_tensors, refuse_grad, triton_device, triton_interpreting
-from snippets.common.gemm import INT32_MAX
+from snippets.common.gemm import INT32_MAX, device_smem_limit
 from snippets.part5.rmsnorm import EPS
 from snippets.part8.capstone import (
     capstone_decode,
@@ -142,15 +142,19 @@ def _autotuned(block_b: int, glu: bool, dot: bool):
 
 # --8<-- [start:block_gemv]
 def block_gemv(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None,
-               eps: float = EPS, glu: bool = False,
-               residual: torch.Tensor | None = None) -> torch.Tensor:
+               eps: float = EPS, glu: bool = False, residual: torch.Tensor | None = None,
+               tma: bool = False) -> torch.Tensor:
     """y = [residual +] f(rmsnorm(x, norm) @ W^T) for x (B, K) and W (N, K), one kernel.
 
     ``norm`` (K,): RMSNorm's weight, applied to x first (eps as Part 5's rmsnorm); ``glu``: W is
     (2 F, K), gate rows then up rows (``capstone_fused.stack_weights``), and y = silu(x W_g^T) *
     (x W_u^T), (B, F); ``residual`` (B, N): added to the result. Products and epilogue in fp32,
     y rounded once to x's dtype. Nothing is rounded between the norm and the product, or between
-    the product and SwiGLU, where the unfused step rounds each."""
+    the product and SwiGLU, where the unfused step rounds each.
+
+    ``tma`` (v7): from ``DOT_FROM`` rows on, the batched product of :func:`_block_gemm_tma_kernel`
+    (TMA loads, the weight on the MMA's M side) wherever :func:`tma_applies`; elsewhere, and at
+    batch 1, the same kernel as without it."""
     name = "block_gemv"
     tensors = {"x": x, "w": w, **({"norm": norm} if norm is not None else {}),
                **({"residual": residual} if residual is not None else {})}
@@ -177,6 +181,8 @@ def block_gemv(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = 
     dot = b >= DOT_FROM
     block_b = min(max(MIN_DOT_B, triton.next_power_of_2(b)), MAX_DOT_B) if dot else \
         triton.next_power_of_2(b)
+    if dot and tma and tma_applies(x, w):
+        return _launch_tma(x, w, norm, residual, y, glu, float(eps), block_b)
     args = (x, norm if norm is not None else x, w, residual if residual is not None else x, y,
             b, n, k, float(eps))
     flags = dict(NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None, DOT=dot,
@@ -192,39 +198,159 @@ def block_gemv(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = 
 # --8<-- [end:block_gemv]
 
 
+# --8<-- [start:tma_kernel]
+@triton.jit
+def _block_gemm_tma_kernel(x_desc, g_ptr, w_desc, res_ptr, y_ptr, B, N, K, eps,
+                           NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
+                           BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # v7's batched product, transposed: y^T tile (BLOCK_N, BLOCK_B) = W tile @ x^T. The weight is
+    # the MMA's M side, so a tile of 64 or 128 weight rows feeds wgmma from shared memory, where
+    # TMA put it; only the small x tile passes through registers (for the norm). With pointer
+    # loads the weight tile's 64-bit addresses alone filled the registers and spilled.
+    n0 = tl.program_id(0) * BLOCK_N
+    b0 = tl.program_id(1) * BLOCK_B
+    ss = tl.zeros((BLOCK_B,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_B), dtype=tl.float32)
+    if GLU:
+        acc_u = tl.zeros_like(acc)
+    for k0 in range(0, K, BLOCK_K):
+        x = x_desc.load([b0, k0])                          # (BLOCK_B, BLOCK_K), zeros past B
+        if NORM:
+            cols = k0 + tl.arange(0, BLOCK_K)
+            xf = x.to(tl.float32)
+            ss += tl.sum(xf * xf, axis=1)
+            g = tl.load(g_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+            x = (xf * g[None, :]).to(x.dtype)
+        acc = tl.dot(w_desc.load([n0, k0]), tl.trans(x), acc)
+        if GLU:                                            # the up rows: F + n
+            acc_u = tl.dot(w_desc.load([N + n0, k0]), tl.trans(x), acc_u)
+    y = acc
+    if NORM:
+        r = 1.0 / tl.sqrt(ss / K + eps)
+        y = y * r[None, :]
+    if GLU:                                                # SwiGLU: silu(gate) * up
+        yu = acc_u
+        if NORM:
+            yu = yu * r[None, :]
+        y = y / (1.0 + tl.exp(-y)) * yu
+    rows = n0 + tl.arange(0, BLOCK_N)                      # a gate tile past F read up rows:
+    bs = b0 + tl.arange(0, BLOCK_B)                        # its outputs are masked here
+    out = bs.to(tl.int64)[None, :] * N + rows[:, None]
+    ok = (bs < B)[None, :] & (rows < N)[:, None]
+    if RESIDUAL:
+        y += tl.load(res_ptr + out, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=ok)
+# --8<-- [end:tma_kernel]
+
+
+# --8<-- [start:tma_launch]
+TMA_TILES = ((64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (128, 64, 4, 4), (64, 64, 4, 6))
+
+
+def tma_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether v7's TMA product can take x and w: 16-bit floats (wgmma's inputs; fp32 keeps the
+    IEEE tl.dot path), rows of a multiple of 16 bytes and 16-byte aligned bases (TMA's rules),
+    and a Hopper GPU or the interpreter."""
+    if x.dtype not in (torch.float16, torch.bfloat16) or x.shape[1] % 8:
+        return False
+    if x.data_ptr() % 16 or w.data_ptr() % 16:
+        return False
+    return triton_interpreting() or torch.cuda.get_device_capability(x.device) >= (9, 0)
+
+
+def _tma_smem(c: triton.Config, block_b: int, glu: bool) -> int:
+    """Shared memory of a config: each stage holds the weight tile(s) and the x tile, 2 bytes each."""
+    bn, bk = c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
+    return c.num_stages * ((2 if glu else 1) * bn + block_b) * bk * 2
+
+
+def _tma_prune(configs, named_args, **kwargs):
+    """Drop the configs that do not fit the device's shared memory (they would not launch)."""
+    args = {**named_args, **kwargs}
+    limit = device_smem_limit(args["x_desc"].base.device.index or 0)
+    kept = [c for c in configs if _tma_smem(c, args["BLOCK_B"], args["GLU"]) <= limit]
+    return kept or [min(configs, key=lambda c: _tma_smem(c, args["BLOCK_B"], args["GLU"]))]
+
+
+def _set_boxes(nargs: dict) -> None:
+    """Autotuner pre-hook: a host descriptor's box is part of it, so it follows the config."""
+    nargs["x_desc"].block_shape = [nargs["BLOCK_B"], nargs["BLOCK_K"]]
+    nargs["w_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
+
+
+_tma_autotuned = triton.autotune(
+    configs=[triton.Config(dict(BLOCK_N=bn, BLOCK_K=bk), num_warps=w, num_stages=s,
+                           pre_hook=_set_boxes) for bn, bk, w, s in TMA_TILES],
+    key=["N", "K", "BLOCK_B", "GLU"], prune_configs_by={"early_config_prune": _tma_prune},
+)(_block_gemm_tma_kernel)
+
+
+def _launch_tma(x, w, norm, residual, y, glu: bool, eps: float, block_b: int) -> torch.Tensor:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    (b, k), n = x.shape, y.shape[1]
+    x_desc = TensorDescriptor(x, list(x.shape), [k, 1], [16, 16])  # boxes: set per config
+    w_desc = TensorDescriptor(w, list(w.shape), [k, 1], [16, 16])
+    args = (x_desc, norm if norm is not None else x, w_desc,
+            residual if residual is not None else x, y, b, n, k, eps)
+    flags = dict(NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None, BLOCK_B=block_b)
+    if triton_interpreting():  # several programs and K steps at tiny sizes
+        tile = dict(BLOCK_N=16, BLOCK_K=16)
+        _set_boxes({"x_desc": x_desc, "w_desc": w_desc, **flags, **tile})
+        grid = (triton.cdiv(n, tile["BLOCK_N"]), triton.cdiv(b, block_b))
+        _block_gemm_tma_kernel[grid](*args, **flags, **tile)
+    else:
+        _tma_autotuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),
+                                     triton.cdiv(b, block_b))](*args, **flags)
+    return y
+# --8<-- [end:tma_launch]
+
+
 # --8<-- [start:step]
 class BlockDecoder(StackedDecoder):
     """v5's stacked decoder with each block's norms, SwiGLU and residual adds carried by its GEMVs
     (:func:`block_gemv`): seven kernels a block. Made by :meth:`over`, like
     :class:`StackedDecoder`, on the same cache, tables and position."""
 
+    KEY, TMA = "block", False   # its name among the decoder's views; block_gemv's tma
+
     @classmethod
     def over(cls, decoder) -> BlockDecoder:
         if type(decoder) is cls:                       # already one: itself
             return decoder
         views = decoder._views
-        if "block" not in views:
-            views["block"] = StackedDecoder.over(decoder).view(cls)  # v5's stacked weights
-        return views["block"]
+        if cls.KEY not in views:
+            views[cls.KEY] = StackedDecoder.over(decoder).view(cls)  # v5's stacked weights
+        return views[cls.KEY]
 
     def _step(self, tokens: torch.Tensor) -> torch.Tensor:
         model, cfg = self.model, self.model.cfg
         b, h, hkv, d = self.batch, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        gemv = functools.partial(block_gemv, tma=self.TMA)
         lens = (self.pos + 1).to(torch.int32).repeat(b)                    # (B,), on the device
         x = model.embed[tokens]                                            # (B, dim)
         for i, layer in enumerate(model.layers):
             w_qkv, w_gu = self.weights[i]
-            qkv = block_gemv(x, w_qkv, norm=layer.attn_norm)              # norm + q, k, v
+            qkv = gemv(x, w_qkv, norm=layer.attn_norm)                    # norm + q, k, v
             q = rope_append(qkv, model.cos, model.sin, self.pos, self.k[i], self.v[i],
                             self.tables, h, hkv)                           # (B, H, D)
             o = self.ops["decode_attention"](q, self.k[i], self.v[i], self.tables, lens)
-            x = block_gemv(o.reshape(b, h * d), layer.wo, residual=x)     # x + o W_o^T
-            m = block_gemv(x, w_gu, norm=layer.mlp_norm, glu=True)        # norm + SwiGLU
-            x = block_gemv(m, layer.wd, residual=x)                       # x + m W_d^T
+            x = gemv(o.reshape(b, h * d), layer.wo, residual=x)           # x + o W_o^T
+            m = gemv(x, w_gu, norm=layer.mlp_norm, glu=True)              # norm + SwiGLU
+            x = gemv(m, layer.wd, residual=x)                             # x + m W_d^T
         if not self.fixed_position:
             self.pos += 1
-        return block_gemv(x, model.lm_head, norm=model.norm)              # (B, vocab)
+        return gemv(x, model.lm_head, norm=model.norm)                    # (B, vocab)
 # --8<-- [end:step]
+
+
+# --8<-- [start:tma_step]
+class TmaBlockDecoder(BlockDecoder):
+    """v7: v6's decoder with its batched products on :func:`_block_gemm_tma_kernel` (TMA loads,
+    the weight on wgmma's M side). At batch 1 it is v6."""
+
+    KEY, TMA = "block_tma", True
+# --8<-- [end:tma_step]
 
 
 # --8<-- [start:op_version]
@@ -239,6 +365,21 @@ capstone_decode.add(Impl("v6", decode_block_graph, "Triton",
                          "v5 with RMSNorm, SwiGLU and the residual adds inside the GEMVs "
                          "(7 kernels a block)",
                          (BlockDecoder, block_gemv, _block_gemv_kernel, _configs,
+                          "snippets/part8/capstone_fused.py", "snippets/part8/capstone.py"),
+                         requires=needs_cuda_graphs))
+
+
+def decode_block_tma_graph(decoder, tokens, k_cache, v_cache):
+    """v7: v6 with the batched products on TMA and wgmma (:class:`TmaBlockDecoder`), captured
+    once in a CUDA graph and replayed."""
+    check_timed_call("decode_block_tma_graph", decoder, tokens, k_cache, v_cache)
+    return graphed_step(TmaBlockDecoder.over(decoder), tokens)
+
+
+capstone_decode.add(Impl("v7", decode_block_tma_graph, "Triton",
+                         "v6 with the batched products on TMA + wgmma, the weight on the MMA's "
+                         "M side",
+                         (TmaBlockDecoder, _block_gemm_tma_kernel, _launch_tma, tma_applies,
                           "snippets/part8/capstone_fused.py", "snippets/part8/capstone.py"),
                          requires=needs_cuda_graphs))
 # --8<-- [end:op_version]
