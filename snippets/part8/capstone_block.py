@@ -259,7 +259,8 @@ def tma_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def _tma_smem(c: triton.Config, block_b: int, glu: bool) -> int:
-    """Shared memory of a config: each stage holds the weight tile(s) and the x tile, 2 bytes each."""
+    """Shared memory of a config: each stage holds the weight tile(s) and the x tile (2-byte
+    elements)."""
     bn, bk = c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
     return c.num_stages * ((2 if glu else 1) * bn + block_b) * bk * 2
 
