@@ -15,6 +15,7 @@ import weakref
 
 import pytest
 import torch
+import triton
 from helpers import (
     assert_decoder_follows_book,
     assert_graph_step_matches_v3,
@@ -91,6 +92,49 @@ def test_tma_product_is_the_unfused_arithmetic(b, n, k, norm, glu, residual):
     torch.testing.assert_close(got.double(), want, rtol=4e-3, atol=4e-3)  # fp16: x * g rounded
 
 
+@pytest.mark.parametrize("b, n, k, split", [(3, 9, 48, 3), (20, 33, 64, 2), (70, 18, 24, 3),
+                                         (5, 40, 80, 4)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_tma_split_k_is_the_unfused_arithmetic(b, n, k, split, residual):
+    """v7's split-K: each program sums a slice of K (the last slice of (70, 18, 24) in 3 is empty and
+    must store zeros), the sum kernel adds the slices and the residual; against float64 and against
+    the unsplit product."""
+    x, w, _, res = _tensors(b, n, k, False, dtype=torch.float16, seed=b + n + k + split)
+    poison_allocator(split * b * n * 4, DEVICE)
+    got = cb.block_gemv(x, w, residual=res if residual else None, tma=True, split_k=split)
+    want = _ref(x, w, None, False, res if residual else None)
+    assert got.shape == (b, n) and got.dtype == x.dtype
+    torch.testing.assert_close(got.double(), want, rtol=4e-3, atol=4e-3)
+    whole = cb.block_gemv(x, w, residual=res if residual else None, tma=True, split_k=1)
+    torch.testing.assert_close(got, whole, rtol=2e-3, atol=2e-3)  # fp32 sums in another order
+
+
+def test_split_k_is_refused_where_it_cannot_apply():
+    x, w, g, _ = _tensors(3, 9, 48, True, dtype=torch.float16)
+    for kw in (dict(norm=g), dict(glu=True)):
+        with pytest.raises(ValueError, match="split_k"):
+            cb.block_gemv(x, w, tma=True, split_k=2, **kw)
+    for bad in (0, -1, 2.0):
+        with pytest.raises(ValueError, match="split_k"):
+            cb.block_gemv(x, w[:9], tma=True, split_k=bad)
+
+
+def test_split_k_for_fills_the_sms_with_slices_of_k(monkeypatch):
+    """The rule, on a 132-SM GPU: 1B's output and down products (2048 rows: 32 tiles of 64) get 4
+    slices at batch 8 and 32, 2 at batch 70 (two batch tiles); the LM head and the gate/up product
+    fill the GPU with tiles alone; short K is not cut below 512 columns."""
+    monkeypatch.setattr(cb, "triton_interpreting", lambda: False)
+    monkeypatch.setattr(cb, "num_sms", lambda index: 132)
+    dev = torch.device("cuda", 0)
+    assert cb.split_k_for(32, 2048, 8192, 32, dev) == 4
+    assert cb.split_k_for(8, 2048, 2048, 16, dev) == 4
+    assert cb.split_k_for(70, 2048, 8192, 64, dev) == 2
+    assert cb.split_k_for(32, 128256, 2048, 32, dev) == 1
+    assert cb.split_k_for(32, 16384, 2048, 32, dev) == 1
+    assert cb.split_k_for(8, 2048, 1024, 16, dev) == 2
+    assert cb.split_k_for(8, 256, 65536, 16, dev) == cb.SPLIT_K_MAX
+
+
 def test_tma_falls_back_where_its_rules_fail():
     """fp32, rows of K not a multiple of 8, a base off 16 bytes: v6's kernel, the same result."""
     x, w, g, _ = _tensors(3, 9, 48, False, dtype=torch.float16)
@@ -104,20 +148,22 @@ def test_tma_falls_back_where_its_rules_fail():
                                    rtol=0, atol=0)
 
 
-def _compiled(tma: bool, block_b: int, glu: bool) -> list:
+def _compiled(tma: bool, block_b: int, glu: bool, split: int = 1) -> list:
     """v7's TMA tiles (or v6's tl.dot tiles) compiled for sm_90 on this machine, bf16, with the
-    norm, and SwiGLU or the residual add: ptxas's reports."""
+    norm, and SwiGLU or the residual add (split > 1: v7's split-K tiles, fp32 partials out, no
+    norm): ptxas's reports."""
     from snippets.common.introspect import compile_many
 
-    ptrs = dict(g_ptr="*bf16", res_ptr="*bf16", y_ptr="*bf16")
+    ptrs = dict(g_ptr="*bf16", res_ptr="*bf16", y_ptr="*bf16" if split == 1 else "*fp32")
     ints = dict(B="i32", N="i32", K="i32", eps="fp32")
-    flags = dict(NORM=True, GLU=glu, RESIDUAL=not glu, BLOCK_B=block_b)
+    flags = dict(NORM=split == 1, GLU=glu, RESIDUAL=not glu, BLOCK_B=block_b)
     jobs = []
     if tma:
         for bn, bk, warps, stages in cb.TMA_TILES:
             sig = dict(x_desc=f"tensordesc<bf16[{block_b}, {bk}]>",
                        w_desc=f"tensordesc<bf16[{bn}, {bk}]>", **ptrs, **ints)
-            jobs.append((cb._block_gemm_tma_kernel, sig, dict(**flags, BLOCK_N=bn, BLOCK_K=bk),
+            jobs.append((cb._block_gemm_tma_kernel, sig,
+                         dict(**flags, SPLIT_K=split, BLOCK_N=bn, BLOCK_K=bk),
                          dict(num_warps=warps, num_stages=stages)))
     else:
         for c in cb._configs(block_b, glu, True):
@@ -135,10 +181,12 @@ def test_v6s_batched_tiles_spill():
 
 
 @pytest.mark.cpu_only
-@pytest.mark.parametrize("block_b, glu", [(16, True), (32, False), (32, True)])
-def test_v7s_tiles_load_by_tma_into_wgmma_without_spills(block_b, glu):
-    """v7's tiles load by TMA, multiply with wgmma, and none spills, with either epilogue."""
-    for k, tile in zip(_compiled(True, block_b, glu), cb.TMA_TILES):
+@pytest.mark.parametrize("block_b, glu, split", [(16, True, 1), (32, False, 1), (32, True, 1),
+                                                (32, False, 4)])
+def test_v7s_tiles_load_by_tma_into_wgmma_without_spills(block_b, glu, split):
+    """v7's tiles load by TMA, multiply with wgmma, and none spills, with either epilogue and with
+    split-K's partial sums."""
+    for k, tile in zip(_compiled(True, block_b, glu, split), cb.TMA_TILES):
         assert k.spill_stores == 0 and k.spill_loads == 0, (tile, k.ptxas_report)
         assert "cp.async.bulk.tensor" in k.ptx and "wgmma" in k.ptx, tile
 
@@ -242,6 +290,22 @@ def test_block_gemv_at_llama_1b_widths_in_bf16(b, n, k, glu, tma):
     got = cb.block_gemv(x, w, norm=norm, glu=glu, residual=residual, tma=tma)
     want = _ref(x, w, norm, glu, residual)
     torch.testing.assert_close(got.double(), want, rtol=1.6e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [8, 32])
+def test_split_k_at_the_down_products_width_is_deterministic(b):
+    """1B's down product (2048 rows, K = 8192) is split on the runner's GPUs; two calls give the
+    same bits (the slices are added in a fixed order), and the split agrees with the unsplit product
+    to the fp32 sums' order."""
+    x, w, _, res = _tensors(b, 2048, 8192, False, dtype=torch.bfloat16, device="cuda", seed=b)
+    block_b = max(cb.MIN_DOT_B, triton.next_power_of_2(b))
+    assert cb.split_k_for(b, 2048, 8192, block_b, x.device) > 1
+    first = cb.block_gemv(x, w, residual=res, tma=True)
+    assert torch.equal(first, cb.block_gemv(x, w, residual=res, tma=True))
+    whole = cb.block_gemv(x, w, residual=res, tma=True, split_k=1)
+    torch.testing.assert_close(first, whole, rtol=1.6e-2, atol=2e-2)
+    torch.testing.assert_close(first.double(), _ref(x, w, None, False, res), rtol=1.6e-2, atol=2e-2)
 
 
 @pytest.mark.gpu

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from snippets._checks import check_tensors, refuse_grad, triton_device, triton_interpreting
-from snippets.common.gemm import INT32_MAX, device_smem_limit
+from snippets.common.gemm import INT32_MAX, device_smem_limit, num_sms
 from snippets.part5.rmsnorm import EPS
 from snippets.part8.capstone import (
     capstone_decode,
@@ -143,7 +143,7 @@ def _autotuned(block_b: int, glu: bool, dot: bool):
 # --8<-- [start:block_gemv]
 def block_gemv(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = None,
                eps: float = EPS, glu: bool = False, residual: torch.Tensor | None = None,
-               tma: bool = False) -> torch.Tensor:
+               tma: bool = False, split_k: int | None = None) -> torch.Tensor:
     """y = [residual +] f(rmsnorm(x, norm) @ W^T) for x (B, K) and W (N, K), one kernel.
 
     ``norm`` (K,): RMSNorm's weight, applied to x first (eps as Part 5's rmsnorm); ``glu``: W is
@@ -154,7 +154,10 @@ def block_gemv(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = 
 
     ``tma`` (v7): from ``DOT_FROM`` rows on, the batched product of :func:`_block_gemm_tma_kernel`
     (TMA loads, the weight on the MMA's M side) wherever :func:`tma_applies`; elsewhere, and at
-    batch 1, the same kernel as without it."""
+    batch 1, the same kernel as without it. ``split_k`` (the TMA product without norm or SwiGLU):
+    programs per tile of output rows, each summing a slice of K, their fp32 partial sums added
+    by a second kernel (:func:`_split_k_sum_kernel`) with the residual; None chooses
+    (:func:`split_k_for`), 1 is no split."""
     name = "block_gemv"
     tensors = {"x": x, "w": w, **({"norm": norm} if norm is not None else {}),
                **({"residual": residual} if residual is not None else {})}
@@ -177,12 +180,18 @@ def block_gemv(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = 
         raise ValueError(f"{name}: residual must be ({b}, {n}), got {tuple(residual.shape)}")
     if not eps > 0:
         raise ValueError(f"{name}: eps must be positive, got {eps}")
+    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int)
+                                or split_k < 1):
+        raise ValueError(f"{name}: split_k must be a positive int or None, got {split_k!r}")
+    if split_k not in (None, 1) and (norm is not None or glu):
+        raise ValueError(f"{name}: split_k needs the full row for the norm and SwiGLU; "
+                         "it applies without them only")
     y = torch.empty(b, n, dtype=x.dtype, device=x.device)  # never the residual's storage
     dot = b >= DOT_FROM
     block_b = min(max(MIN_DOT_B, triton.next_power_of_2(b)), MAX_DOT_B) if dot else \
         triton.next_power_of_2(b)
     if dot and tma and tma_applies(x, w):
-        return _launch_tma(x, w, norm, residual, y, glu, float(eps), block_b)
+        return _launch_tma(x, w, norm, residual, y, glu, float(eps), block_b, split_k)
     args = (x, norm if norm is not None else x, w, residual if residual is not None else x, y,
             b, n, k, float(eps))
     flags = dict(NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None, DOT=dot,
@@ -202,18 +211,23 @@ def block_gemv(x: torch.Tensor, w: torch.Tensor, *, norm: torch.Tensor | None = 
 @triton.jit
 def _block_gemm_tma_kernel(x_desc, g_ptr, w_desc, res_ptr, y_ptr, B, N, K, eps,
                            NORM: tl.constexpr, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
-                           BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                           SPLIT_K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr):
     # v7's batched product, transposed: y^T tile (BLOCK_N, BLOCK_B) = W tile @ x^T. The weight is
     # the MMA's M side, so a tile of 64 or 128 weight rows feeds wgmma from shared memory, where
     # TMA put it; only the small x tile passes through registers (for the norm). With pointer
     # loads the weight tile's 64-bit addresses alone filled the registers and spilled.
+    # Split-K: program (., ., s) sums the s-th slice of K (whole BLOCK_Ks) and stores fp32 partials.
+    tl.static_assert(SPLIT_K == 1 or not (NORM or GLU), "split-K without the norm and SwiGLU only")
     n0 = tl.program_id(0) * BLOCK_N
     b0 = tl.program_id(1) * BLOCK_B
+    k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_lo = tl.program_id(2) * k_per
     ss = tl.zeros((BLOCK_B,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_B), dtype=tl.float32)
     if GLU:
         acc_u = tl.zeros_like(acc)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, tl.minimum(K, k_lo + k_per), BLOCK_K):
         x = x_desc.load([b0, k0])                          # (BLOCK_B, BLOCK_K), zeros past B
         if NORM:
             cols = k0 + tl.arange(0, BLOCK_K)
@@ -237,10 +251,44 @@ def _block_gemm_tma_kernel(x_desc, g_ptr, w_desc, res_ptr, y_ptr, B, N, K, eps,
     bs = b0 + tl.arange(0, BLOCK_B)                        # its outputs are masked here
     out = bs.to(tl.int64)[None, :] * N + rows[:, None]
     ok = (bs < B)[None, :] & (rows < N)[:, None]
-    if RESIDUAL:
-        y += tl.load(res_ptr + out, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=ok)
+    if SPLIT_K > 1:                                        # y_ptr: (SPLIT_K, B, N) fp32 partials
+        tl.store(y_ptr + tl.program_id(2).to(tl.int64) * B * N + out, y, mask=ok)
+    else:
+        if RESIDUAL:
+            y += tl.load(res_ptr + out, mask=ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=ok)
 # --8<-- [end:tma_kernel]
+
+
+# --8<-- [start:split_k]
+@triton.jit
+def _split_k_sum_kernel(part_ptr, res_ptr, y_ptr, total, SPLIT_K: tl.constexpr,
+                        RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    # y = [res +] the sum of the SPLIT_K fp32 partials, in a fixed order: the same bits every run
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < total
+    acc = tl.load(part_ptr + i, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(part_ptr + s * total + i, mask=ok, other=0.0)
+    if RESIDUAL:
+        acc += tl.load(res_ptr + i, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+SPLIT_K_MAX = 8           # split-K: at most this many slices of K per tile of output rows
+SPLIT_K_MIN_SLICE = 512   # and none shorter than this many columns of K
+
+
+def split_k_for(b: int, n: int, k: int, block_b: int, device: torch.device) -> int:
+    """Slices of K for a product of too few output tiles to fill the GPU: about one program per SM
+    counting tiles of 64 weight rows (the smallest), within the limits above; 1 when the tiles
+    alone fill it (the LM head, the gate/up product) or under the interpreter."""
+    if triton_interpreting():
+        return 1
+    tiles = triton.cdiv(n, 64) * triton.cdiv(b, block_b)
+    s = min(SPLIT_K_MAX, num_sms(device.index or 0) // tiles, k // SPLIT_K_MIN_SLICE)
+    return max(1, s) if s * b * n <= INT32_MAX else 1
+# --8<-- [end:split_k]
 
 
 # --8<-- [start:tma_launch]
@@ -282,27 +330,39 @@ def _set_boxes(nargs: dict) -> None:
 _tma_autotuned = triton.autotune(
     configs=[triton.Config(dict(BLOCK_N=bn, BLOCK_K=bk), num_warps=w, num_stages=s,
                            pre_hook=_set_boxes) for bn, bk, w, s in TMA_TILES],
-    key=["N", "K", "BLOCK_B", "GLU"], prune_configs_by={"early_config_prune": _tma_prune},
+    key=["N", "K", "BLOCK_B", "GLU", "SPLIT_K"],
+    prune_configs_by={"early_config_prune": _tma_prune},
 )(_block_gemm_tma_kernel)
 
 
-def _launch_tma(x, w, norm, residual, y, glu: bool, eps: float, block_b: int) -> torch.Tensor:
+def _launch_tma(x, w, norm, residual, y, glu: bool, eps: float, block_b: int,
+                split_k: int | None = None) -> torch.Tensor:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     (b, k), n = x.shape, y.shape[1]
+    if split_k is None:
+        split_k = 1 if norm is not None or glu else split_k_for(b, n, k, block_b, x.device)
+    # with split-K the product kernel writes fp32 partials; the sum kernel adds them into y
+    out = y if split_k == 1 else torch.empty(split_k, b, n, dtype=torch.float32, device=x.device)
     x_desc = TensorDescriptor(x, list(x.shape), [k, 1], [16, 16])  # boxes: set per config
     w_desc = TensorDescriptor(w, list(w.shape), [k, 1], [16, 16])
     args = (x_desc, norm if norm is not None else x, w_desc,
-            residual if residual is not None else x, y, b, n, k, eps)
-    flags = dict(NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None, BLOCK_B=block_b)
+            residual if residual is not None else x, out, b, n, k, eps)
+    flags = dict(NORM=norm is not None, GLU=glu, RESIDUAL=residual is not None, SPLIT_K=split_k,
+                 BLOCK_B=block_b)
     if triton_interpreting():  # several programs and K steps at tiny sizes
         tile = dict(BLOCK_N=16, BLOCK_K=16)
         _set_boxes({"x_desc": x_desc, "w_desc": w_desc, **flags, **tile})
-        grid = (triton.cdiv(n, tile["BLOCK_N"]), triton.cdiv(b, block_b))
+        grid = (triton.cdiv(n, tile["BLOCK_N"]), triton.cdiv(b, block_b), split_k)
         _block_gemm_tma_kernel[grid](*args, **flags, **tile)
     else:
         _tma_autotuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),
-                                     triton.cdiv(b, block_b))](*args, **flags)
+                                     triton.cdiv(b, block_b), split_k)](*args, **flags)
+    if split_k > 1:
+        block = 1024
+        _split_k_sum_kernel[(triton.cdiv(b * n, block),)](
+            out, residual if residual is not None else y, y, b * n, SPLIT_K=split_k,
+            RESIDUAL=residual is not None, BLOCK=block)
     return y
 # --8<-- [end:tma_launch]
 
@@ -380,7 +440,8 @@ def decode_block_tma_graph(decoder, tokens, k_cache, v_cache):
 capstone_decode.add(Impl("v7", decode_block_tma_graph, "Triton",
                          "v6 with the batched products on TMA + wgmma, the weight on the MMA's "
                          "M side",
-                         (TmaBlockDecoder, _block_gemm_tma_kernel, _launch_tma, tma_applies,
+                         (TmaBlockDecoder, _block_gemm_tma_kernel, _split_k_sum_kernel,
+                          _launch_tma, split_k_for, tma_applies,
                           "snippets/part8/capstone_fused.py", "snippets/part8/capstone.py"),
                          requires=needs_cuda_graphs))
 # --8<-- [end:op_version]
