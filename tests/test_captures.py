@@ -245,6 +245,12 @@ def test_merged_gpu_test_shards_keep_one_hash(tmp_path):
     out = captures.merge_tests(parts, tmp_path / "gpu_tests.txt")
     assert "shard 1/2" in out.read_text() and "shard 2/2" in out.read_text()
     assert captures.status(out).fresh
+    # merged under another name (before it is copied into place): the record still names the summary,
+    # and keeps what produced the shards
+    other = captures.merge_tests(parts, tmp_path / "merged" / "h100_gpu_tests.txt")
+    meta = json.loads(captures.meta_path(other).read_text())
+    shard = json.loads(captures.meta_path(parts[0]).read_text())
+    assert meta["file"] == "gpu_tests.txt" and meta["producer"] == shard["producer"]
     meta = json.loads(parts[1].with_name("gpu_tests.meta.json").read_text())
     meta["source_hash"] = "0123456789abcdef"  # one shard ran other code
     parts[1].with_name("gpu_tests.meta.json").write_text(json.dumps(meta))

@@ -323,8 +323,10 @@ def merge_tests(parts: list[Path], out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n\n".join(texts) + "\n")
     common = hashes.pop() if len(hashes) == 1 else None
-    meta = {"schema": SCHEMA, "name": GPU_TESTS, "file": out.name, "source_hash": common,
-            "producer": ["scripts/gpu_tests.sh"], "params": {"shards": len(parts)},
+    # the summary's name, whatever the merged file is called until it is copied into place
+    meta = {"schema": SCHEMA, "name": GPU_TESTS, "file": f"{GPU_TESTS}.txt", "source_hash": common,
+            "producer": next((m["producer"] for m in metas if m.get("producer")), ["scripts/gpu_tests.sh"]),
+            "params": {"shards": len(parts)},
             "commit": commits.pop() if len(commits) == 1 else None,
             "dirty": any(m.get("dirty") for m in metas),
             "date": max((m.get("date") or "" for m in metas), default="") or None}
