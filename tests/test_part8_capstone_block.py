@@ -174,6 +174,35 @@ def _compiled(tma: bool, block_b: int, glu: bool, split: int = 1) -> list:
 
 
 @pytest.mark.cpu_only
+@pytest.mark.parametrize("norm, glu, residual", [(True, False, False), (False, False, True), (True, True, False)])
+def test_v6s_batch_1_tiles_compile_like_decode_gemvs(norm, glu, residual):
+    """At batch 1 (elementwise), v6's tiles with the norm, the residual or SwiGLU read the weight in 16-byte
+    loads, as decode_gemv's do, without spills and with no more registers than decode_gemv's largest
+    tile plus a margin for the extras: what v6 adds to a GEMV does not change how it streams the weight
+    (the H200's slower 8B step is not visible to ptxas)."""
+    import re
+
+    from snippets.common.introspect import compile_many
+    from snippets.part8 import decode_gemv as dg
+
+    ints = dict(N="i32", K="i32")
+    sig = dict(x_ptr="*bf16", g_ptr="*bf16", w_ptr="*bf16", res_ptr="*bf16", y_ptr="*bf16", B="i32", **ints,
+               eps="fp32")
+    jobs = [(cb._block_gemv_kernel, sig, dict(NORM=norm, GLU=glu, RESIDUAL=residual, DOT=False, IEEE=False,
+                                              BLOCK_B=1, **c.kwargs),
+             dict(num_warps=c.num_warps, divisible=[*sig][:5] + ["N", "K"]))
+            for c in cb._configs(1, glu, False)]
+    jobs += [(dg._gemv_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", **ints), dict(c.kwargs),
+              dict(num_warps=c.num_warps, divisible=["x_ptr", "w_ptr", "y_ptr", "N", "K"]))
+             for c in dg.GEMV_CONFIGS]
+    ours = compile_many(jobs)
+    v6, gemv = ours[:3], ours[3:]
+    for k in v6:
+        assert k.spill_stores == 0 and len(re.findall(r"ld\.global\.v4\.b32", k.ptx)) >= 4, k.ptxas_report
+        assert k.registers <= max(g.registers for g in gemv) + 16, (k.registers, [g.registers for g in gemv])
+
+
+@pytest.mark.cpu_only
 def test_v6s_batched_tiles_spill():
     """Why v7: v6's batched tile keeps the weight tile's 64-bit addresses in registers and spills,
     at every one of its configs, for batch 8's tile with SwiGLU."""
