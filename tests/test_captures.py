@@ -256,3 +256,14 @@ def test_merged_gpu_test_shards_keep_one_hash(tmp_path):
     parts[1].with_name("gpu_tests.meta.json").write_text(json.dumps(meta))
     out = captures.merge_tests(parts, tmp_path / "gpu_tests.txt")
     assert not captures.status(out).fresh
+
+
+def test_the_gpu_suites_hash_covers_what_the_tests_read_without_importing():
+    """A change to an exercise's solution or planted variant, to a script a test runs, or to pytest's
+    configuration stales the GPU suite's summary (test_exercises and the capture tests run them on the
+    GPU), as a change to a test or a module does."""
+    prod = captures.producer(captures.GPU_TESTS)
+    for f in ("exercises/solutions/part8/split_merge.py", "exercises/planted/part8/split_merge.py.planted.json",
+              "exercises/part8/split_merge.py", "scripts/mutate.py", "scripts/capture_profiles.sh",
+              "pyproject.toml", "csrc/part1/vector_add_main.cu"):
+        assert f in prod.files, f

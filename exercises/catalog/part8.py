@@ -179,6 +179,59 @@ split_merge = Exercise(
 )
 
 
+# ------------------------------------------------------------------------------------- capstone.8
+def _norm_product(x, g, w, eps):
+    """rmsnorm(x, g) @ W^T in float64, the definition (eps inside the root, mean over K)."""
+    return (x / torch.sqrt((x * x).mean(1, keepdim=True) + eps) * g) @ w.T
+
+
+def _check_split_norm(run: Run) -> None:
+    from snippets.part5.rmsnorm import EPS
+
+    mine = run.module()
+    g = torch.Generator().manual_seed(88)
+    require(mine, "slice_partials", "combine")
+    x, gw, w = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((3, 64), (64,), (10, 64)))
+    with run.case("slice_partials() on columns 5 to 37 of K = 64: the slice's product and squares",
+                  hint="p: (x * g) of the slice's columns times those columns of W, transposed; ss: the "
+                       "sum of x^2 over the slice, of x before g scales it (the norm's mean is of x)"):
+        p, ss = mine.slice_partials(x, gw, w, 5, 37)
+        close("p", p, (x[:, 5:37] * gw[5:37]) @ w[:, 5:37].T, 1e-12, 1e-12)
+        close("ss", ss, (x[:, 5:37] ** 2).sum(1), 1e-12, 1e-12)
+    with run.case("slice_partials() on an empty slice", hint="a slice with no columns adds nothing: "
+                                                              "zeros of shape (B, N) and (B,)"):
+        p, ss = mine.slice_partials(x, gw, w, 64, 64)
+        close("p of an empty slice", p, torch.zeros(3, 10, dtype=torch.float64), 0, 0)
+        close("ss of an empty slice", ss, torch.zeros(3, dtype=torch.float64), 0, 0)
+    for b, n, k, splits, tile, scale in ((3, 10, 64, 4, 16, 1.0), (5, 7, 100, 3, 16, 1.0),
+                                         (2, 9, 24, 3, 16, 1.0), (4, 6, 256, 8, 32, 1e-3)):
+        chunks = _chunks(k, splits, tile)
+        empty = sum(a == c for a, c in chunks)
+        what = (f"K = {k} in {splits} slices of whole {tile}-column steps ({empty} empty), rows of "
+                f"size {scale:g}" + (": their mean square comparable with eps" if scale < 1 else ""))
+        with run.case(what, hint="add the slices' p and their ss first, then r = 1 / sqrt(ss / K + "
+                                 "eps) from the whole row's squares, applied once to the summed p"):
+            x = torch.randn(b, k, generator=g, dtype=torch.float64) * scale
+            gw = torch.randn(k, generator=g, dtype=torch.float64)
+            w = torch.randn(n, k, generator=g, dtype=torch.float64)
+            parts = [mine.slice_partials(x, gw, w, lo, hi) for lo, hi in chunks]
+            close("combined", mine.combine(parts, k, EPS), _norm_product(x, gw, w, EPS), 1e-9, 1e-12)
+
+
+split_norm = Exercise(
+    id="part8.capstone.8", title="Split-K with RMSNorm as the prologue", difficulty=2,
+    kind="python", files=("part8/split_norm.py",),
+    task="Write slice_partials(x, g, w, k_lo, k_hi), one slice of K's partial product of x * g "
+         "with W and its partial sum of x^2, and combine(parts, k, eps), which adds the slices into "
+         "rmsnorm(x, g) @ W^T.",
+    hint="r = 1 / sqrt(mean(x^2) + eps) is one number per row: it factors out of every slice's sum, "
+         "but it needs the whole row's squares, so the slices carry their sums of squares and r is "
+         "applied where they are added",
+    check=_check_split_norm,
+    planted={"squares_of_normed_x": "ss[", "r_per_slice": "combined[", "eps_outside_sqrt": "combined["},
+)
+
+
 # ---------------------------------------------------------------------------------- quantisation.11
 def _check_int4(run: Run) -> None:
     from snippets.part8 import quant as qt
@@ -583,4 +636,4 @@ scheduler = Exercise(
 )
 
 EXERCISES = [block_waste, decode_bytes, split_merge, int4_pack, int4_magic, spec_verify, paged_fork,
-             scheduler]
+             scheduler, split_norm]

@@ -164,7 +164,14 @@ def producer(name: str, root: Path = REPO_ROOT) -> Producer | None:
                       for p in (root / "snippets").rglob("*.py") if p.name != "__init__.py")
         csrc = sorted(p.relative_to(root).as_posix() for p in (root / "csrc").rglob("*")
                       if p.suffix in (".cu", ".cuh", ".h"))
-        return Producer(("scripts/gpu_tests.sh", "conftest.py", *tests), modules=tuple(mods), files=tuple(csrc))
+        # what the tests read or run without importing it: the exercises' stubs, solutions, planted
+        # variants and CUDA files (test_exercises checks them all), the scripts tests run as
+        # subprocesses (capture scripts, mutate.py, exercise_table.py), and pytest's configuration
+        data = sorted(p.relative_to(root).as_posix() for d in ("exercises", "scripts")
+                      for p in (root / d).rglob("*")
+                      if p.is_file() and p.suffix in (".py", ".sh", ".cu", ".cuh", ".h", ".json"))
+        return Producer(("scripts/gpu_tests.sh", "conftest.py", *tests), modules=tuple(mods),
+                        files=(*csrc, *data, "pyproject.toml"))
     return None
 
 
