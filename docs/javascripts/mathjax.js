@@ -19,8 +19,16 @@
     options: { ignoreHtmlClass: ".*|", processHtmlClass: "arithmatex" },
   };
 })();
+// document$ also emits for the page as first loaded, which MathJax's startup typesets by itself:
+// typesetting it again cost every page a second pass over all its formulas. Only a page that
+// instant navigation swaps in (the emissions after the first) needs a new typeset.
 if (typeof document$ !== "undefined") {
+  var kmFirstPage = true;
   document$.subscribe(() => {
+    if (kmFirstPage) {
+      kmFirstPage = false;
+      return;
+    }
     if (window.MathJax && MathJax.startup && MathJax.typesetPromise) {
       MathJax.startup.output.clearCache();
       MathJax.typesetClear();
