@@ -267,9 +267,11 @@ def _split_k_sum_kernel(part_ptr, res_ptr, y_ptr, total, SPLIT_K: tl.constexpr,
     # y = [res +] the sum of the SPLIT_K fp32 partials, in a fixed order: the same bits every run
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < total
-    acc = tl.load(part_ptr + i, mask=ok, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(part_ptr + s * total + i, mask=ok, other=0.0)
+    part = part_ptr + i
+    acc = tl.load(part, mask=ok, other=0.0)
+    for _ in tl.static_range(1, SPLIT_K):                 # step a slice at a time: no s * total
+        part += total                                      # product to overflow 32 bits
+        acc += tl.load(part, mask=ok, other=0.0)
     if RESIDUAL:
         acc += tl.load(res_ptr + i, mask=ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=ok)
@@ -286,8 +288,7 @@ def split_k_for(b: int, n: int, k: int, block_b: int, device: torch.device) -> i
     if triton_interpreting():
         return 1
     tiles = triton.cdiv(n, 64) * triton.cdiv(b, block_b)
-    s = min(SPLIT_K_MAX, num_sms(device.index or 0) // tiles, k // SPLIT_K_MIN_SLICE)
-    return max(1, s) if s * b * n <= INT32_MAX else 1
+    return max(1, min(SPLIT_K_MAX, num_sms(device.index or 0) // tiles, k // SPLIT_K_MIN_SLICE))
 # --8<-- [end:split_k]
 
 
