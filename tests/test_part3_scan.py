@@ -14,10 +14,11 @@ from helpers import nvcc_with_report, sass_by_function
 from conftest import poison_allocator
 from snippets import cuda
 from snippets.part3 import scan as sc
+from snippets.part3 import scan_v9 as sc9
 
 CUDA_FNS = {"v1": sc.scan_kogge_stone, "v2": sc.scan_brent_kung, "v3": sc.scan_reduce_then_scan,
             "v5": sc.scan_lookback, "v6": sc.scan_lookback_warp, "v7": sc.scan_lookback_v7,
-            "v8": sc.scan_lookback_v8}
+            "v8": sc.scan_lookback_v8, "v9": sc9.scan_lookback_v9}
 ALL_FNS = {"v0": sc.scan_torch, **CUDA_FNS, "v4": sc.scan_triton}
 SIZES = (1, 31, 32, 33, 1023, 1024, 1025, 4095, 4096, 4097, 100003)
 # 1024 * 1024 + 1: v1/v2 need three levels (1025 tile sums, then 2); 2**22 + 4097 crosses many 4096-tiles.
@@ -140,7 +141,7 @@ def test_gpu_relative_error_large_n(name):
 
 @pytest.mark.gpu
 @pytest.mark.op("scan")
-@pytest.mark.parametrize("name", ("v5", "v6", "v7", "v8"))
+@pytest.mark.parametrize("name", ("v5", "v6", "v7", "v8", "v9"))
 def test_gpu_lookback_repeatable(name):
     """The look-back orders tiles by an atomic counter; run it many times to shake out a race."""
     x = _small_ints(2**21, torch.int32, "cuda")
@@ -316,3 +317,32 @@ def test_v7_sass_vectors_barriers_no_fence(tmp_path):
             assert code.count("LDG.E.128") == items // 4 and code.count("STG.E.128") == items // 4
             assert code.count("BAR.SYNC") == 3
             assert code.count("ATOMG") == 1 and "MEMBAR" not in code
+
+
+# ---------------------------------------------------------------- v9: the persistent grid
+
+def test_v9_grid_is_what_fits_at_once_and_never_more_than_the_tiles():
+    assert sc9.persistent_blocks(tiles=32768, sms=132, per_sm=2) == 264
+    assert sc9.persistent_blocks(tiles=5, sms=132, per_sm=2) == 5      # a small input: one tile a block
+    assert sc9.persistent_blocks(tiles=1, sms=1, per_sm=1) == 1
+    for bad in ((0, 132, 2), (10, 0, 2), (10, 132, 0)):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            sc9.persistent_blocks(*bad)
+
+
+def test_v9_is_v8s_tile():
+    """v9 changes the grid, not the tile: the same 8192 elements as 256 threads of 32."""
+    assert (sc9.V9_THREADS, sc9.V9_ITEMS) == (sc.V8_THREADS, sc.V8_ITEMS)
+
+
+@pytest.mark.gpu
+@pytest.mark.op("scan")
+def test_gpu_v9_blocks_take_several_tiles_each():
+    """More tiles than the grid has blocks, so every block loops, prefetching across tiles (the last one
+    partial, its prefetch skipped); small integers: any order of additions is exact."""
+    fn = cuda.kernel(sc9.V9_FILE, "scan_lookback_v9_i32", sc9.V9_OPTIONS)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    blocks = sc9.persistent_blocks(10**9, sms, cuda.resident_blocks(fn, sc9.V9_THREADS))
+    n = 3 * blocks * sc9.V9_TILE + 4093
+    x = _small_ints(n, torch.int32, "cuda", seed=9)
+    assert torch.equal(sc9.scan_lookback_v9(x), torch.cumsum(x.long(), 0).int())

@@ -22,6 +22,9 @@ Versions of ``scan`` (never renumbered); the CUDA kernels are in ``csrc/part3/sc
 - v7  CUDA, CUB's recipe: like v6, but 8192-element tiles read and written with 16-byte vectors,
       the tile's sum published after one block barrier, and the look-back overlapped with the rest
       of the block's work (each warp transposes its own segment; only the carry waits).
+- v8  CUDA, v7's kernel with the same 8192-element tile as 256 threads of 32 elements.
+- v9  CUDA (``snippets/part3/scan_v9.py``, ``csrc/scan/scan_v9.cu``), v8's tile in a persistent
+      grid, each block prefetching its next tile before the look-back of the current one.
 
 Inputs: a non-empty contiguous 1-D float32 or int32 tensor; the result has its shape and dtype
 (int32 wraps on overflow like any int32 add). fp32 addition is not associative, so each version adds
