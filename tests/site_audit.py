@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import http.server
+import io
 import json
 import os
 import shutil
@@ -39,8 +40,12 @@ from snippets.site.tables import PROVENANCE_ENDINGS  # noqa: E402
 
 DESKTOP = {"width": 1400, "height": 900}
 PHONE = {"width": 420, "height": 900}
+# Every host but this machine's resolves to nothing (no proxy either): a page that needs the network fails
+# here as it fails offline. The request for it is still counted (``_watch``).
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-proxy-server",
+                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost"]
 TABLE_KINDS = {"table", "goal", "versus", "sweep", "summary", "ceilings"}
 PLOT_KINDS = {"plot", "ladder", "roofline", "timeline"}
 SEARCH_INDEX = "search/search_index.json"
@@ -61,13 +66,40 @@ def chromium_path() -> str | None:
     return None
 
 
-class _Quiet(http.server.SimpleHTTPRequestHandler):
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    """The site's files, each cacheable for the audit's run (the browser's cache keeps Material's bundle,
+    MathJax and Mermaid compiled between pages instead of fetching and compiling them on every load), and
+    the search index: the real one only while ``state["search"]`` is set, else the site's index with no
+    documents. Every page load hands the search worker the whole index (MBs of text) to build: the audit's
+    largest cost once, for a search no page check uses; the search check gets the real index."""
+
+    state: dict = {}
+    no_docs: bytes = b""
+
     def log_message(self, *args):  # noqa: D401 (the server's access log is noise in a test)
         pass
 
+    def end_headers(self):
+        # the index, never cached: a cached empty one would answer the search check
+        index = urlparse(self.path).path.endswith("/" + SEARCH_INDEX)
+        self.send_header("Cache-Control", "no-store" if index else "max-age=3600")
+        super().end_headers()
 
-def serve(site_dir: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
-    handler = functools.partial(_Quiet, directory=str(site_dir))
+    def send_head(self):
+        if urlparse(self.path).path.endswith("/" + SEARCH_INDEX) and not self.state.get("search"):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(self.no_docs)))
+            self.end_headers()
+            return io.BytesIO(self.no_docs)
+        return super().send_head()
+
+
+def serve(site_dir: Path, state: dict | None = None) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """Serve ``site_dir`` on a free local port; ``state["search"]`` switches the real search index on."""
+    handler_cls = type("Handler", (_Handler,), {"state": {} if state is None else state,
+                                                "no_docs": empty_index(site_dir).encode()})
+    handler = functools.partial(handler_cls, directory=str(site_dir))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.handle_error = lambda request, address: None  # a page left mid-download: not a finding
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -213,11 +245,11 @@ PHONE_JS = r"""
 
 def _settle(page) -> None:
     """Wait for MathJax's first typeset and Mermaid's diagrams, where the page has them."""
+    # MathJax's script is a plain one: at the load event MathJax.startup.promise exists, and it resolves once
+    # the page's first typeset (speech included) is done. Awaited directly: no polling, no timeout to wait out.
     try:
-        page.wait_for_function("() => !window.MathJax || !window.MathJax.startup || "
-                               "window.MathJax.startup.promise", timeout=5000)
         page.evaluate("() => window.MathJax && window.MathJax.startup && window.MathJax.startup.promise")
-    except Exception:  # noqa: BLE001 (no MathJax, or it never loaded: the count of raw TeX says so)
+    except Exception:  # noqa: BLE001 (no MathJax, or it failed: the count of raw TeX and the console say so)
         pass
     if page.query_selector(".mermaid"):
         try:
@@ -227,85 +259,88 @@ def _settle(page) -> None:
             pass
 
 
-def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = True) -> dict:
-    """Visit ``pages`` (default: every page) of the built site in ``site_dir``; return the findings."""
+def _empty_findings(pages: int) -> dict:
+    return {"pages": pages, "console_errors": [], "external_requests": [], "failed_requests": [],
+            "footnotes_swallowing": [], "tables": 0, "tables_over_column": [], "headline_over_column": [],
+            "listings": 0, "listings_scrolling": [], "legends": 0, "legends_clipped": [], "raw_tex": [],
+            "raw_mermaid": [], "missing_bench": [], "phone_scroll": [], "phone_tables_scrolling": [],
+            "top_tabs_clipped": []}
+
+
+def _local(url: str) -> bool:
+    return urlparse(url).hostname in ("127.0.0.1", "localhost")
+
+
+def _watch(ctx, page, found: dict, current: dict) -> None:
+    """Count, into ``found``, what goes wrong on ``page`` of ``ctx`` while ``current["page"]`` is shown."""
+    def request(r):
+        # the browser cannot reach another host (CHROMIUM_ARGS' resolver rules): a request for one is counted
+        if urlparse(r.url).scheme in ("http", "https", "ws", "wss") and not _local(r.url):
+            found["external_requests"].append(f"{current['page']}: {r.url}")
+
+    ctx.on("request", request)
+    page.on("console", lambda m: m.type == "error" and found["console_errors"].append(
+        f"{current['page']}: {m.text[:200]}"))
+    page.on("pageerror", lambda e: found["console_errors"].append(f"{current['page']}: {str(e)[:200]}"))
+    # a request of this site that fails (a 404 is a response, not a failure: both are caught); one aborted
+    # because the next page's navigation cut it off (net::ERR_ABORTED) is not the site's fault
+    page.on("requestfailed", lambda r: _local(r.url) and "ERR_ABORTED" not in (r.failure or "")
+            and found["failed_requests"].append(f"{current['page']}: {r.url} ({r.failure})"))
+    page.on("response", lambda r: r.status >= 400 and found["failed_requests"].append(
+        f"{current['page']}: {r.url} (HTTP {r.status})"))
+
+
+def _launch(pw):
+    return pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+
+
+def _desktop_pass(page, base: str, pages: list[str], found: dict, current: dict) -> str | None:
+    """Every page at 1400 px; returns the first page whose first tab set has two tabs or more."""
+    tabs_page = None
+    for p in pages:
+        current["page"] = p or "/"
+        page.goto(base + p, wait_until="load")
+        _settle(page)
+        m = page.evaluate(MEASURE_JS, list(PROVENANCE_ENDINGS))
+        found["footnotes_swallowing"] += [f"{p}: ...{t}" for t in m["footnotes"]]
+        found["tables"] += len(m["tables"])
+        found["tables_over_column"] += [f"{p}: {t['width']} px > {m['column']:.0f}" for t in m["tables"]
+                                        if t["over"]]
+        found["headline_over_column"] += [f"{p}: {t['width']} px > {m['column']:.0f}" for t in m["tables"]
+                                          if t["over"] and t["headline"]]
+        found["listings"] += len(m["listings"])
+        found["listings_scrolling"] += [f"{p}: longest line {c['longest']}" for c in m["listings"]
+                                        if c["scrolls"]]
+        found["legends"] += len(m["legends"])
+        found["legends_clipped"] += [p for c in m["legends"] if c["clipped"]]
+        if m["top_tabs_clipped"]:
+            found["top_tabs_clipped"].append(p)
+        if m["tex"]:
+            found["raw_tex"].append(f"{p}: {m['tex']}")
+        if m["mermaid"]:
+            found["raw_mermaid"].append(f"{p}: {m['mermaid']}")
+        tables, plots = asked_for(p)
+        if m["bench_tables"] < tables or m["bench_plots"] < plots:
+            found["missing_bench"].append(f"{p}: {m['bench_tables']}/{tables} tables, "
+                                          f"{m['bench_plots']}/{plots} plots")
+        if tabs_page is None and m["tabs"]:
+            tabs_page = p
+    return tabs_page
+
+
+def _phone_pass(base: str, pages: list[str], found: dict) -> None:
+    """Every page at 420 px as a phone, in a browser of its own driven from this thread (Playwright's sync
+    API wants one instance per thread): its own context (is_mobile: the layout viewport of a phone's
+    browser, which a narrowed desktop window does not reproduce), every page loaded again."""
     from playwright.sync_api import sync_playwright
 
-    exe = chromium_path()
-    if exe is None:
-        raise RuntimeError("no Chromium: install Debian's chromium package or set KM_CHROMIUM")
-    server, base = serve(site_dir)
-    no_docs = empty_index(site_dir)
-    pages = site_pages(site_dir) if pages is None else pages
-    found: dict = {"pages": len(pages), "console_errors": [], "external_requests": [], "failed_requests": [],
-                   "footnotes_swallowing": [], "tables": 0, "tables_over_column": [], "headline_over_column": [],
-                   "listings": 0, "listings_scrolling": [], "legends": 0, "legends_clipped": [], "raw_tex": [],
-                   "raw_mermaid": [], "missing_bench": [], "phone_scroll": [], "phone_tables_scrolling": [],
-                   "top_tabs_clipped": []}
+    current = {"page": ""}
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
-            ctx = browser.new_context(viewport=DESKTOP)
-            current = {"page": ""}
-
-            def route(r):
-                url = urlparse(r.request.url)
-                if url.hostname not in ("127.0.0.1", "localhost"):
-                    found["external_requests"].append(f"{current['page']}: {r.request.url}")
-                    return r.abort()
-                if url.path.endswith(SEARCH_INDEX) and not current.get("search"):
-                    # every page load hands the search worker the whole index (MBs of text) to build, twice
-                    # per page here: the audit's largest cost, for a search no page check uses. The search
-                    # check below gets the real index.
-                    return r.fulfill(status=200, content_type="application/json", body=no_docs)
-                return r.continue_()
-
-            ctx.route("**/*", route)
-            page = ctx.new_page()
-            page.on("console", lambda m: m.type == "error" and found["console_errors"].append(
-                f"{current['page']}: {m.text[:200]}"))
-            page.on("pageerror", lambda e: found["console_errors"].append(f"{current['page']}: {str(e)[:200]}"))
-            # a request of this site that fails (a 404 is a response, not a failure: both are caught); one
-            # aborted because the next page's navigation cut it off (net::ERR_ABORTED) is not the site's fault
-            page.on("requestfailed", lambda r: urlparse(r.url).hostname in ("127.0.0.1", "localhost")
-                    and "ERR_ABORTED" not in (r.failure or "")
-                    and found["failed_requests"].append(f"{current['page']}: {r.url} ({r.failure})"))
-            page.on("response", lambda r: r.status >= 400 and found["failed_requests"].append(
-                f"{current['page']}: {r.url} (HTTP {r.status})"))
-            tabs_page = None  # the first page whose first tab set has two tabs or more
-            for p in pages:
-                current["page"] = p or "/"
-                page.goto(base + p, wait_until="load")
-                _settle(page)
-                m = page.evaluate(MEASURE_JS, list(PROVENANCE_ENDINGS))
-                found["footnotes_swallowing"] += [f"{p}: ...{t}" for t in m["footnotes"]]
-                found["tables"] += len(m["tables"])
-                found["tables_over_column"] += [f"{p}: {t['width']} px > {m['column']:.0f}" for t in m["tables"]
-                                                if t["over"]]
-                found["headline_over_column"] += [f"{p}: {t['width']} px > {m['column']:.0f}" for t in m["tables"]
-                                                  if t["over"] and t["headline"]]
-                found["listings"] += len(m["listings"])
-                found["listings_scrolling"] += [f"{p}: longest line {c['longest']}" for c in m["listings"]
-                                                if c["scrolls"]]
-                found["legends"] += len(m["legends"])
-                found["legends_clipped"] += [p for c in m["legends"] if c["clipped"]]
-                if m["top_tabs_clipped"]:
-                    found["top_tabs_clipped"].append(p)
-                if m["tex"]:
-                    found["raw_tex"].append(f"{p}: {m['tex']}")
-                if m["mermaid"]:
-                    found["raw_mermaid"].append(f"{p}: {m['mermaid']}")
-                tables, plots = asked_for(p)
-                if m["bench_tables"] < tables or m["bench_plots"] < plots:
-                    found["missing_bench"].append(f"{p}: {m['bench_tables']}/{tables} tables, "
-                                                  f"{m['bench_plots']}/{plots} plots")
-                if tabs_page is None and m["tabs"]:
-                    tabs_page = p
-            # a phone: its own context (is_mobile: the layout viewport of a phone's browser, which a narrowed
-            # desktop window does not reproduce), every page loaded again
+            browser = _launch(pw)
             phone = browser.new_context(viewport=PHONE, is_mobile=True)
-            phone.route("**/*", route)
             ph = phone.new_page()
+            _watch(phone, ph, found, current)
             for p in pages:
                 current["page"] = p or "/"
                 ph.goto(base + p, wait_until="load")
@@ -315,9 +350,48 @@ def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = Tr
                     found["phone_scroll"].append(f"{p}: page scrolls: {r['doc']}; cut off: {r['cut']}")
                 if r["tables"]:
                     found["phone_tables_scrolling"].append(f"{p}: {r['tables']} headline tables")
+            browser.close()
+    except BaseException as e:  # noqa: BLE001 (raised again in the calling thread)
+        found["error"] = e
+
+
+def audit(site_dir: Path, pages: list[str] | None = None, checks_once: bool = True) -> dict:
+    """Visit ``pages`` (default: every page) of the built site in ``site_dir``; return the findings.
+
+    The desktop pass runs in this thread and the phone pass in another, each with its own browser, at the
+    same time: a page's load, layout and MathJax's typeset (its speech worker included) keep one core busy, so
+    the two passes share out the machine's cores. Each pass counts into its own findings, merged in order
+    (desktop, then phone) at the end; the once-per-site checks run after both."""
+    from playwright.sync_api import sync_playwright
+
+    if chromium_path() is None:
+        raise RuntimeError("no Chromium: install Debian's chromium package or set KM_CHROMIUM")
+    state: dict = {}
+    server, base = serve(site_dir, state)
+    pages = site_pages(site_dir) if pages is None else pages
+    found = _empty_findings(len(pages))
+    phone_found = _empty_findings(len(pages))
+    phone = threading.Thread(target=_phone_pass, args=(base, pages, phone_found), daemon=True)
+    try:
+        phone.start()
+        with sync_playwright() as pw:
+            browser = _launch(pw)
+            ctx = browser.new_context(viewport=DESKTOP)
+            current = {"page": ""}
+            page = ctx.new_page()
+            _watch(ctx, page, found, current)
+            tabs_page = _desktop_pass(page, base, pages, found, current)
+            phone.join()
+            if "error" in phone_found:
+                raise phone_found["error"]
+            for key, value in phone_found.items():
+                if isinstance(value, list):
+                    found[key] += value
             if checks_once:
-                current["search"] = True
+                current["page"] = "search"
+                state["search"] = True
                 found["search_transpose"] = _search(page, base)
+                current["page"] = "tabs"
                 found["tabs_switch"] = None if tabs_page is None else _tabs(page, base + tabs_page)
             browser.close()
     finally:
