@@ -35,6 +35,7 @@ NEW_OP_MODULES = (
     "snippets.part6.fp8_attention",
     "snippets.part8.decode_gemv",
     "snippets.part3.scan_v9",
+    "snippets.part8.capstone_train",
 )
 
 

@@ -8,8 +8,10 @@
   never the site, the exporter, the hashing or another part: what two chapters share moves to
   ``snippets.common``.
 - One exception, ``CAPSTONE``: ``snippets.part8.capstone``, the book's last chapter, builds a model
-  from the kernels of Part 5 and Part 8 and may import those two parts. It is the one module meant
-  to stand on the whole book; no other part-wide grant exists.
+  from the kernels of Part 5 and Part 8 and may import those two parts, and so may
+  ``snippets.part8.capstone_train``, the same model trained (Part 5's backward passes and fused
+  cross-entropy). They are the modules meant to stand on the whole book; no other part-wide grant
+  exists.
 - One narrower exception, ``BORROWS``: ``snippets.part3.wmma``'s ``tf32_gemm`` v4 calls two named public
   functions of later chapters (Part 2's Triton transpose, Part 4's persistent TMA matmul), to show what
   Part 3's TF32 kernel gains from them; and ``snippets.part8.capstone_block`` (the capstone's v6) takes
@@ -42,7 +44,8 @@ SNIPPETS = REPO_ROOT / "snippets"
 FOUNDATION = ("snippets", "snippets.registry", "snippets._checks", "snippets.cuda")
 CHAPTER_TOOLING = ("snippets.bench.timing",)  # the timer: ceilings and the measuring chapters
 # the one module allowed to import other parts (see the module docstring): module -> parts
-CAPSTONE = {"snippets.part8.capstone": ("snippets.part5", "snippets.part8")}
+CAPSTONE = {"snippets.part8.capstone": ("snippets.part5", "snippets.part8"),
+            "snippets.part8.capstone_train": ("snippets.part5", "snippets.part8")}
 # a module allowed a few named public functions of another chapter: module -> {module: names}
 BORROWS = {"snippets.part3.wmma": {"snippets.part2.transpose": {"transpose_triton"},
                                    "snippets.part4.matmul": {"autotuned", "TMA_SOURCES"}},
