@@ -44,7 +44,7 @@ LAYER = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "wg", "wu", "wd")  # a
 def weight_list(model: cp.Llama) -> list[torch.Tensor]:
     """The model's weights in the order the functional forward reads them: the embedding, each
     block's ``LAYER`` weights, the final norm, the LM head."""
-    if not isinstance(model, cp.Llama):
+    if not _is_model(model):
         raise TypeError(f"weight_list: model must be a capstone Llama, got {type(model).__name__}")
     out = [model.embed]
     for layer in model.layers:
