@@ -31,9 +31,7 @@ def _rel(a, b):
 def _all_grads_ref(model, tokens, targets):
     """Every weight's gradient in float64 through plain autograd on the torch backend's ops."""
     ws = [w.detach().double().requires_grad_() for w in ct.weight_list(model)]
-    view = type("V", (), {})()
-    view.cfg, view.cos, view.sin = model.cfg, model.cos.double(), model.sin.double()
-    hs = ct.hidden_states(view, ws, tokens, cp.OPS["torch"])
+    hs = ct.hidden_states(ct.Float64View(model), ws, tokens, cp.OPS["torch"])
     loss = F.cross_entropy((hs @ ws[-1].T).flatten(0, 1), targets.flatten())
     return (loss.detach(), *torch.autograd.grad(loss, ws))
 

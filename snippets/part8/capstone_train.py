@@ -225,13 +225,13 @@ def train_ref(model, tokens, targets, embed=None):
     ops: no kernel of the book), on the model's device. ``embed``: the op's fourth argument,
     the model's own table, unused."""
     leaves = [w.detach().to(torch.float64) for w in weight_list(model)]
-    model64 = _Float64View(model)
+    model64 = Float64View(model)
     loss, *grads = grads_through(lambda *ws: loss_torch(model64, ws, tokens, targets),
                                  tuple(leaves), with_output=True)
     return (loss, *(grads[i] for i in checked_indices(model.cfg.n_layers)))
 
 
-class _Float64View:
+class Float64View:
     """What ``hidden_states`` reads of a model besides the weights (its config and RoPE tables),
     in float64."""
 
@@ -268,20 +268,16 @@ def check_train(out, args, dtype) -> None:
                                  f"{REL_TOL[dtype]:g} ({dtype})")
 
 
-def _config(size, dtype) -> dm.DecoderConfig:
-    return cp.decoder_config(size, dtype)
-
-
 def _flops(size, dtype) -> int:
     """Three times the forward's: every position's logits (decode_model.prefill_flops), and a
     backward of twice the forward's products (the gradients of activations and of weights)."""
-    return 3 * size["b"] * dm.prefill_flops(_config(size, dtype), size["s"])
+    return 3 * size["b"] * dm.prefill_flops(cp.decoder_config(size, dtype), size["s"])
 
 
 def _bytes(size, dtype) -> int:
     """A floor: the weights read in the forward and again in the backward, their gradients
     written once, and the tokens' K and V (decode_model.prefill_bytes covers one pass)."""
-    cfg = _config(size, dtype)
+    cfg = cp.decoder_config(size, dtype)
     one_pass = dm.prefill_bytes(cfg, size["b"] * size["s"])
     return 2 * one_pass + dm.matmul_params(cfg) * cfg.dtype_bytes
 
