@@ -122,15 +122,19 @@ def _block_gemv_kernel(x_ptr, g_ptr, w_ptr, res_ptr, y_ptr, B, N, K, eps,
 # --8<-- [start:configs]
 def _configs(block_b: int, glu: bool, dot: bool) -> list[triton.Config]:
     """Tile shapes for a batch tile of ``block_b`` rows. Elementwise: decode_gemv's three shapes,
-    BLOCK_K shortened so that each accumulator holds the same 4096 (or 8192) products per step.
+    BLOCK_K shortened so that each accumulator holds the same 4096 (or 8192) products per step;
+    SwiGLU's two accumulators also get the first shape at twice that.
     tl.dot: a few (BLOCK_N, BLOCK_K) with software pipelining of the weight's loads."""
     if dot:
         return [triton.Config(dict(BLOCK_N=bn, BLOCK_K=bk), num_warps=w, num_stages=s)
                 for bn, bk, w, s in ((16, 256, 4, 4), (16, 512, 4, 3), (32, 128, 4, 4),
                                      (32, 256, 8, 3), (64, 128, 4, 3))]
     per = block_b * (2 if glu else 1)
+    shapes = [(4, 1024, 4), (8, 512, 4), (16, 512, 8)]
+    if glu:  # also twice the products per step: at 8B's gate/up widths the halved tiles were slower
+        shapes.append((4, 2048, 4))
     return [triton.Config(dict(BLOCK_N=bn, BLOCK_K=max(16, bk // per)), num_warps=w)
-            for bn, bk, w in ((4, 1024, 4), (8, 512, 4), (16, 512, 8))]
+            for bn, bk, w in shapes]
 
 
 @functools.lru_cache(maxsize=None)
