@@ -31,7 +31,7 @@ def _rel(a, b):
 def _all_grads_ref(model, tokens, targets):
     """Every weight's gradient in float64 through plain autograd on the torch backend's ops."""
     ws = [w.detach().double().requires_grad_() for w in ct.weight_list(model)]
-    hs = ct.hidden_states(ct.Float64View(model), ws, tokens, cp.OPS["torch"])
+    hs = ct.hidden_states(ct.Tables(model, torch.float64), ws, tokens, cp.OPS["torch"])
     loss = F.cross_entropy((hs @ ws[-1].T).flatten(0, 1), targets.flatten())
     return (loss.detach(), *torch.autograd.grad(loss, ws))
 
@@ -147,8 +147,39 @@ def test_flops_count_three_passes():
     assert ct.capstone_train.flops(size, torch.bfloat16) == 3 * 4 * one
 
 
+def test_the_graphed_step_refuses_a_cpu_model():
+    model = cp.Llama(cp.TINY, seed=1)
+    tokens, targets = _batch(cp.TINY, 1, 5, device="cpu")
+    with pytest.raises(ValueError, match="CUDA graphs need the model on a CUDA GPU"):
+        ct.train(model, tokens, targets, steps=1, backend="graph")
+    with pytest.raises(ValueError, match="CUDA graphs"):
+        ct.train_book_graphed(model, tokens, targets, model.embed)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["v0", "v2"])
+def test_the_graphed_step_follows_new_batches_and_updated_weights():
+    """v3 replays graphs captured on the first call: a second batch of the same shape, and the
+    weights after an optimiser step, must give v2's loss and gradients (fp32, the same kernels),
+    and the caller's first tokens must not be overwritten by the second batch."""
+    model = cp.Llama(cp.SMALL, seed=5, device="cuda")
+    first = _batch(cp.SMALL, 2, 64, seed=1, device="cuda")
+    kept = first[0].clone()
+
+    def same(a, b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert _rel(x, y) < 1e-5, f"output {i}: {_rel(x, y):.2e}"
+
+    same(ct.train_book_graphed(model, *first, model.embed), ct.train_book(model, *first, model.embed))
+    second = _batch(cp.SMALL, 2, 64, seed=2, device="cuda")
+    g3 = [g.clone() for g in ct.train_book_graphed(model, *second, model.embed)]
+    same(g3, ct.train_book(model, *second, model.embed))
+    assert torch.equal(first[0], kept)
+    ct.train(model, *first, steps=2, lr=1e-3, backend="graph")   # in-place AdamW updates
+    same(ct.train_book_graphed(model, *second, model.embed), ct.train_book(model, *second, model.embed))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", ["v0", "v2", "v3"])
 def test_bf16_at_the_small_models_widths(version):
     """Every block of the 125M model in bf16, 512 tokens: the loss and the five gradients within the
     op's bf16 tolerance of float64."""

@@ -19,6 +19,11 @@ cross-entropy of each position's next token. Versions of ``capstone_train`` (nev
       heads, as in the capstone's prefill) and the fused linear cross-entropy
       (``LinearCrossEntropyFunction``: at most ``CHUNK_TOKENS`` rows of logits at a time, no fp32
       copy, their gradient written over them). The products are cuBLAS's in every version.
+- v3  v2 with the blocks' forward and backward each captured once in a CUDA graph
+      (``torch.cuda.make_graphed_callables``) and replayed: v2's kernels, launched by two graph
+      replays instead of Python. The loss stays outside the graphs (its target check reads a count
+      back to the host). The graphs keep their activations between steps, and the gradients v3
+      returns are the backward graph's buffers, overwritten by the next step.
 
 Each version returns the loss and the gradients of five weights (``CHECKED``): the embedding, the
 first block's query projection, the last block's down projection, the final norm and the LM head;
@@ -26,6 +31,8 @@ it computes the gradients of all of them, as a training step must.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +70,15 @@ def checked_indices(n_layers: int) -> tuple[int, ...]:
 
 CHECKED = ("embed", "layers.0.wq", "layers.-1.wd", "norm", "lm_head")
 # --8<-- [end:weights]
+
+
+class Tables:
+    """What ``hidden_states`` reads of a model besides the weights: its config and RoPE tables
+    (cast to ``dtype`` if given), without a reference to the model itself."""
+
+    def __init__(self, model: cp.Llama, dtype: torch.dtype | None = None) -> None:
+        self.cfg = model.cfg
+        self.cos, self.sin = (t if dtype is None else t.to(dtype) for t in (model.cos, model.sin))
 
 
 # --8<-- [start:forward]
@@ -104,6 +120,41 @@ def loss_book(model, weights, tokens, targets):
 # --8<-- [end:forward]
 
 
+# --8<-- [start:graphed]
+# One captured pair of graphs per model, for its latest batch shape and weights: a graph keeps its
+# activations in a memory pool of its own, so a new shape or new weight tensors free the old pair
+# before capturing another. Keyed weakly: a model that is dropped drops its graphs.
+_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def graphed_blocks(model: cp.Llama, weights, tokens: torch.Tensor):
+    """``hidden_states`` on the book's kernels as a callable of (tokens, *weights) whose forward
+    and backward each replay one CUDA graph (``torch.cuda.make_graphed_callables``: three eager
+    warm-up steps on a side stream, where Triton's autotuning runs, then the two captures). The
+    graphs read the weights where they were at capture, so an in-place update (an optimiser
+    step) is seen; other weight tensors or another batch shape capture anew."""
+    key = (tuple(tokens.shape), tuple(w.data_ptr() for w in weights))
+    entry = _GRAPHS.get(model)
+    if entry is None or entry[0] != key:
+        _GRAPHS.pop(model, None)
+        torch.cuda.synchronize()  # the old pair's pool is free before the new one is drawn
+        tables, book = Tables(model), cp.OPS["book"]
+        # the graph's static inputs are its sample arguments: the tokens a private copy (each
+        # replay copies the call's tokens into it), the weights the leaves over the model's own
+        fn = torch.cuda.make_graphed_callables(
+            lambda tok, *ws: hidden_states(tables, ws, tok, book), (tokens.clone(), *weights))
+        entry = _GRAPHS[model] = (key, fn)
+    return entry[1]
+
+
+def loss_book_graphed(model, weights, tokens, targets):
+    """v3's loss: v2's, with the blocks replayed from their graphs; the loss is v2's fused linear
+    cross-entropy, eager."""
+    hs = graphed_blocks(model, weights, tokens)(tokens, *weights)
+    return ce.LinearCrossEntropyFunction.apply(hs.flatten(0, 1), weights[-1], targets.flatten())
+# --8<-- [end:graphed]
+
+
 def _is_model(model) -> bool:
     # by its attributes, not its class, as the capstone's ops check: an exported copy of the
     # capstone module has a class of its own
@@ -134,6 +185,9 @@ def _check_batch(name: str, model, tokens, targets, backend: str | None = None) 
         if model.embed.device.type != want:
             raise ValueError(f"{name}: the book's kernels run on {want} here, but the model is "
                              f"on {model.embed.device}")
+    if backend == "graph" and (model.embed.device.type != "cuda" or triton_interpreting()):
+        raise ValueError(f"{name}: CUDA graphs need the model on a CUDA GPU and Triton compiling "
+                         f"(not its interpreter); the model is on {model.embed.device}")
 
 
 # --8<-- [start:step]
@@ -143,7 +197,8 @@ def loss_and_grads(model: cp.Llama, tokens: torch.Tensor, targets: torch.Tensor,
     (``grads_through``: fresh leaves each call, so nothing accumulates between steps). Returns
     (loss, gradients in ``weight_list`` order). The returned gradients are plain tensors: a
     weight that autograd tracks is refused, since nothing differentiates them."""
-    _check_batch(name, model, tokens, targets, "book" if loss_fn is loss_book else None)
+    backend = {loss_book: "book", loss_book_graphed: "graph"}.get(loss_fn)
+    _check_batch(name, model, tokens, targets, backend)
     refuse_grad(name, *weight_list(model), instead="loss_book or loss_torch on leaves of your own",
                 why=GRADS_ONLY)
     return grads_through(lambda *ws: loss_fn(model, ws, tokens, targets),
@@ -179,6 +234,12 @@ def train_torch_compiled(model, tokens, targets, embed):
 def train_book(model, tokens, targets, embed):
     """v2: the book's kernels and their backward passes, the fused linear cross-entropy."""
     return _step("train_book", model, tokens, targets, embed, loss_book)
+
+
+def train_book_graphed(model, tokens, targets, embed):
+    """v3: v2 with the blocks' forward and backward replayed from CUDA graphs. The gradients
+    returned are the graph's buffers: the next call overwrites them."""
+    return _step("train_book_graphed", model, tokens, targets, embed, loss_book_graphed)
 # --8<-- [end:step]
 
 
@@ -186,12 +247,13 @@ def train_book(model, tokens, targets, embed):
 def train(model: cp.Llama, tokens: torch.Tensor, targets: torch.Tensor, steps: int,
           lr: float = 1e-2, backend: str = "book") -> list[float]:
     """``steps`` steps of AdamW on one fixed batch (a model memorising it: the loss must fall),
-    with ``backend``'s loss; returns the loss before each step. The model's weights are updated
-    in place."""
+    with ``backend``'s loss (``"torch"``, ``"book"`` or ``"graph"``: v0's, v2's or v3's);
+    returns the loss before each step. The model's weights are updated in place."""
     check_int("train: steps", steps, 1)
-    if backend not in ("torch", "book"):
-        raise ValueError(f"train: backend must be 'torch' or 'book', got {backend!r}")
-    loss_fn = loss_book if backend == "book" else loss_torch
+    losses_by = {"torch": loss_torch, "book": loss_book, "graph": loss_book_graphed}
+    if backend not in losses_by:
+        raise ValueError(f"train: backend must be one of {sorted(losses_by)}, got {backend!r}")
+    loss_fn = losses_by[backend]
     weights = weight_list(model)
     opt = torch.optim.AdamW(weights, lr=lr, weight_decay=0.0)
     losses = []
@@ -225,19 +287,12 @@ def train_ref(model, tokens, targets, embed=None):
     ops: no kernel of the book), on the model's device. ``embed``: the op's fourth argument,
     the model's own table, unused."""
     leaves = [w.detach().to(torch.float64) for w in weight_list(model)]
-    model64 = Float64View(model)
+    model64 = Tables(model, torch.float64)
     loss, *grads = grads_through(lambda *ws: loss_torch(model64, ws, tokens, targets),
                                  tuple(leaves), with_output=True)
     return (loss, *(grads[i] for i in checked_indices(model.cfg.n_layers)))
 
 
-class Float64View:
-    """What ``hidden_states`` reads of a model besides the weights (its config and RoPE tables),
-    in float64."""
-
-    def __init__(self, model: cp.Llama) -> None:
-        self.cfg = model.cfg
-        self.cos, self.sin = model.cos.to(torch.float64), model.sin.to(torch.float64)
 
 
 # Relative error of each output in the Frobenius norm, ||out - ref|| / ||ref||. fp32: sums in a
@@ -315,5 +370,10 @@ capstone_train.add(Impl("v2", train_book, "Triton",
                         "the book's kernels and their backwards, fused linear cross-entropy",
                         (*_STEP, loss_book, ce.LinearCrossEntropyFunction,
                          cp.OPS["book"]["prefill_attention"]), device="any"))
+capstone_train.add(Impl("v3", train_book_graphed, "Triton",
+                        "v2 with the blocks' forward and backward in CUDA graphs",
+                        (*_STEP, loss_book, loss_book_graphed, graphed_blocks, Tables,
+                         ce.LinearCrossEntropyFunction, cp.OPS["book"]["prefill_attention"]),
+                        requires=cp.needs_cuda_graphs))
 # --8<-- [end:op]
 
