@@ -128,21 +128,25 @@ _GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def graphed_blocks(model: cp.Llama, weights, tokens: torch.Tensor):
-    """``hidden_states`` on the book's kernels as a callable of (tokens, *weights) whose forward
-    and backward each replay one CUDA graph (``torch.cuda.make_graphed_callables``: three eager
-    warm-up steps on a side stream, where Triton's autotuning runs, then the two captures). The
+    """``hidden_states`` on the book's kernels as a callable of (tokens, *weights less the LM
+    head) whose forward and backward each replay one CUDA graph
+    (``torch.cuda.make_graphed_callables``: three eager warm-up steps on a side stream, where
+    Triton's autotuning runs, then the two captures). The
     graphs read the weights where they were at capture, so an in-place update (an optimiser
     step) is seen; other weight tensors or another batch shape capture anew."""
-    key = (tuple(tokens.shape), tuple(w.data_ptr() for w in weights))
+    blocks = tuple(weights[:-1])  # all but the LM head, which only the loss reads
+    key = (tuple(tokens.shape), tuple(w.data_ptr() for w in blocks))
     entry = _GRAPHS.get(model)
     if entry is None or entry[0] != key:
         _GRAPHS.pop(model, None)
         torch.cuda.synchronize()  # the old pair's pool is free before the new one is drawn
         tables, book = Tables(model), cp.OPS["book"]
         # the graph's static inputs are its sample arguments: the tokens a private copy (each
-        # replay copies the call's tokens into it), the weights the leaves over the model's own
+        # replay copies the call's tokens into it), the weights the leaves over the model's own;
+        # None stands in for the LM head, so that weights[-2] is still the final norm
         fn = torch.cuda.make_graphed_callables(
-            lambda tok, *ws: hidden_states(tables, ws, tok, book), (tokens.clone(), *weights))
+            lambda tok, *ws: hidden_states(tables, (*ws, None), tok, book),
+            (tokens.clone(), *blocks))
         entry = _GRAPHS[model] = (key, fn)
     return entry[1]
 
@@ -150,7 +154,7 @@ def graphed_blocks(model: cp.Llama, weights, tokens: torch.Tensor):
 def loss_book_graphed(model, weights, tokens, targets):
     """v3's loss: v2's, with the blocks replayed from their graphs; the loss is v2's fused linear
     cross-entropy, eager."""
-    hs = graphed_blocks(model, weights, tokens)(tokens, *weights)
+    hs = graphed_blocks(model, weights, tokens)(tokens, *weights[:-1])
     return ce.LinearCrossEntropyFunction.apply(hs.flatten(0, 1), weights[-1], targets.flatten())
 # --8<-- [end:graphed]
 
