@@ -293,6 +293,22 @@ def test_render_table_other_dtype_and_peak_memory(tmp_path):
     assert "<svg" in plot and "bfloat16" in plot
 
 
+def test_render_table_sets_a_versions_memory_apart(tmp_path):
+    """memory-apart=: a version whose peak-memory measure does not compare (a CUDA graph keeps its pool
+    between calls) shows no number, with a note saying why; a name the op does not have is refused."""
+    path = fake_results(tmp_path, "scale")
+    data = json.loads(path.read_text())
+    data["ops"]["scale"]["records"] = [{**r, "peak_extra_bytes": (i + 1) * 2**20}
+                                       for i, r in enumerate(data["ops"]["scale"]["records"])]
+    path.write_text(json.dumps(data))
+    md = site.render_page("<!-- bench:table scale memory-apart=v1 -->\n", "p.md", tmp_path)
+    rows = {line.split("&nbsp;")[0]: line for line in md.splitlines() if line.startswith("| **v")}
+    assert rows["| **v1**"].endswith("| not comparable |") and rows["| **v0**"].endswith(" MiB |")
+    assert "Extra memory of v1: not comparable" in md and "this version keeps" in md
+    with pytest.raises(ValueError, match="memory-apart= names versions scale does not have: v9"):
+        site.render_page("<!-- bench:table scale memory-apart=v9 -->\n", "p.md", tmp_path)
+
+
 def test_plot_draws_one_line_per_series_of_the_sweep(tmp_path):
     op = OPS["flash_attention_fwd"]
     assert site._series_keys(op) == ["causal", "d"]

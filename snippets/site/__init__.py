@@ -7,6 +7,8 @@ A chapter asks for them with HTML comments on a line of their own, so the raw Ma
                                                  in a collapsible block (fold=no: open, where the sweep is
                                                  the lesson and no plot shows it)
     <!-- bench:table softmax dtype=bfloat16 -->  another timed dtype than the first (any table or plot)
+    <!-- bench:table capstone_train memory-apart=v3 -->  versions whose extra-memory cell is not comparable
+                                                 (memory kept between calls, as a CUDA graph's pool)
     <!-- bench:headline layernorm -->            one sentence per GPU: the best book version and the best
                                                  library version at the headline (a chapter's summary box)
     <!-- bench:plot vector_add -->               the sweep: rate against size, one line per implementation

@@ -109,10 +109,12 @@ def _pivot(op: Op, entry: dict, dtype: str | None, stale: set[str]) -> list[str]
 
 
 def render_table(op: Op, results: dict[str, dict], sizes: str = "headline", dtype: str | None = None,
-                 fold: bool = True) -> str:
+                 fold: bool = True, memory_apart: set[str] = frozenset()) -> str:
     """The headline table of each GPU (one row per version), in tabs when several GPUs measured the op. With
     ``sizes="all"``: every measured size as a pivot (sizes x versions), folded in a collapsible block unless
-    ``fold`` is False (where the sweep itself is the lesson and no plot shows it)."""
+    ``fold`` is False (where the sweep itself is the lesson and no plot shows it). ``memory_apart``: versions
+    whose peak-memory measure does not compare with the others' (memory held from before the call, as a CUDA
+    graph's pool): their cell says so instead of a number, and a note under the table says why."""
     blocks = []
     for gpu, data in results.items():
         entry = data["ops"].get(op.name)
@@ -135,7 +137,14 @@ def render_table(op: Op, results: dict[str, dict], sizes: str = "headline", dtyp
                 lines = [head.replace(short_size(op.headline), f"{title} (headline {short_size(op.headline)})"),
                          "", *pivot]
         else:
-            lines = [head, "", *_headline_lines(op, rows, stale, c)]
+            lines = [head, "", *_headline_lines(op, rows, stale, c, memory_apart)]
+            shown = sorted(v for v in memory_apart if any(r["impl"] == v and "peak_extra_bytes" in r
+                                                            for r in rows))
+            if shown:
+                who = "this version keeps" if len(shown) == 1 else "these versions keep"
+                lines += ["", f"Extra memory of {', '.join(shown)}: not comparable. The column counts what one "
+                          f"call allocates beyond what existed before it, and {who} memory from call to call "
+                          "(a CUDA graph's pool, allocated when the graph was captured)."]
         if stale:
             lines += ["", f'!!! warning "Stale"\n    The source of {", ".join(sorted(stale))} changed since '
                       "this measurement (or it was never measured); the numbers above are from the old code."]
@@ -144,7 +153,8 @@ def render_table(op: Op, results: dict[str, dict], sizes: str = "headline", dtyp
     return gpu_tabs(blocks) if blocks else _missing(op)
 
 
-def _headline_lines(op: Op, rows: list[dict], stale: set[str], c: dict | None) -> list[str]:
+def _headline_lines(op: Op, rows: list[dict], stale: set[str], c: dict | None,
+                    memory_apart: set[str] = frozenset()) -> list[str]:
     cols = ["version", "what it does", "time", op.metric, f"% of {_cname(c['name'])}" if c else "% of ceiling",
             "vs v0"]
     memory = any("peak_extra_bytes" in r for r in rows)
@@ -156,7 +166,8 @@ def _headline_lines(op: Op, rows: list[dict], stale: set[str], c: dict | None) -
         cells = [version_cell(op, r, stale), r["desc"], _fmt_ms(r["ms"]), _rate(r["value"]),
                  f"{100 * r['fraction_of_ceiling']:.1f}%" if r["fraction_of_ceiling"] is not None else "-", sp]
         if memory:
-            cells.append(_gib(r["peak_extra_bytes"]) if "peak_extra_bytes" in r else "-")
+            cells.append("not comparable" if r["impl"] in memory_apart and "peak_extra_bytes" in r
+                         else _gib(r["peak_extra_bytes"]) if "peak_extra_bytes" in r else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
