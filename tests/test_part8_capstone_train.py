@@ -4,7 +4,8 @@ On a CPU (Triton's interpreter, float32): the book's step (Part 5's RMSNorm, RoP
 FlashAttention backward passes, the fused linear cross-entropy) and the eager step against float64,
 every weight's gradient; the five weights the op returns are the ones it names; the fused loss does
 not go through F.cross_entropy; a few steps of AdamW on one batch make its loss fall, on both backends; bad input is
-refused. On a GPU: bf16 at the small model's widths against float64."""
+refused. On a GPU: bf16 at the small model's widths against float64 (v0, v2, v3), and v3's CUDA graphs
+following a new batch and in-place optimiser updates."""
 
 from __future__ import annotations
 
