@@ -131,9 +131,9 @@ def graphed_blocks(model: cp.Llama, weights, tokens: torch.Tensor):
     """``hidden_states`` on the book's kernels as a callable of (tokens, *weights less the LM
     head) whose forward and backward each replay one CUDA graph
     (``torch.cuda.make_graphed_callables``: three eager warm-up steps on a side stream, where
-    Triton's autotuning runs, then the two captures). The
-    graphs read the weights where they were at capture, so an in-place update (an optimiser
-    step) is seen; other weight tensors or another batch shape capture anew."""
+    Triton's autotuning runs, then the two captures). The graphs read the weights where they were
+    at capture, so an in-place update (an optimiser step) is seen; other weight tensors or another
+    batch shape capture anew."""
     blocks = tuple(weights[:-1])  # all but the LM head, which only the loss reads
     key = (tuple(tokens.shape), tuple(w.data_ptr() for w in blocks))
     entry = _GRAPHS.get(model)
@@ -295,8 +295,6 @@ def train_ref(model, tokens, targets, embed=None):
     loss, *grads = grads_through(lambda *ws: loss_torch(model64, ws, tokens, targets),
                                  tuple(leaves), with_output=True)
     return (loss, *(grads[i] for i in checked_indices(model.cfg.n_layers)))
-
-
 
 
 # Relative error of each output in the Frobenius norm, ||out - ref|| / ||ref||. fp32: sums in a

@@ -92,11 +92,12 @@ def _table(c: Ctx) -> str:
     fold = c.kw.get("fold", "yes")
     if fold not in ("yes", "no"):
         raise ValueError(f"fold= takes yes or no, got {fold!r}")
+    op = c.op()
     apart = [v for v in c.kw.get("memory-apart", "").split(",") if v]
-    unknown = [v for v in apart if v not in c.op().impls]
+    unknown = [v for v in apart if v not in op.impls]
     if unknown:
-        raise ValueError(f"memory-apart= names versions {c.op().name} does not have: {', '.join(unknown)}")
-    return render_table(c.op(), c.results, c.kw.get("sizes", "headline"), c.kw.get("dtype"), fold == "yes",
+        raise ValueError(f"memory-apart= names versions {op.name} does not have: {', '.join(unknown)}")
+    return render_table(op, c.results, c.kw.get("sizes", "headline"), c.kw.get("dtype"), fold == "yes",
                         memory_apart=set(apart))
 
 
