@@ -34,6 +34,9 @@ step sweep 200 $RUN -m snippets.part7.sweep --out "$OUT/sweep.json"
 step fused_smoke 60 $RUN -m snippets.part7.fast_allreduce --smoke-fused --out /dev/null
 FUSED=$(grep -q "^fused_smoke: rc 0 " "$OUT/steps.txt" 2>/dev/null && echo --fused)
 step fast_allreduce 200 $RUN -m snippets.part7.fast_allreduce --profile $FUSED --out "$OUT/fast_allreduce.json"
+# one ring step's traffic alone (send right and receive left, against exchanging with one peer and
+# sending one way) at 4 to 256 MiB per message: what the ring's steps cost without the ring
+step p2p_patterns 90 $RUN -m snippets.part7.p2p_patterns --out "$OUT/p2p_patterns.json"
 # Opt-in (only when KM_STEPS names ring_channels or ring_channels_min32): the experiment Part 7's collectives chapter names for the book's ring on 4
 # GPUs, far below NCCL up to 512 MiB. The ring's graph timings alone, once with NCCL's log of the point-to-point
 # channels it sets up, once with at least 32 channels per peer; logs and JSON stay in OUTDIR, nothing is recorded.

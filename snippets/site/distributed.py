@@ -12,6 +12,8 @@
   collectives, against compute alone and communication alone: the hidden fraction, and its goal;
 - ``bench:dist one_shot``: the book's one-shot all-reduce against NCCL's and PyTorch's one-shot
   kernel, latency per size, and its goal at 256 KiB on 2 GPUs (``ONE_SHOT_GOAL``, a ratio to NCCL);
+- ``bench:dist p2p_patterns``: one ring step's point-to-point traffic timed alone (send to one
+  peer and receive from another) against exchanging with one peer and sending one way;
 - ``bench:dist pipeline``: GPipe's and 1F1B's bubble measured on every GPU of the machine against
   (p - 1) / (m + p - 1), and 1F1B's goal: within ``PIPELINE_GOAL`` of its formula.
 
@@ -381,6 +383,33 @@ def render_pipeline(results_dir: Path) -> str:
     return _render(results_dir, "pipeline", "pipeline", body)
 
 
+P2P_NAMES = {"ring_shift": "ring step: send right, receive left",
+             "pair_exchange": "exchange with one peer",
+             "pair_exchange_2rank": "exchange, 2-rank communicator",
+             "one_way": "one way: half the ranks send"}
+
+
+def render_p2p_patterns(results_dir: Path) -> str:
+    def body(m: dict[str, Any], e: dict[str, Any]) -> list[str]:
+        recs, timing = _preferred([r for r in e["records"] if "seconds" in r])
+        if not recs:
+            return []
+        cells = {(r["bytes"], r["pattern"]): r for r in recs}
+        names = [k for k in P2P_NAMES if any(k == pat for _, pat in cells)]
+        lines = ["| message per rank | " + " | ".join(f"{P2P_NAMES[k]} (GB/s)" for k in names)
+                 + " | ring step / exchange |", "|--:|" + "--:|" * (len(names) + 1)]
+        for n in sorted({b for b, _ in cells}):
+            row = [f"{cells[n, k]['per_direction'] / 1e9:.0f}" if (n, k) in cells else ""
+                   for k in names]
+            ring, pair = cells.get((n, "ring_shift")), cells.get((n, "pair_exchange"))
+            ratio = f"{ring['per_direction'] / pair['per_direction']:.2f}" if ring and pair else ""
+            lines.append(f"| {_size(n)} | " + " | ".join(row) + f" | {ratio} |")
+        return lines + ["", "Bandwidth per direction: a rank's message over the slowest rank's "
+                        "time. " + TIMING_NOTE[timing]]
+
+    return _render(results_dir, "p2p_patterns", "p2p", body)
+
+
 def render_dist(pos: list[str], results_dir: Path) -> str:
     what = pos[0] if pos else ""
     if what == "topology":
@@ -399,5 +428,7 @@ def render_dist(pos: list[str], results_dir: Path) -> str:
         return render_tp_overlap(results_dir)
     if what == "pipeline":
         return render_pipeline(results_dir)
-    raise ValueError("bench:dist takes topology, sweep OP, ring, one_shot, scaling, tp_overlap or "
-                     f"pipeline; got {what!r}")
+    if what == "p2p_patterns":
+        return render_p2p_patterns(results_dir)
+    raise ValueError("bench:dist takes topology, sweep OP, ring, one_shot, scaling, tp_overlap, "
+                     f"pipeline or p2p_patterns; got {what!r}")
