@@ -37,6 +37,8 @@ step fast_allreduce 200 $RUN -m snippets.part7.fast_allreduce --profile $FUSED -
 # one ring step's traffic alone (send right and receive left, against exchanging with one peer and
 # sending one way) at 4 to 256 MiB per message: what the ring's steps cost without the ring
 step p2p_patterns 90 $RUN -m snippets.part7.p2p_patterns --out "$OUT/p2p_patterns.json"
+# halving-doubling, built from pair exchanges only, against NCCL and the ring, 1 MiB to 1 GiB
+step halving 150 $RUN -m snippets.part7.fast_halving --out "$OUT/halving.json"
 # Opt-in (only when KM_STEPS names ring_channels or ring_channels_min32): the experiment Part 7's collectives chapter names for the book's ring on 4
 # GPUs, far below NCCL up to 512 MiB. The ring's graph timings alone, once with NCCL's log of the point-to-point
 # channels it sets up, once with at least 32 channels per peer; logs and JSON stay in OUTDIR, nothing is recorded.

@@ -11,7 +11,8 @@ One file per GPU model and world size, ``benchmarks/results/distributed/<gpu>-x<
 A run's records are what its module wrote (``snippets.part7.sweep``: NCCL's collectives over sizes;
 ``snippets.part7.fast_allreduce``: the book's ring and one-shot all-reduces against NCCL's;
 ``snippets.part7.pipeline``: the measured bubble of GPipe and 1F1B, one record per schedule;
-``snippets.part7.p2p_patterns``: one ring step's point-to-point traffic against a pair's exchange).
+``snippets.part7.p2p_patterns``: one ring step's point-to-point traffic against a pair's exchange;
+``snippets.part7.fast_halving``: halving-doubling against NCCL's all-reduce and the book's ring).
 ``scripts/part7_gpus.sh OUTDIR`` produces them on a GPU machine;
 
     python -m snippets.bench.distributed record OUTDIR --commit C [--root CHECKOUT]
@@ -35,7 +36,8 @@ SCHEMA = 1
 DIST_DIR = REPO_ROOT / "benchmarks" / "results" / "distributed"
 RUNS = {"sweep": "snippets.part7.sweep", "fast_allreduce": "snippets.part7.fast_allreduce",
         "scaling": "snippets.part7.scaling", "tp_overlap": "snippets.part7.tp_overlap",
-        "pipeline": "snippets.part7.pipeline", "p2p_patterns": "snippets.part7.p2p_patterns"}
+        "pipeline": "snippets.part7.pipeline", "p2p_patterns": "snippets.part7.p2p_patterns",
+        "halving": "snippets.part7.fast_halving"}
 # the world sizes Part 7's chapters report; a size with no file renders as not measured yet
 WORLD_SIZES = (2, 4)
 

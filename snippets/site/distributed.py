@@ -12,6 +12,9 @@
   collectives, against compute alone and communication alone: the hidden fraction, and its goal;
 - ``bench:dist one_shot``: the book's one-shot all-reduce against NCCL's and PyTorch's one-shot
   kernel, latency per size, and its goal at 256 KiB on 2 GPUs (``ONE_SHOT_GOAL``, a ratio to NCCL);
+- ``bench:dist halving``: the book's halving-doubling all-reduce against NCCL's and the book's
+  ring in one run, bus bandwidth per size, and where it stands at 256 MiB against the bar the
+  ring's goal sets for the machine's world size;
 - ``bench:dist p2p_patterns``: one ring step's point-to-point traffic timed alone (send to one
   peer and receive from another) against exchanging with one peer and sending one way;
 - ``bench:dist pipeline``: GPipe's and 1F1B's bubble measured on every GPU of the machine against
@@ -383,10 +386,36 @@ def render_pipeline(results_dir: Path) -> str:
     return _render(results_dir, "pipeline", "pipeline", body)
 
 
-P2P_NAMES = {"ring_shift": "ring step: send right, receive left",
-             "pair_exchange": "exchange with one peer",
-             "pair_exchange_2rank": "exchange, 2-rank communicator",
-             "one_way": "one way: half the ranks send"}
+def render_halving(results_dir: Path) -> str:
+    def body(m: dict[str, Any], e: dict[str, Any]) -> list[str]:
+        table = {n: v for n, v in _by(e["records"]).items()
+                 if {"nccl", "halving_doubling"} <= set(v)}
+        if not table:
+            return []
+        lines = ["| message | NCCL busbw (GB/s) | book ring (GB/s) | book halving-doubling (GB/s) "
+                 "| halving-doubling / NCCL |", "|--:|--:|--:|--:|--:|"]
+        for n in sorted(table):
+            v = table[n]
+            ring = f"{v['ring/pieces=1']['busbw'] / 1e9:.0f}" if "ring/pieces=1" in v else ""
+            lines.append(f"| {_size(n)} | {v['nccl']['busbw'] / 1e9:.0f} | {ring} | "
+                         f"{v['halving_doubling']['busbw'] / 1e9:.0f} | "
+                         f"{v['halving_doubling']['busbw'] / v['nccl']['busbw']:.2f} |")
+        lines += ["", TIMING_NOTE[_preferred([r for r in e["records"] if "seconds" in r])[1]]]
+        at = table.get(256 << 20)
+        if at:
+            frac = at["halving_doubling"]["busbw"] / at["nccl"]["busbw"]
+            goal = RING_GOAL.get(m["world_size"], min(RING_GOAL.values()))
+            verdict = "met" if frac >= goal else "not met"
+            lines += ["", f"At 256 MiB on {m['world_size']} GPUs, against the bar the ring's goal "
+                      f"sets there (\\(\\ge\\) {goal:.0%} of NCCL's bus bandwidth): "
+                      f"halving-doubling {frac:.1%}, **{verdict}**."]
+        return lines
+
+    return _render(results_dir, "halving", "halving", body)
+
+
+P2P_NAMES = {"ring_shift": "ring step", "pair_exchange": "pair exchange",
+             "pair_exchange_2rank": "pair, own communicator", "one_way": "one way"}
 
 
 def render_p2p_patterns(results_dir: Path) -> str:
@@ -397,15 +426,18 @@ def render_p2p_patterns(results_dir: Path) -> str:
         cells = {(r["bytes"], r["pattern"]): r for r in recs}
         names = [k for k in P2P_NAMES if any(k == pat for _, pat in cells)]
         lines = ["| message per rank | " + " | ".join(f"{P2P_NAMES[k]} (GB/s)" for k in names)
-                 + " | ring step / exchange |", "|--:|" + "--:|" * (len(names) + 1)]
+                 + " | ring step / pair |", "|--:|" + "--:|" * (len(names) + 1)]
         for n in sorted({b for b, _ in cells}):
             row = [f"{cells[n, k]['per_direction'] / 1e9:.0f}" if (n, k) in cells else ""
                    for k in names]
             ring, pair = cells.get((n, "ring_shift")), cells.get((n, "pair_exchange"))
             ratio = f"{ring['per_direction'] / pair['per_direction']:.2f}" if ring and pair else ""
             lines.append(f"| {_size(n)} | " + " | ".join(row) + f" | {ratio} |")
-        return lines + ["", "Bandwidth per direction: a rank's message over the slowest rank's "
-                        "time. " + TIMING_NOTE[timing]]
+        return lines + ["", "Ring step: every rank sends to the next and receives from the "
+                        "previous. Pair exchange: ranks 2k and 2k + 1 send to each other. Pair, own "
+                        "communicator: the same on a communicator of the two ranks alone. One way: "
+                        "rank 2k sends to 2k + 1 only. Bandwidth per direction: a rank's message over "
+                        "the slowest rank's time. " + TIMING_NOTE[timing]]
 
     return _render(results_dir, "p2p_patterns", "p2p", body)
 
@@ -430,5 +462,7 @@ def render_dist(pos: list[str], results_dir: Path) -> str:
         return render_pipeline(results_dir)
     if what == "p2p_patterns":
         return render_p2p_patterns(results_dir)
+    if what == "halving":
+        return render_halving(results_dir)
     raise ValueError("bench:dist takes topology, sweep OP, ring, one_shot, scaling, tp_overlap, "
-                     f"pipeline or p2p_patterns; got {what!r}")
+                     f"pipeline, p2p_patterns or halving; got {what!r}")
