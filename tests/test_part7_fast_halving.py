@@ -103,4 +103,5 @@ def test_table_and_verdict_render_from_filed_records(tmp_path):
     dr.record(out, "abc", REPO_ROOT, tmp_path / "r" / "distributed")
     text = render_dist(["halving"], tmp_path / "r")
     assert "| 256 MiB | 300 | 150 | 240 | 0.80 |" in text
-    assert "halving-doubling 80.0%, **not met**." in text       # the 4-GPU bar is 85%
+    assert ("the book's ring 50.0%, **not met**; halving-doubling 80.0%, **not met**." in text)
+    assert "NCCL's default." in text                 # no chunk recorded

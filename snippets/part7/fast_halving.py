@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 import torch
@@ -26,6 +27,11 @@ from snippets.part7.collectives import agree, describe_input
 from snippets.part7.cost import algorithm_bandwidth, bus_bandwidth
 from snippets.part7.fast_allreduce import RingAllReduce, _check_input
 from snippets.part7.sweep import TIMINGS, timed
+
+# NCCL splits a point-to-point message over its channels in chunks of NCCL_P2P_NVL_CHUNKSIZE bytes
+# (over NVLink), so a message of a few tens of MiB fills every channel only with chunks smaller
+# than NCCL's default; p2p_patterns measures the default, this run sets the smaller chunk
+P2P_CHUNK_BYTES = 1 << 16
 
 
 # --8<-- [start:halving]
@@ -132,11 +138,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--p2p-chunk-bytes", type=int, default=P2P_CHUNK_BYTES,
+                    help="NCCL_P2P_NVL_CHUNKSIZE for this process, set before NCCL starts unless "
+                         "the environment sets it (0: NCCL's default)")
     args = ap.parse_args(argv)
+    if args.p2p_chunk_bytes < 0:
+        raise ValueError(f"--p2p-chunk-bytes must be >= 0, got {args.p2p_chunk_bytes}")
+    if args.p2p_chunk_bytes:
+        os.environ.setdefault("NCCL_P2P_NVL_CHUNKSIZE", str(args.p2p_chunk_bytes))
     rank, world = init_from_env(timeout_s=600)
     result = measure(sizes_between(args.min_bytes, args.max_bytes), args.iters, args.warmup,
                      repeats=args.repeats)
     result["provenance"] = provenance(dist.get_backend(), world)
+    chunk = os.environ.get("NCCL_P2P_NVL_CHUNKSIZE")       # None: NCCL's default
+    result["nccl_p2p_chunk_bytes"] = int(chunk) if chunk else None
     dist.destroy_process_group()
     if rank == 0:
         with open(args.out, "w") as f:

@@ -400,15 +400,23 @@ def render_halving(results_dir: Path) -> str:
             lines.append(f"| {_size(n)} | {v['nccl']['busbw'] / 1e9:.0f} | {ring} | "
                          f"{v['halving_doubling']['busbw'] / 1e9:.0f} | "
                          f"{v['halving_doubling']['busbw'] / v['nccl']['busbw']:.2f} |")
-        lines += ["", TIMING_NOTE[_preferred([r for r in e["records"] if "seconds" in r])[1]]]
+        chunk = e.get("nccl_p2p_chunk_bytes")
+        lines += ["", ("NCCL's point-to-point chunk over NVLink (`NCCL_P2P_NVL_CHUNKSIZE`): "
+                       + (f"{_size(chunk)}, set by the run before NCCL starts; NCCL's all-reduce "
+                          "does not use it." if chunk else "NCCL's default.")),
+                  "", TIMING_NOTE[_preferred([r for r in e["records"] if "seconds" in r])[1]]]
         at = table.get(256 << 20)
         if at:
-            frac = at["halving_doubling"]["busbw"] / at["nccl"]["busbw"]
             goal = RING_GOAL.get(m["world_size"], min(RING_GOAL.values()))
-            verdict = "met" if frac >= goal else "not met"
-            lines += ["", f"At 256 MiB on {m['world_size']} GPUs, against the bar the ring's goal "
-                      f"sets there (\\(\\ge\\) {goal:.0%} of NCCL's bus bandwidth): "
-                      f"halving-doubling {frac:.1%}, **{verdict}**."]
+            bar = (f"At 256 MiB on {m['world_size']} GPUs, against the bar the ring's goal sets "
+                   f"there (\\(\\ge\\) {goal:.0%} of NCCL's bus bandwidth): ")
+            for impl, name in (("ring/pieces=1", "the book's ring"),
+                               ("halving_doubling", "halving-doubling")):
+                if impl in at:
+                    frac = at[impl]["busbw"] / at["nccl"]["busbw"]
+                    verdict = "met" if frac >= goal else "not met"
+                    bar += f"{name} {frac:.1%}, **{verdict}**; "
+            lines += ["", bar.removesuffix("; ") + "."]
         return lines
 
     return _render(results_dir, "halving", "halving", body)
