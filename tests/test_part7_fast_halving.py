@@ -31,10 +31,12 @@ def _checks(rank: int, world: int) -> dict:
             if out is not y or not torch.equal(y, want):
                 failures.append(f"shape {shape} call {call}")
     refused = []
-    for bad in (torch.zeros(4), torch.zeros(5, 3, dtype=torch.float32), torch.zeros(15)[::1]):
+    hd = HalvingDoublingAllReduce((5, 3), torch.float64, "cpu")
+    for bad in (torch.zeros(4), torch.zeros(5, 3, dtype=torch.float32),
+                torch.zeros(3, 5, dtype=torch.float64).t(), [0.0] * 15):
         try:
-            HalvingDoublingAllReduce((5, 3), torch.float64, "cpu")(bad)
-        except ValueError as exc:
+            hd(bad)
+        except (TypeError, ValueError) as exc:
             refused.append(str(exc))
     result = {"failures": failures, "refused": refused}
     if world in (2, 4):
@@ -46,8 +48,9 @@ def _checks(rank: int, world: int) -> dict:
 def test_equals_all_reduce(world):
     for rank, r in enumerate(run_world(_checks, world, backend="gloo", timeout_s=180)):
         assert r["failures"] == [], f"rank {rank}"
-        assert len(r["refused"]) == 3 and all("was built for shape (5, 3)" in e
-                                              for e in r["refused"])
+        assert len(r["refused"]) == 4
+        assert all("was built for shape (5, 3)" in e for e in r["refused"][:2])
+        assert "must be contiguous" in r["refused"][2] and "expected a tensor" in r["refused"][3]
         if world in (2, 4):
             recs = r["measure"]["records"]
             assert {(x["impl"], x["bytes"]) for x in recs} == {

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from snippets.part7.collectives import agree, describe_input
 from snippets.part7.cost import algorithm_bandwidth, bus_bandwidth
-from snippets.part7.fast_allreduce import RingAllReduce, _check_input
+from snippets.part7.fast_allreduce import RingAllReduce
 from snippets.part7.sweep import TIMINGS, timed
 
 # NCCL splits a point-to-point message over its channels in chunks of NCCL_P2P_NVL_CHUNKSIZE bytes
@@ -74,8 +74,20 @@ class HalvingDoublingAllReduce:
         for work in dist.batch_isend_irecv(ops) if ops else []:
             work.wait()
 
+    def _check(self, x) -> None:
+        """The local checks of a call: the tensor it was built for (no communication)."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"HalvingDoublingAllReduce: expected a tensor, got {type(x).__name__}")
+        if (tuple(x.shape), x.dtype, x.device) != (self.shape, self.dtype, self.device):
+            raise ValueError(f"HalvingDoublingAllReduce was built for shape {self.shape}, "
+                             f"{self.dtype} on {self.device}; got shape {tuple(x.shape)}, "
+                             f"{x.dtype} on {x.device}")
+        if not x.is_contiguous():
+            raise ValueError("HalvingDoublingAllReduce: the tensor must be contiguous (it is "
+                             "reduced in place)")
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        _check_input("HalvingDoublingAllReduce", x, self.shape, self.dtype, self.device)
+        self._check(x)
         flat, at = x.view(-1), self.at
         for peer, keep, give in self.steps:                  # halving: a reduce-scatter
             mine = flat[at[keep[0]]:at[keep[1]]]
