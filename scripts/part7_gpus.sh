@@ -39,9 +39,10 @@ step fast_allreduce 200 $RUN -m snippets.part7.fast_allreduce --profile $FUSED -
 step p2p_patterns 90 $RUN -m snippets.part7.p2p_patterns --out "$OUT/p2p_patterns.json"
 # halving-doubling, built from pair exchanges only, against NCCL and the ring, 1 MiB to 1 GiB
 step halving 150 $RUN -m snippets.part7.fast_halving --out "$OUT/halving.json"
-# Opt-in (only when KM_STEPS names ring_channels or ring_channels_min32): the experiment Part 7's collectives chapter names for the book's ring on 4
-# GPUs, far below NCCL up to 512 MiB. The ring's graph timings alone, once with NCCL's log of the point-to-point
-# channels it sets up, once with at least 32 channels per peer; logs and JSON stay in OUTDIR, nothing is recorded.
+# Opt-in (only when KM_STEPS names ring_channels or ring_channels_min32): the ring's graph timings alone, once
+# with NCCL's log of the point-to-point channels it sets up, once with at least 32 channels per peer; logs and
+# JSON stay in OUTDIR, nothing is recorded. On 4 x H200 the log showed as many channels per peer as in all, which
+# refuted the channels-per-peer explanation of the slow 4-GPU ring (Part 7's collectives chapter).
 if [[ " ${KM_STEPS:-} " == *" ring_channels"* ]]; then
   step ring_channels 150 env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,P2P $RUN -m snippets.part7.fast_allreduce \
     --pieces 1 --timing graph --repeats 1 --out "$OUT/ring_channels_default.json"
