@@ -240,6 +240,22 @@ one_f_one_b = Exercise(
 
 
 # ------------------------------------------------------------------------------------ collectives.7
+def _on_ranks(fn, p: int, *args) -> list:
+    """``fn(rank, p, *args)`` on p gloo processes; a rank's exception becomes the check's failure,
+    its first line with the failing rank's last line."""
+    from snippets.part7.launch import run_world
+
+    try:
+        return run_world(fn, p, *args, backend="gloo", timeout_s=90)
+    except RuntimeError as exc:
+        text = str(exc)
+        tail = text.split("--- rank", 1)[1] if "--- rank" in text else ""
+        detail = tail.strip().splitlines()[-1] if tail.strip() else ""
+        first = text.splitlines()[0]
+        extra = f" ({detail})" if detail and detail.split(": ", 1)[-1] not in first else ""
+        raise Failure(first + extra) from exc
+
+
 def _ring_world(rank: int, p: int, path: str, numel: int, seed: int):
     """One rank of the check (top level: run_world pickles it into new processes): the learner's
     reduce-scatter and all-reduce on this rank's vector, and dist.all_reduce's answer."""
@@ -260,8 +276,6 @@ def _ring_world(rank: int, p: int, path: str, numel: int, seed: int):
 
 
 def _check_ring(run: Run) -> None:
-    from snippets.part7.launch import run_world
-
     mod = run.module()
     require(mod, "reduce_scatter_chunks", "ring_all_reduce")
     with run.case("one rank alone (no step to take): its chunk is its own",
@@ -276,16 +290,7 @@ def _check_ring(run: Run) -> None:
                       "dist.all_reduce", hint="in step s rank r sends chunk (r - s - 1) mod p to "
                                               "the right and adds what comes from the left into "
                                               "chunk (r - s - 2) mod p"):
-            try:
-                results = run_world(_ring_world, p, str(run.path()), numel, 70, backend="gloo",
-                                    timeout_s=90)
-            except RuntimeError as exc:
-                text = str(exc)
-                tail = text.split("--- rank", 1)[1] if "--- rank" in text else ""
-                detail = tail.strip().splitlines()[-1] if tail.strip() else ""
-                first = text.splitlines()[0]
-                extra = f" ({detail})" if detail and detail.split(": ", 1)[-1] not in first else ""
-                raise Failure(first + extra) from exc
+            results = _on_ranks(_ring_world, p, str(run.path()), numel, 70)
             for r, (rs, ar, ref) in enumerate(results):
                 close(f"rank {r}'s reduce-scatter chunk", rs, ref.tensor_split(p)[r], 0, 0)
                 close(f"rank {r}'s all-reduce", ar, ref, 0, 0)
@@ -308,4 +313,51 @@ ring = Exercise(
     gpu="",
 )
 
-EXERCISES = [ring_costs, zero_mem, buckets, tp_linear, one_f_one_b, ring]
+# ------------------------------------------------------------------------------------ collectives.4
+def _any_p_world(rank: int, p: int, path: str, seed: int):
+    """One rank of the check: the learner's all-reduce of this rank's vector (10 elements, so that
+    the chunks are of unequal sizes), and dist.all_reduce's answer."""
+    import torch.distributed as dist
+
+    from exercises.engine import load_module
+
+    mod = load_module(Path(path))
+    g = torch.Generator().manual_seed(seed + rank)
+    x = torch.randint(-50, 50, (5, 2), generator=g).double()   # integers: any order sums exactly
+    got = mod.all_reduce_any_p(x)
+    ref = x.clone()
+    dist.all_reduce(ref)
+    return got, ref
+
+
+def _check_any_p(run: Run) -> None:
+    mod = run.module()
+    require(mod, "all_reduce_any_p")
+    for p, what in ((1, "one rank: nothing to fold, nothing to exchange"),
+                    (4, "a power of two: nothing to fold"),
+                    (3, "one rank folded into rank 0"),
+                    (6, "two ranks folded into ranks 0 and 1")):
+        with run.case(f"{p} gloo ranks ({what}), against dist.all_reduce",
+                      hint="q = 1 << (p.bit_length() - 1); rank r >= q sends its vector to r - q "
+                           "and receives the sum back; rank r < p - q receives from r + q and adds "
+                           "before halving_doubling, and sends the sum to r + q after it"):
+            for r, (got, ref) in enumerate(_on_ranks(_any_p_world, p, str(run.path()), 40)):
+                close(f"rank {r}'s all-reduce", got, ref, 0, 0)
+
+
+any_p = Exercise(
+    id="part7.collectives.4", title="Halving and doubling for any number of ranks", difficulty=2,
+    kind="python", files=("part7/halving_any_p.py",),
+    task="Write all_reduce_any_p(x), the sum of x over any number of ranks p: with q the largest "
+         "power of two at most p, ranks q, ..., p - 1 first send their vectors to ranks 0, ..., "
+         "p - q - 1, which add them; the q ranks run the given halving_doubling; then the results "
+         "go back. The check runs it on 1, 4, 3 and 6 gloo processes against dist.all_reduce.",
+    hint="rank r >= q: send to r - q, then receive the sum from r - q; rank r < p - q: receive "
+         "from r + q and add, run halving_doubling(flat, rank, q), then send to r + q",
+    check=_check_any_p,
+    planted={"no_unfold": "rank 2's all-reduce", "copies": "all-reduce",
+             "q_is_p": "power of two"},
+    gpu="",
+)
+
+EXERCISES = [ring_costs, zero_mem, buckets, tp_linear, one_f_one_b, any_p, ring]
