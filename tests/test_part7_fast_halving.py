@@ -3,7 +3,10 @@ torch.distributed's all-reduce on gloo for 1, 2, 4 and 8 ranks and shapes whose 
 not divide (integer-valued inputs: exact), twice in a row on one build (the receive buffer reused);
 it refuses a non-power-of-two world, different shapes on different ranks and a tensor it was not
 built for, before any exchange. The measurement's dry run records NCCL's stand-in, the ring and
-halving-doubling at each size, the same on every rank."""
+halving-doubling at each size, the same on every rank. The command lines part7_gpus.sh runs
+(fast_halving and p2p_patterns) run under torchrun on 2 CPU processes and write what
+``snippets.bench.distributed record`` files, with the NCCL point-to-point chunk the run set (its
+default, none, or the environment's value)."""
 
 from __future__ import annotations
 
@@ -108,3 +111,60 @@ def test_table_and_verdict_render_from_filed_records(tmp_path):
     assert "| 256 MiB | 300 | 150 | 240 | 0.80 |" in text
     assert ("the book's ring 50.0%, **not met**; halving-doubling 80.0%, **not met**." in text)
     assert "NCCL's default." in text                 # no chunk recorded
+
+
+def _cli(module: str, out, *args: str, env_extra: dict | None = None):
+    """``module``'s command line under torchrun on 2 CPU processes (gloo), as part7_gpus.sh runs it
+    on GPUs."""
+    import os
+    import subprocess
+    import sys
+
+    from snippets.registry import REPO_ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("NCCL_P2P_NVL_CHUNKSIZE", None)
+    env.update(env_extra or {})
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", module, "--out", str(out), *args],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.parametrize("chunk_args, env_extra, want", [
+    ((), None, 1 << 16),                                     # the run's default chunk, recorded
+    (("--p2p-chunk-bytes", "0"), None, None),                # NCCL's default: nothing set
+    ((), {"NCCL_P2P_NVL_CHUNKSIZE": "131072"}, 131072),      # the environment's value wins
+])
+def test_command_line_records_what_part7_gpus_files(tmp_path, chunk_args, env_extra, want):
+    import json
+
+    out = tmp_path / "halving.json"
+    proc = _cli("snippets.part7.fast_halving", out, "--min-bytes", "1024", "--max-bytes", "2048",
+                "--iters", "2", "--warmup", "1", "--repeats", "1", *chunk_args,
+                env_extra=env_extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["nccl_p2p_chunk_bytes"] == want
+    assert data["provenance"]["backend"] == "gloo" and data["provenance"]["gpu"] is None
+    assert {(r["impl"], r["bytes"]) for r in data["records"]} == {
+        (i, b) for i in ("nccl", "ring/pieces=1", "halving_doubling") for b in (1024, 2048)}
+    assert "halving_doubling" in proc.stdout
+
+
+def test_command_line_refuses_a_negative_chunk(tmp_path):
+    proc = _cli("snippets.part7.fast_halving", tmp_path / "h.json", "--p2p-chunk-bytes", "-1")
+    assert proc.returncode != 0 and "--p2p-chunk-bytes must be >= 0, got -1" in proc.stderr
+
+
+def test_p2p_patterns_command_line(tmp_path):
+    import json
+
+    out = tmp_path / "p2p.json"
+    proc = _cli("snippets.part7.p2p_patterns", out, "--sizes-mib", "0.001953125",
+                "--iters", "2", "--warmup", "1", "--repeats", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert {r["pattern"] for r in data["records"]} == {"ring_shift", "pair_exchange", "one_way"}
+    assert {r["bytes"] for r in data["records"]} == {2048}
+    assert data["provenance"]["world_size"] == 2
