@@ -447,11 +447,14 @@ def render_p2p_patterns(results_dir: Path) -> str:
             ring, pair = cells.get((n, "ring_shift")), cells.get((n, "pair_exchange"))
             ratio = f"{ring['per_direction'] / pair['per_direction']:.2f}" if ring and pair else ""
             lines.append(f"| {_size(n)} | " + " | ".join(row) + f" | {ratio} |")
-        return lines + ["", "Ring step: every rank sends to the next and receives from the "
-                        "previous. Pair exchange: ranks 2k and 2k + 1 send to each other. Pair, own "
-                        "communicator: the same on a communicator of the two ranks alone. One way: "
-                        "rank 2k sends to 2k + 1 only. Bandwidth per direction: a rank's message over "
-                        "the slowest rank's time. " + TIMING_NOTE[timing]]
+        legend = {"ring_shift": "Ring step: every rank sends to the next and receives from the "
+                                "previous.",
+                  "pair_exchange": "Pair exchange: ranks 2k and 2k + 1 send to each other.",
+                  "pair_exchange_2rank": "Pair, own communicator: the same on a communicator of "
+                                         "the two ranks alone.",
+                  "one_way": "One way: rank 2k sends to 2k + 1 only."}
+        return lines + ["", " ".join(legend[k] for k in names) + " Bandwidth per direction: a "
+                        "rank's message over the slowest rank's time. " + TIMING_NOTE[timing]]
 
     return _render(results_dir, "p2p_patterns", "p2p", body)
 
