@@ -36,6 +36,7 @@ NEW_OP_MODULES = (
     "snippets.part8.decode_gemv",
     "snippets.part3.scan_v9",
     "snippets.part8.capstone_train",
+    "snippets.part3.sgemm_v14",
 )
 
 
