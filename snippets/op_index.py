@@ -37,6 +37,7 @@ NEW_OP_MODULES = (
     "snippets.part3.scan_v9",
     "snippets.part8.capstone_train",
     "snippets.part3.sgemm_v14",
+    "snippets.part4.layernorm_v5",
 )
 
 
