@@ -7,7 +7,7 @@ hashes cover ``csrc/part4/``) keep their source hashes.
 - v5  CUDA C, the row of v4 given to one warp instead of one block: lane l holds 16-byte vectors
       l, l + 32, ... of the row in registers, in the row's own type; the mean and the variance are
       warp shuffles alone (no shared memory, no barrier), and a block is V5_WARPS independent rows.
-      Rows that a warp cannot hold (more than 32 vectors a lane, 16 in bf16), whose length is not
+      Rows that a warp cannot hold (more than 32 vectors a lane), whose length is not
       a multiple of 16 bytes, or whose tensors are not 16-byte aligned go to v4's kernel.
 """
 
@@ -27,7 +27,7 @@ V5_FILE = "layernorm/layernorm_v5.cu"
 V5_WARPS = 4                      # rows a block, a warp each
 V5_OPTIONS = cuda.defines(V5_FILE, V5_WARPS=V5_WARPS)
 # the most 16-byte vectors a lane holds, per type (the entries layernorm_v5.cu compiles)
-MAX_VECS = {torch.float32: 32, torch.float16: 32, torch.bfloat16: 16}
+MAX_VECS = {torch.float32: 32, torch.float16: 32, torch.bfloat16: 32}
 
 
 # --8<-- [start:warp_launch]
