@@ -16,8 +16,9 @@ Versions of ``layernorm`` (the forward; never renumbered):
 - v4  CUDA C (csrc/part4/layernorm.cu), the same algorithm by hand: one block per row, 16-byte
       loads, warp shuffles and one shared-memory exchange per statistic. It exists to compare the
       two languages on one op.
-- v5  CUDA C (``snippets/part4/layernorm_v5.py``, ``csrc/layernorm/layernorm_v5.cu``), one warp per
-      row: the row packed in registers, statistics by shuffles alone; v4 for rows a warp cannot take.
+- v5  CUDA C (``snippets/part4/layernorm_v5.py``, ``csrc/layernorm/layernorm_v5.cu``), one warp
+      per row: the row packed in registers, statistics by shuffles alone; v4 for rows a warp
+      cannot take.
 
 Versions of ``layernorm_fwd_bwd`` (a training step's forward and backward; each returns (dx,
 dw, db)):
