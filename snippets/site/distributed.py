@@ -428,8 +428,15 @@ def render_halving(results_dir: Path) -> str:
     return _render(results_dir, "halving", "halving", body)
 
 
-P2P_NAMES = {"ring_shift": "ring step", "pair_exchange": "pair exchange",
-             "pair_exchange_2rank": "pair, own communicator", "one_way": "one way"}
+# pattern -> (its column, its line of the legend under the table)
+P2P_PATTERNS = {
+    "ring_shift": ("ring step", "Ring step: every rank sends to the next and receives from the "
+                                "previous."),
+    "pair_exchange": ("pair exchange", "Pair exchange: ranks 2k and 2k + 1 send to each other."),
+    "pair_exchange_2rank": ("pair, own communicator", "Pair, own communicator: the same on a "
+                            "communicator of the two ranks alone."),
+    "one_way": ("one way", "One way: rank 2k sends to 2k + 1 only."),
+}
 
 
 def render_p2p_patterns(results_dir: Path) -> str:
@@ -438,8 +445,8 @@ def render_p2p_patterns(results_dir: Path) -> str:
         if not recs:
             return []
         cells = {(r["bytes"], r["pattern"]): r for r in recs}
-        names = [k for k in P2P_NAMES if any(k == pat for _, pat in cells)]
-        lines = ["| message per rank | " + " | ".join(f"{P2P_NAMES[k]} (GB/s)" for k in names)
+        names = [k for k in P2P_PATTERNS if any(k == pat for _, pat in cells)]
+        lines = ["| message per rank | " + " | ".join(f"{P2P_PATTERNS[k][0]} (GB/s)" for k in names)
                  + " | ring step / pair |", "|--:|" + "--:|" * (len(names) + 1)]
         for n in sorted({b for b, _ in cells}):
             row = [f"{cells[n, k]['per_direction'] / 1e9:.0f}" if (n, k) in cells else ""
@@ -447,14 +454,9 @@ def render_p2p_patterns(results_dir: Path) -> str:
             ring, pair = cells.get((n, "ring_shift")), cells.get((n, "pair_exchange"))
             ratio = f"{ring['per_direction'] / pair['per_direction']:.2f}" if ring and pair else ""
             lines.append(f"| {_size(n)} | " + " | ".join(row) + f" | {ratio} |")
-        legend = {"ring_shift": "Ring step: every rank sends to the next and receives from the "
-                                "previous.",
-                  "pair_exchange": "Pair exchange: ranks 2k and 2k + 1 send to each other.",
-                  "pair_exchange_2rank": "Pair, own communicator: the same on a communicator of "
-                                         "the two ranks alone.",
-                  "one_way": "One way: rank 2k sends to 2k + 1 only."}
-        return lines + ["", " ".join(legend[k] for k in names) + " Bandwidth per direction: a "
-                        "rank's message over the slowest rank's time. " + TIMING_NOTE[timing]]
+        return lines + ["", " ".join(P2P_PATTERNS[k][1] for k in names) + " Bandwidth per "
+                        "direction: a rank's message over the slowest rank's time. "
+                        + TIMING_NOTE[timing]]
 
     return _render(results_dir, "p2p_patterns", "p2p", body)
 
