@@ -38,6 +38,7 @@ NEW_OP_MODULES = (
     "snippets.part8.capstone_train",
     "snippets.part3.sgemm_v14",
     "snippets.part4.layernorm_v5",
+    "snippets.part5.lora_v4",
 )
 
 
