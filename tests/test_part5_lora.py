@@ -18,8 +18,10 @@ from helpers import assert_close_within, compile_script_results
 from conftest import DEVICE, HAS_GPU, poison_allocator
 from snippets.common.introspect import layouts, parse_ptxas, ptxas_report
 from snippets.part5 import lora as lo
+from snippets.part5 import lora_v4 as l4
 
-FWD = {"v2": lo.lora_linear_two_kernels, "v3": lo.lora_linear_fused}
+# v4 (snippets/part5/lora_v4.py) takes the forward tests too: its own tests are test_part5_lora_v4.py
+FWD = {"v2": lo.lora_linear_two_kernels, "v3": lo.lora_linear_fused, "v4": l4.lora_linear_tma}
 IN_LOOP = {"v2": False, "v3": True}
 CPU_TYPES = (torch.float16, torch.float32)  # the interpreter has no bf16 arithmetic
 
@@ -48,7 +50,7 @@ def _ref_grads(*args):
 @pytest.mark.op("lora_linear")
 @pytest.mark.op("lora_linear_fwd_bwd")
 def test_registry():
-    assert list(lo.lora_linear.impls) == list(lo.lora_linear_fwd_bwd.impls) == ["v0", "v1", "v2", "v3"]
+    assert list(lo.lora_linear.impls) == list(lo.lora_linear_fwd_bwd.impls) == ["v0", "v1", "v2", "v3", "v4"]
     for op in (lo.lora_linear, lo.lora_linear_fwd_bwd):
         assert op.metric == "TFLOP/s" and op.ceiling == "gemm_bf16" and op.measure_memory
         assert op.timed_dtypes() == (torch.bfloat16,)
