@@ -1,23 +1,23 @@
-"""LoRA v4: v3's one-kernel fusion on Part 4's persistent TMA GEMM.
+"""LoRA v4: v2's plan on Part 4's persistent TMA GEMM.
 
 A version of Part 5's ``lora_linear`` and ``lora_linear_fwd_bwd`` ops, registered from its own
 module so that v0 to v3's measured results keep their source hashes.
 
-- v4  ``lora_linear``: y = x W^T + (scale x A^T) B^T in one persistent Triton kernel whose main
-      loop is Part 4's ``matmul`` v4 (one program per SM walking the tiles of y in grouped order;
-      tiles of x, W and A arrive by TMA; the epilogue stores y in two halves by TMA). As in v3, each
-      program accumulates its rows of U = scale x A^T from the x tiles the K loop loads anyway (one
-      BLOCK_M x BLOCK_R dot next to the wide one, A's box loaded by TMA like the others), rounds U
-      to the input dtype and adds U B^T to the accumulator in one more dot before the epilogue.
-- v4  ``lora_linear_fwd_bwd``: :class:`LoRALinearTMA`, the forward above keeping U (the first
-      column of programs stores it), and dx = dy W + V A by the same kernel with V = scale dy B
-      in its K loop (stored for dA); dA = V^T x and dB = dy^T U by cuBLAS, as in v2 and v3.
+- v4  ``lora_linear``: U = scale x A^T first (a skinny product by cuBLAS, the scale as its alpha),
+      then y = [x, U] @ [W, B]^T in one persistent Triton kernel whose main loop is Part 4's
+      ``matmul`` v4 (one program per SM walking the tiles of y in grouped order; tiles of x and W
+      arrive by TMA; the epilogue stores y in two halves by TMA): after the K loop over D_in, one
+      more step of depth r with U and B into the same fp32 accumulator, as v2's GEMM takes it.
+      v3's U inside the K loop (a second, narrow wgmma next to the wide one) made this kernel
+      markedly slower on the H200, where v2's extra pass over x costs a few percent.
+- v4  ``lora_linear_fwd_bwd``: :class:`LoRALinearTMA`, the forward above keeping U, and
+      dx = [dy, V] @ [W; A] by the same kernel with V = scale dy B (cuBLAS); dA = V^T x and
+      dB = dy^T U by cuBLAS, as in v2 and v3.
 
 TMA moves 2-D boxes of rows that are multiples of 16 bytes: the kernel runs on fp16 and bf16
-inputs whose D_in and D_out are multiples of 8 and whose tensors start on 16-byte boundaries.
-Anything else (fp32, float64 for the gradient check, ragged widths, an offset view) goes to v3's
-pointer-based kernel, which takes any shape: the same sums, in the same order within a tile.
-"""
+inputs whose D_in and D_out are multiples of 8 and whose x starts on a 16-byte boundary.
+Anything else (fp32, float64 for the gradient check, ragged widths, an offset view) goes to v3,
+whose pointer-based kernel takes any shape."""
 
 from __future__ import annotations
 
@@ -27,11 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from snippets._checks import GRADS_ONLY, refuse_grad, triton_device, triton_interpreting, wants_grad
+from snippets._checks import GRADS_ONLY, refuse_grad, triton_device, wants_grad
 from snippets.common.baselines import grads_through
 from snippets.common.gemm import (
     GROUP_M,
-    INTERPRET,
     device_smem_limit,
     launch_tma,
     set_block_shapes,
@@ -54,15 +53,14 @@ TMA_TYPES = (torch.float16, torch.bfloat16)
 
 # --8<-- [start:kernel]
 @triton.jit
-def _lora_tma_kernel(a_desc, b_desc, c_desc, p_desc, q_ptr, u_ptr, R, scale,
-                     stride_qr, stride_qn, stride_um, M, N, K,
+def _lora_tma_kernel(a_desc, b_desc, c_desc, u_ptr, q_ptr, R, stride_um, stride_qr, stride_qn,
+                     M, N, K,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, B_KMAJOR: tl.constexpr,
-                     FLATTEN: tl.constexpr, BLOCK_R: tl.constexpr, STORE_U: tl.constexpr):
-    """C = A @ B + U @ Q with U = scale * A @ P^T computed in the K loop: Part 4's persistent TMA
-    kernel with v3's extra accumulator. A: M x K; B: K x N (stored N x K if B_KMAJOR); P: R x K,
-    K contiguous; Q: R x N with any strides. If STORE_U, the programs of the first column of tiles
-    store U (M x R) for a backward pass."""
+                     FLATTEN: tl.constexpr, BLOCK_R: tl.constexpr):
+    """C = A @ B + U @ Q: Part 4's persistent TMA kernel (A: M x K; B: K x N, stored N x K if
+    B_KMAJOR) with one more step of depth R <= BLOCK_R into the accumulator before the epilogue
+    (U: M x R, R contiguous; Q: R x N with any strides), i.e. C = [A, U] @ [B; Q]."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
@@ -72,7 +70,6 @@ def _lora_tma_kernel(a_desc, b_desc, c_desc, p_desc, q_ptr, u_ptr, R, scale,
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        u_acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             a = a_desc.load([off_m, k * BLOCK_K])        # (BLOCK_M, BLOCK_K)
             if B_KMAJOR:
@@ -80,18 +77,12 @@ def _lora_tma_kernel(a_desc, b_desc, c_desc, p_desc, q_ptr, u_ptr, R, scale,
             else:
                 b = b_desc.load([k * BLOCK_K, off_n])    # (BLOCK_K, BLOCK_N)
             acc = tl.dot(a, b, acc)
-            # P's box is BLOCK_R rows tall; rows past R are outside P and arrive as zeros
-            p = p_desc.load([0, k * BLOCK_K]).T          # (BLOCK_K, BLOCK_R)
-            u_acc = tl.dot(a, p, u_acc)
-        # U rounded to the input dtype, as v2 and v3 round it: its product runs on the tensor cores
-        u = (u_acc * scale).to(c_desc.dtype)
+        # The extra step of depth R: (BLOCK_M, BLOCK_R) @ (BLOCK_R, BLOCK_N). Columns of U and rows
+        # of Q past R load as zeros and add nothing, so R need not be a multiple of 16.
         offs_m = off_m + tl.arange(0, BLOCK_M)
-        if STORE_U:
-            if pid_n == 0:  # every column of tiles computed the same U; the first one writes it
-                u_ptrs = u_ptr + offs_m[:, None].to(tl.int64) * stride_um + offs_r[None, :]
-                tl.store(u_ptrs, u, mask=(offs_m[:, None] < M) & (offs_r[None, :] < R))
         offs_n = off_n + tl.arange(0, BLOCK_N)
-        # (BLOCK_R, BLOCK_N); rows past R load as zeros and add nothing
+        u_ptrs = u_ptr + offs_m[:, None].to(tl.int64) * stride_um + offs_r[None, :]
+        u = tl.load(u_ptrs, mask=(offs_m[:, None] < M) & (offs_r[None, :] < R), other=0.0)
         q_ptrs = q_ptr + offs_r[:, None] * stride_qr + offs_n[None, :].to(tl.int64) * stride_qn
         q = tl.load(q_ptrs, mask=(offs_r[:, None] < R) & (offs_n[None, :] < N), other=0.0)
         acc = tl.dot(u, q, acc)
@@ -105,28 +96,24 @@ def _lora_tma_kernel(a_desc, b_desc, c_desc, p_desc, q_ptr, u_ptr, R, scale,
 
 # --8<-- [start:configs]
 # Part 4's persistent tiles, 64-deep K steps (128 bytes of 16-bit values: one TMA box row, the
-# 128-byte swizzle), 3 or 4 stages; each stage also holds P's BLOCK_R x 64 box.
+# 128-byte swizzle), 3 or 4 stages.
 TMA_TILES = ((128, 128, 4), (128, 128, 8), (128, 256, 8), (256, 128, 8))
-
-
-def set_boxes(nargs: dict) -> None:
-    """Autotuner pre-hook: the boxes of A, B and C as Part 4's kernel sets them, and P's."""
-    set_block_shapes(nargs)
-    nargs["p_desc"].block_shape = [nargs["BLOCK_R"], nargs["BLOCK_K"]]
 
 
 def tma_configs() -> list[triton.Config]:
     return [triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, GROUP_M=GROUP_M),
-                          num_warps=warps, num_stages=stages, pre_hook=set_boxes)
+                          num_warps=warps, num_stages=stages, pre_hook=set_block_shapes)
             for bm, bn, warps in TMA_TILES for stages in (3, 4)]
 
 
 def tma_smem_bytes(cfg: triton.Config, block_r: int, in_bytes: int) -> int:
-    """Shared memory of one program: num_stages boxes of A, B and P, and the staging tile of the
-    epilogue's TMA store (half of C's tile)."""
+    """Shared memory of one program, as modelled: num_stages boxes of A and B, the staging tile of
+    the epilogue's TMA store (half of C's tile) and the U and Q tiles of the extra step. The
+    compiler may need a little more; the autotuner drops a config that does not fit."""
     k = cfg.kwargs
-    stages = cfg.num_stages * (k["BLOCK_M"] + k["BLOCK_N"] + block_r) * k["BLOCK_K"] * in_bytes
-    return stages + k["BLOCK_M"] * k["BLOCK_N"] // 2 * in_bytes
+    stages = cfg.num_stages * (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * in_bytes
+    extra = (k["BLOCK_M"] + k["BLOCK_N"]) * block_r * in_bytes
+    return stages + k["BLOCK_M"] * k["BLOCK_N"] // 2 * in_bytes + extra
 
 
 def prune_tma(configs, named_args, **kwargs):
@@ -147,26 +134,23 @@ def tma_autotuned(persistent: bool, dtype: torch.dtype):
 
 
 # --8<-- [start:launch]
-def lora_tma(a: torch.Tensor, b: torch.Tensor, p: torch.Tensor, q: torch.Tensor, scale: float,
-             store_u: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """C = a @ b + U @ q with U = scale * a @ p^T: a (M, K) row-major, b (K, N) as a view either
-    way round, p (R, K) row-major, q (R, N) with any strides; 16-bit inputs, rows of 16-byte
-    multiples (launch_tma checks a, b and C). Returns (C, U if ``store_u``)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
+def project(x: torch.Tensor, p: torch.Tensor, scale: float) -> torch.Tensor:
+    """U = scale * x @ p^T for x (M, K) and p (R, K): a skinny product (R is 1 to 128) that only
+    reads x, by cuBLAS, with the scale as its alpha so U is rounded once, in fp32, to x's dtype."""
+    u = torch.empty((x.shape[0], p.shape[0]), dtype=x.dtype, device=x.device)
+    return torch.addmm(u, x, p.T, beta=0, alpha=scale, out=u)  # beta = 0: u's contents unread
 
-    (m, k), n, r = a.shape, b.shape[1], p.shape[0]
-    if not p.is_contiguous() or p.data_ptr() % 16:  # rows K * 2 bytes apart, like a's
-        raise ValueError(f"lora_tma: p must be contiguous and 16-byte aligned, got strides "
-                         f"{p.stride()} at {p.data_ptr():#x}")
+
+def lora_tma(a: torch.Tensor, b: torch.Tensor, u: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """C = a @ b + u @ q: a (M, K) row-major, b (K, N) as a view either way round, u (M, R)
+    contiguous, q (R, N) with any strides; 16-bit inputs whose rows are 16-byte multiples
+    (launch_tma checks a, b and C)."""
+    (m, _), n, r = a.shape, b.shape[1], u.shape[1]
+    if not u.is_contiguous():
+        raise ValueError(f"lora_tma: u must be contiguous, got strides {u.stride()}")
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    u = torch.empty((m, r) if store_u else (1, r), dtype=a.dtype, device=a.device)
-    p_desc = TensorDescriptor(p, [r, k], [k, 1], [16, 16])  # the box is set per config
-    if triton_interpreting():
-        p_desc.block_shape = [block_r(r), INTERPRET["BLOCK_K"]]
-    extra = (p_desc, q, u, r, scale, q.stride(0), q.stride(1), u.stride(0))
-    launch_tma(_lora_tma_kernel, tma_autotuned, a, b, c, extra,
-               dict(BLOCK_R=block_r(r), STORE_U=store_u))
-    return c, (u if store_u else None)
+    extra = (u, q, r, u.stride(0), q.stride(0), q.stride(1))
+    return launch_tma(_lora_tma_kernel, tma_autotuned, a, b, c, extra, dict(BLOCK_R=block_r(r)))
 
 
 def tma_applies(x: torch.Tensor, d_in: int, d_out: int) -> bool:
@@ -180,9 +164,9 @@ def tma_applies(x: torch.Tensor, d_in: int, d_out: int) -> bool:
 
 # --8<-- [start:function]
 class LoRALinearTMA(torch.autograd.Function):
-    """LoRALinearFunction (v3) with v4's kernel in both passes: the forward keeps U = scale x A^T,
-    the backward's dx kernel computes V = scale dy B in its K loop and stores it for dA. W is
-    frozen. Called by v4 only for inputs that tma_applies to."""
+    """LoRALinearFunction (v2, v3) with v4's kernel in both passes: the forward keeps
+    U = scale x A^T for dB, the backward computes V = scale dy B for dx and dA. W is frozen.
+    Called by v4 only for inputs that tma_applies to."""
 
     @staticmethod
     def forward(ctx, x, w, a, b, scale):
@@ -191,7 +175,8 @@ class LoRALinearTMA(torch.autograd.Function):
         if t == 0:
             y, u = x.new_empty((0, d_out)), x.new_empty((0, r))
         else:
-            y, u = lora_tma(x2, w.T, a, b.T, float(scale), store_u=True)
+            u = project(x2, a, float(scale))
+            y = lora_tma(x2, w.T, u, b.T)
         ctx.save_for_backward(x2, w, a, b, u)
         ctx.scale, ctx.x_shape = float(scale), x.shape
         return y.reshape(*x.shape[:-1], d_out)
@@ -204,8 +189,9 @@ class LoRALinearTMA(torch.autograd.Function):
             dx, da, db = torch.zeros_like(x2), torch.zeros_like(a), torch.zeros_like(b)
         else:
             # dx = dy W + V A with V = scale dy B: W (D_out x D_in) is B of this product, K x N
-            # with N contiguous; P is B^T (r x D_out, D_out contiguous, a copy of r * D_out values)
-            dx, v = lora_tma(dy2, w, b.t().contiguous(), a, ctx.scale, store_u=True)
+            # with N contiguous
+            v = project(dy2, b.T, ctx.scale)
+            dx = lora_tma(dy2, w, v, a)
             da, db = v.T @ x2, dy2.T @ u  # long-K products with tiny outputs: cuBLAS
         return dx.reshape(ctx.x_shape), None, da, db, None
 # --8<-- [end:function]
@@ -213,8 +199,9 @@ class LoRALinearTMA(torch.autograd.Function):
 
 # --8<-- [start:public]
 def lora_linear_tma(x, w, a, b, scale):
-    """v4: y = x W^T + scale (x A^T) B^T in one persistent TMA kernel; with grad mode on and x, A
-    or B requiring grad, LoRALinearTMA. Inputs TMA cannot move go to v3 (lora_linear_fused)."""
+    """v4: U = scale x A^T (cuBLAS), then y = x W^T + U B^T in one persistent TMA kernel; with grad
+    mode on and x, A or B requiring grad, LoRALinearTMA. Inputs TMA cannot move go to v3
+    (lora_linear_fused)."""
     t, d_in, d_out, _ = check_lora(x, w, a, b, scale, FLOAT_TYPES, triton_device())
     if not tma_applies(x, d_in, d_out):
         return lora_linear_fused(x, w, a, b, scale)
@@ -224,7 +211,8 @@ def lora_linear_tma(x, w, a, b, scale):
         return LoRALinearTMA.apply(x, w, a, b, scale)
     if t == 0:
         return x.new_empty((*x.shape[:-1], d_out))
-    y, _ = lora_tma(x.reshape(t, d_in), w.T, a, b.T, float(scale))
+    x2 = x.reshape(t, d_in)
+    y = lora_tma(x2, w.T, project(x2, a, float(scale)), b.T)
     return y.reshape(*x.shape[:-1], d_out)
 
 
@@ -241,13 +229,13 @@ def lora_linear_fwd_bwd_tma(x, w, a, b, scale, dy):
 # --8<-- [end:public]
 
 
-SOURCES = (_lora_tma_kernel, tile_coords, lora_tma, tma_applies, tma_configs, tma_smem_bytes,
-           prune_tma, set_boxes, launch_tma, set_block_shapes, check_lora)
+SOURCES = (_lora_tma_kernel, tile_coords, project, lora_tma, tma_applies, tma_configs,
+           tma_smem_bytes, prune_tma, launch_tma, set_block_shapes, check_lora, torch.addmm)
 BWD_SOURCES = (*SOURCES, LoRALinearTMA.forward, LoRALinearTMA.backward, grads_through)
 
 lora_linear.add(Impl("v4", lora_linear_tma, "Triton",
-                     "v3's fusion on Part 4's persistent TMA kernel", SOURCES, device="any",
+                     "U by cuBLAS, then [x, U] @ [W, B]^T on Part 4's TMA kernel", SOURCES, device="any",
                      dtypes=TRITON_DTYPES))
 lora_linear_fwd_bwd.add(Impl("v4", lora_linear_fwd_bwd_tma, "Triton",
-                             "v4's kernel for y and dx (U, V in the K loops), cuBLAS dA, dB",
+                             "v4's kernel for y and dx, cuBLAS U, V, dA, dB",
                              BWD_SOURCES, device="any", dtypes=TRITON_DTYPES))
