@@ -234,8 +234,8 @@ SOURCES = (_lora_tma_kernel, tile_coords, project, lora_tma, tma_applies, tma_co
 BWD_SOURCES = (*SOURCES, LoRALinearTMA.forward, LoRALinearTMA.backward, grads_through)
 
 lora_linear.add(Impl("v4", lora_linear_tma, "Triton",
-                     "U by cuBLAS, then [x, U] @ [W, B]^T on Part 4's TMA kernel", SOURCES, device="any",
-                     dtypes=TRITON_DTYPES))
+                     "U by cuBLAS, then [x, U] @ [W, B]^T on Part 4's TMA kernel", SOURCES,
+                     device="any", dtypes=TRITON_DTYPES))
 lora_linear_fwd_bwd.add(Impl("v4", lora_linear_fwd_bwd_tma, "Triton",
                              "v4's kernel for y and dx, cuBLAS U, V, dA, dB",
                              BWD_SOURCES, device="any", dtypes=TRITON_DTYPES))
