@@ -14,7 +14,7 @@ import triton
 from helpers import assert_close_within
 
 from conftest import DEVICE, poison_allocator
-from snippets.common.gemm import config_space
+from snippets.common.gemm import SMEM_LIMIT_SM90
 from snippets.part5 import lora as lo
 from snippets.part5 import lora_v4 as l4
 
@@ -146,15 +146,22 @@ def test_empty_batch_trains():
     assert y.shape == (0, 8) and torch.equal(As.grad, torch.zeros_like(a))
 
 
-# ---------------------------------------------------------------- the configurations
+# ---------------------------------------------------------------- the shared-memory model
 
-def test_configs_are_part4s_persistent_space():
-    """The extra step runs on the CUDA cores and takes no shared memory: v4 tunes over Part 4's persistent
-    configurations (4 stages of 128 x 256 tiles included) with Part 4's pruning, keyed on r as well."""
-    tuner = l4.tma_autotuned(True, torch.bfloat16)
-    assert [str(c) for c in tuner.configs] == [str(c) for c in config_space(2, True)]
-    assert tuner.keys == ["M", "N", "K", "R", "B_KMAJOR"]
-    assert any(c.kwargs["BLOCK_N"] == 256 and c.num_stages == 4 for c in tuner.configs)
+def test_configs_fit_the_h100_shared_memory_as_the_pruner_counts_it():
+    """At r <= 16 (BLOCK_R = 16) every 3-stage config fits in 227 KiB and the two widest 4-stage ones do
+    not (Part 4's kernel fits them; the U and Q tiles tip them over); at BLOCK_R = 128 only the 128 x 128
+    tiles fit."""
+    fits = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages):
+            l4.tma_smem_bytes(c, 16, 2) <= SMEM_LIMIT_SM90 for c in l4.tma_configs()}
+    assert fits == {(128, 128, 4, 3): True, (128, 128, 4, 4): True, (128, 128, 8, 3): True,
+                    (128, 128, 8, 4): True, (128, 256, 8, 3): True, (128, 256, 8, 4): False,
+                    (256, 128, 8, 3): True, (256, 128, 8, 4): False}
+    wide = [c for c in l4.tma_configs() if c.kwargs["BLOCK_N"] == 256 and c.num_stages == 3][0]
+    # 3 x (128 + 256) x 64 x 2 bytes of boxes, a 128 x 128 staging half of C, U and Q at 128 wide
+    assert l4.tma_smem_bytes(wide, 128, 2) == 3 * 384 * 128 + 128 * 128 * 2 + 384 * 128 * 2 > SMEM_LIMIT_SM90
+    assert {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in l4.tma_configs()
+            if l4.tma_smem_bytes(c, 128, 2) <= SMEM_LIMIT_SM90} == {(128, 128)}
 
 
 # ---------------------------------------------------------------- GPU: every config, ragged and large shapes
@@ -164,17 +171,28 @@ GPU_SHAPES = [(129, 256, 384, 7), (300, 1024, 520, 64), (1, 4096, 4096, 16), (20
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("index", range(len(config_space(2, True))))
+@pytest.mark.parametrize("index", range(len(l4.tma_configs())))
 def test_every_config_gpu(monkeypatch, index):
-    cfg = config_space(2, True)[index]
-    one = triton.autotune(configs=[cfg], key=["M", "N", "K", "R", "B_KMAJOR"])(l4._lora_tma_kernel)
+    cfg = l4.tma_configs()[index]
+    one = triton.autotune(configs=[cfg], key=["M", "N", "K", "BLOCK_R", "B_KMAJOR"],
+                          prune_configs_by={"early_config_prune": l4.prune_tma})(l4._lora_tma_kernel)
     monkeypatch.setattr(l4, "tma_autotuned", lambda persistent, dtype: one)
+    ran = 0
     for t, d_in, d_out, r in GPU_SHAPES[:2]:
+        if l4.tma_smem_bytes(cfg, lo.block_r(r), 2) > SMEM_LIMIT_SM90:
+            continue  # the pruner keeps it out on a GPU
         x, w, a, b, scale = _inputs(t, d_in, d_out, r, torch.bfloat16, "cuda", seed=r)
-        y = l4.lora_linear_tma(x, w, a, b, scale)
+        try:
+            y = l4.lora_linear_tma(x, w, a, b, scale)
+        except triton.runtime.errors.OutOfResources:
+            # the model is a few KiB short of the compiler's count: the autotuner drops such a config
+            assert cfg.num_stages == 4, cfg
+            continue
+        ran += 1
         assert_close_within(y,
                             lo.lora_linear_ref(*_double((x, w, a, b, scale))), lo.TOLERANCES,
                             torch.bfloat16, f"{cfg} {t}x{d_in}x{d_out} r{r}")
+    assert ran or cfg.num_stages == 4, cfg
 
 
 @pytest.mark.gpu
