@@ -201,4 +201,34 @@ flash = Exercise(
     gpu="the speed against torch's SDPA (`python -m snippets bench flash_attention_fwd` is the book's version)",
 )
 
-EXERCISES = [residual_epilogue, add_rmsnorm, swiglu, rope, zloss, gqa_bytes, flash]
+
+# ------------------------------------------------------------------------------------------- lora.3
+def _check_lora_extra_step(run: Run) -> None:
+    mod = run.module()
+    for m, n, k, r in ((37, 45, 29, 5), (16, 16, 16, 1), (50, 33, 64, 16)):
+        with run.case(f"{m} x {n} x {k}, r = {r}"):
+            a, b = randn(m, k, seed=50), randn(k, n, seed=51)
+            u, q = randn(m, r, seed=52), randn(r, n, seed=53)
+            c = Output((m, n), run.device, row_pad=3, name="c")
+            mod.lora_matmul(inp(a, run.device), inp(b, run.device), inp(u, run.device), inp(q, run.device),
+                            c.tensor)
+            want = (a.double() @ b.double() + u.double() @ q.double()).float()
+            close("c", c.check(), want, 1e-5, 1e-5)
+
+
+lora_extra_step = Exercise(
+    id="part5.lora.3", title="LoRA's extra step as rank-one updates on the CUDA cores", difficulty=2,
+    kind="triton", files=("part5/lora_extra_step.py",),
+    task="Add U @ Q to the accumulator of a tiled GEMM as R rank-one updates, acc += U[:, j] Q[j, :] for "
+         "j = 0 .. R - 1, instead of a tensor-core dot: no shared memory for Q's tile. (Comparing the two forms' "
+         "shared memory and speed inside v4's kernel is the GPU half of the chapter's exercise.)",
+    hint="R is a constexpr, so tl.static_range(R) unrolls the loop; column j of U is u_ptr + offs_m * stride_um + j "
+         "(one value per row of the tile), row j of Q is q_ptr + j * stride_qr + offs_n (one per column); "
+         "u_j[:, None] * q_j[None, :] is the rank-one tile to add",
+    check=_check_lora_extra_step,
+    planted={"range_short": "c[0, 0]", "q_transposed": "out-of-bounds", "u_row_for_column": "c[0, 0]"},
+    gpu="compiling the two forms of v4's extra step for sm_90 and timing them against Part 4's kernel",
+)
+
+
+EXERCISES = [residual_epilogue, add_rmsnorm, swiglu, rope, zloss, gqa_bytes, flash, lora_extra_step]
