@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import triton
-from helpers import assert_close_within
+from helpers import assert_close_within, compile_script_results
 
 from conftest import DEVICE, poison_allocator
 from snippets.common.gemm import SMEM_LIMIT_SM90
@@ -218,3 +218,43 @@ def test_headline_gpu_and_repeatable():
     rtol, atol = lo.TOLERANCES[torch.bfloat16]
     torch.testing.assert_close(y.float(), ref, rtol=rtol, atol=atol)
     assert torch.equal(y, l4.lora_linear_tma(x, w, a, b, scale))
+
+
+# ---------------------------------------------------------------- sm_90, compiled on the CPU
+
+COMPILE_SCRIPT = r"""
+import json, re
+from snippets.common.introspect import triton_compile
+from snippets.part5 import lora_v4 as l4
+out = []
+for bm, bn, warps, stages, br in ((128, 256, 8, 3, 16), (128, 128, 4, 4, 16), (128, 128, 8, 3, 128)):
+    sig = {"a_desc": f"tensordesc<bf16[{bm}, 64]>", "b_desc": f"tensordesc<bf16[{bn}, 64]>",
+           "c_desc": f"tensordesc<bf16[{bm}, {bn // 2}]>", "u_ptr": "*bf16", "q_ptr": "*bf16", "R": "i32",
+           "stride_um": "i32", "stride_qn": "i32", "M": "i32", "N": "i32", "K": "i32"}
+    consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, GROUP_M=8, NUM_SMS=132, B_KMAJOR=True, FLATTEN=True,
+                  BLOCK_R=br, stride_qr=1)
+    divisible = [n for n, t in sig.items() if t[0] == "*" or t == "i32"]
+    ck = triton_compile(l4._lora_tma_kernel, sig, consts, divisible, num_warps=warps, num_stages=stages)
+    ptx = ck.asm["ptx"]
+    out.append(dict(cfg=[bm, bn, warps, stages, br], shared=ck.metadata.shared, spills=".local" in ptx,
+                    shapes=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+                    tma=len(re.findall(r"cp\.async\.bulk\.tensor", ptx))))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.cpu_only
+def test_kernel_compiles_for_sm90_with_the_shared_memory_the_pruner_counts():
+    """v4's kernel (the forward's K-major W) compiles for sm_90 to TMA copies and wgmma, without spills. At
+    BLOCK_R = 16 the pruner's count is the compiler's to within the mbarriers (a few dozen bytes); at BLOCK_R =
+    128 the compiler needs more than the count, and a configuration the count lets through can fail to launch:
+    the autotuner then drops it (Triton's autotuner skips a config that runs out of resources)."""
+    for res in compile_script_results(COMPILE_SCRIPT):
+        bm, bn, warps, stages, br = res["cfg"]
+        cfg = triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64), num_warps=warps, num_stages=stages)
+        model = l4.tma_smem_bytes(cfg, br, 2)
+        assert f"m64n{bn if bm == 128 else 128}k16" in res["shapes"] and not res["spills"] and res["tma"], res
+        if br == 16:
+            assert 0 <= res["shared"] - model <= 64, (res, model)
+        else:
+            assert res["shared"] > model, (res, model)
