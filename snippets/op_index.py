@@ -39,6 +39,7 @@ NEW_OP_MODULES = (
     "snippets.part3.sgemm_v14",
     "snippets.part4.layernorm_v5",
     "snippets.part5.lora_v4",
+    "snippets.part8.decode_fp8",
 )
 
 
