@@ -11,7 +11,8 @@ module so that v0 to v3's measured results keep their source hashes.
       on the CUDA cores (r rank-one updates, U and B read from L2), so that it stages no tile
       in shared memory and the K loop keeps Part 4's pipeline depth. On the H200, v3's U inside
       the K loop (a second, narrow wgmma next to the wide one) made this kernel markedly slower,
-      and so did the extra step as a tensor-core dot after the loop.
+      and so did
+      the extra step as a tensor-core dot after the loop.
 - v4  ``lora_linear_fwd_bwd``: :class:`LoRALinearTMA`, the forward above keeping U, and
       dx = [dy, V] @ [W; A] by the same kernel with V = scale dy B (cuBLAS); dA = V^T x and
       dB = dy^T U by cuBLAS, as in v2 and v3.
