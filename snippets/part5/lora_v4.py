@@ -8,10 +8,9 @@ module so that v0 to v3's measured results keep their source hashes.
       ``matmul`` v4 (one program per SM walking the tiles of y in grouped order; tiles of x and W
       arrive by TMA; the epilogue stores y in two halves by TMA): after the K loop over D_in, one
       more step of depth r with U and B into the same fp32 accumulator, as v2's GEMM takes it, but
-      on the CUDA cores (r rank-one updates, U and B read from L2), so that it stages no tile
-      in shared memory and the K loop keeps Part 4's pipeline depth. On the H200, v3's U inside
-      the K loop (a second, narrow wgmma next to the wide one) made this kernel markedly slower,
-      and so did
+      on the CUDA cores (r rank-one updates, U and B read from L2), so that it stages no tile in
+      shared memory and the K loop keeps Part 4's pipeline depth. On the H200, v3's U inside the K loop
+      (a second, narrow wgmma next to the wide one) made this kernel markedly slower, and so did
       the extra step as a tensor-core dot after the loop.
 - v4  ``lora_linear_fwd_bwd``: :class:`LoRALinearTMA`, the forward above keeping U, and
       dx = [dy, V] @ [W; A] by the same kernel with V = scale dy B (cuBLAS); dA = V^T x and
@@ -103,8 +102,8 @@ def _lora_tma_kernel(a_desc, b_desc, c_desc, u_ptr, q_ptr, stride_um, stride_qr,
 @functools.lru_cache(maxsize=None)
 def tma_autotuned(persistent: bool, dtype: torch.dtype):
     """The kernel under triton.autotune with Part 4's persistent configurations and pruning (the
-    extra step stages no tile in shared memory): launch_tma's ``autotuned(True, dtype)``, one
-    tuner per input dtype, which the descriptors hide from the autotuner's key."""
+    extra step stages no tile in shared memory): launch_tma's ``autotuned(True, dtype)``, one tuner per
+    input dtype, which the descriptors hide from the autotuner's key."""
     return triton.autotune(configs=config_space(dtype.itemsize, persistent),
                            key=["M", "N", "K", "R", "B_KMAJOR"],
                            prune_configs_by={"early_config_prune": prune_configs})(
