@@ -3,8 +3,7 @@
 On a CPU the kernel runs under the Triton interpreter, which emulates the tensor descriptors: a few
 "SMs" (INTERPRET_SMS) and 32 x 32 tiles, so every program loops over several tiles. The forward
 tests shared with v2 and v3 are in test_part5_lora.py (FWD); here: which path runs, the stored U,
-the backward, the configurations (compiled for sm_90 on the CPU: their shared memory), and on the GPU
-every config at ragged and large shapes.
+the backward, the shared-memory model, and on the GPU every config at ragged and large shapes.
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ import triton
 from helpers import assert_close_within, compile_script_results
 
 from conftest import DEVICE, poison_allocator
-from snippets.common import gemm
-from snippets.common.gemm import SMEM_LIMIT_SM90, config_space
+from snippets.common.gemm import SMEM_LIMIT_SM90
 from snippets.part5 import lora as lo
 from snippets.part5 import lora_v4 as l4
 
@@ -148,15 +146,22 @@ def test_empty_batch_trains():
     assert y.shape == (0, 8) and torch.equal(As.grad, torch.zeros_like(a))
 
 
-# ---------------------------------------------------------------- the configurations
+# ---------------------------------------------------------------- the shared-memory model
 
-def test_configs_are_part4s_persistent_space():
-    """The extra step runs on the CUDA cores and stages no tile in shared memory: v4 tunes over Part 4's persistent
-    configurations (4 stages of 128 x 256 tiles included) with Part 4's pruning, keyed on r as well."""
-    tuner = l4.tma_autotuned(True, torch.bfloat16)
-    assert [str(c) for c in tuner.configs] == [str(c) for c in config_space(2, True)]
-    assert tuner.keys == ["M", "N", "K", "R", "B_KMAJOR"]
-    assert any(c.kwargs["BLOCK_N"] == 256 and c.num_stages == 4 for c in tuner.configs)
+def test_configs_fit_the_h100_shared_memory_as_the_pruner_counts_it():
+    """At r <= 16 (BLOCK_R = 16) every 3-stage config fits in 227 KiB and the two widest 4-stage ones do
+    not (Part 4's kernel fits them; the U and Q tiles tip them over); at BLOCK_R = 128 only the 128 x 128
+    tiles fit."""
+    fits = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages):
+            l4.tma_smem_bytes(c, 16, 2) <= SMEM_LIMIT_SM90 for c in l4.tma_configs()}
+    assert fits == {(128, 128, 4, 3): True, (128, 128, 4, 4): True, (128, 128, 8, 3): True,
+                    (128, 128, 8, 4): True, (128, 256, 8, 3): True, (128, 256, 8, 4): False,
+                    (256, 128, 8, 3): True, (256, 128, 8, 4): False}
+    wide = [c for c in l4.tma_configs() if c.kwargs["BLOCK_N"] == 256 and c.num_stages == 3][0]
+    # 3 x (128 + 256) x 64 x 2 bytes of boxes, a 128 x 128 staging half of C, U and Q at 128 wide
+    assert l4.tma_smem_bytes(wide, 128, 2) == 3 * 384 * 128 + 128 * 128 * 2 + 384 * 128 * 2 > SMEM_LIMIT_SM90
+    assert {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in l4.tma_configs()
+            if l4.tma_smem_bytes(c, 128, 2) <= SMEM_LIMIT_SM90} == {(128, 128)}
 
 
 # ---------------------------------------------------------------- GPU: every config, ragged and large shapes
@@ -166,17 +171,28 @@ GPU_SHAPES = [(129, 256, 384, 7), (300, 1024, 520, 64), (1, 4096, 4096, 16), (20
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("index", range(len(config_space(2, True))))
+@pytest.mark.parametrize("index", range(len(l4.tma_configs())))
 def test_every_config_gpu(monkeypatch, index):
-    cfg = config_space(2, True)[index]
-    one = triton.autotune(configs=[cfg], key=["M", "N", "K", "R", "B_KMAJOR"])(l4._lora_tma_kernel)
+    cfg = l4.tma_configs()[index]
+    one = triton.autotune(configs=[cfg], key=["M", "N", "K", "BLOCK_R", "B_KMAJOR"],
+                          prune_configs_by={"early_config_prune": l4.prune_tma})(l4._lora_tma_kernel)
     monkeypatch.setattr(l4, "tma_autotuned", lambda persistent, dtype: one)
+    ran = 0
     for t, d_in, d_out, r in GPU_SHAPES[:2]:
+        if l4.tma_smem_bytes(cfg, lo.block_r(r), 2) > SMEM_LIMIT_SM90:
+            continue  # the pruner keeps it out on a GPU
         x, w, a, b, scale = _inputs(t, d_in, d_out, r, torch.bfloat16, "cuda", seed=r)
-        y = l4.lora_linear_tma(x, w, a, b, scale)
+        try:
+            y = l4.lora_linear_tma(x, w, a, b, scale)
+        except triton.runtime.errors.OutOfResources:
+            # the model is a few KiB short of the compiler's count: the autotuner drops such a config
+            assert cfg.num_stages == 4, cfg
+            continue
+        ran += 1
         assert_close_within(y,
                             lo.lora_linear_ref(*_double((x, w, a, b, scale))), lo.TOLERANCES,
                             torch.bfloat16, f"{cfg} {t}x{d_in}x{d_out} r{r}")
+    assert ran or cfg.num_stages == 4, cfg
 
 
 @pytest.mark.gpu
@@ -208,22 +224,19 @@ def test_headline_gpu_and_repeatable():
 
 COMPILE_SCRIPT = r"""
 import json, re
-from snippets.common.gemm import config_space
 from snippets.common.introspect import triton_compile
 from snippets.part5 import lora_v4 as l4
 out = []
-for cfg in config_space(2, True):
-    bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
+for bm, bn, warps, stages, br in ((128, 256, 8, 3, 16), (128, 128, 4, 4, 16), (128, 128, 8, 3, 128)):
     sig = {"a_desc": f"tensordesc<bf16[{bm}, 64]>", "b_desc": f"tensordesc<bf16[{bn}, 64]>",
-           "c_desc": f"tensordesc<bf16[{bm}, {bn // 2}]>", "u_ptr": "*bf16", "q_ptr": "*bf16",
+           "c_desc": f"tensordesc<bf16[{bm}, {bn // 2}]>", "u_ptr": "*bf16", "q_ptr": "*bf16", "R": "i32",
            "stride_um": "i32", "stride_qn": "i32", "M": "i32", "N": "i32", "K": "i32"}
     consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, GROUP_M=8, NUM_SMS=132, B_KMAJOR=True, FLATTEN=True,
-                  R=16, stride_qr=1)
+                  BLOCK_R=br, stride_qr=1)
     divisible = [n for n, t in sig.items() if t[0] == "*" or t == "i32"]
-    ck = triton_compile(l4._lora_tma_kernel, sig, consts, divisible, num_warps=cfg.num_warps,
-                        num_stages=cfg.num_stages)
+    ck = triton_compile(l4._lora_tma_kernel, sig, consts, divisible, num_warps=warps, num_stages=stages)
     ptx = ck.asm["ptx"]
-    out.append(dict(cfg=str(cfg), tile=[bm, bn], shared=ck.metadata.shared, spills=".local" in ptx,
+    out.append(dict(cfg=[bm, bn, warps, stages, br], shared=ck.metadata.shared, spills=".local" in ptx,
                     shapes=sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
                     tma=len(re.findall(r"cp\.async\.bulk\.tensor", ptx))))
 print(json.dumps(out))
@@ -231,23 +244,17 @@ print(json.dumps(out))
 
 
 @pytest.mark.cpu_only
-def test_kernel_compiles_for_sm90_within_the_shared_memory_for_every_config_the_pruner_keeps(monkeypatch):
-    """v4's kernel (the forward's K-major W, r = 16) compiles for sm_90 to TMA copies and wgmma, without spills,
-    for every configuration of Part 4's persistent space, and on an sm_90 device Part 4's pruner keeps them all
-    (4 stages of 128 x 256 tiles included). The pruner counts Part 4's stages and staging tile (smem_bytes), not
-    what the compiler may add for the extra step (layout conversions of U's and Q's vectors through shared memory),
-    so the compiler's own count is what is held to the limit here."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    tuner = l4.tma_autotuned(True, torch.bfloat16)
-    monkeypatch.setattr(gemm, "device_smem_limit", lambda index: SMEM_LIMIT_SM90)
-    desc = TensorDescriptor.from_tensor(torch.empty(64, 64, dtype=torch.bfloat16), [64, 64])
-    kept = {str(c) for c in tuner.early_config_prune(tuner.configs, {"a_desc": desc, "c_desc": desc})}
-    assert kept == {str(c) for c in config_space(2, True)}
-    results = compile_script_results(COMPILE_SCRIPT)
-    assert [res["cfg"] for res in results] == [str(c) for c in config_space(2, True)]
-    for res in results:
-        bm, bn = res["tile"]
+def test_kernel_compiles_for_sm90_with_the_shared_memory_the_pruner_counts():
+    """v4's kernel (the forward's K-major W) compiles for sm_90 to TMA copies and wgmma, without spills. At
+    BLOCK_R = 16 the pruner's count is the compiler's to within the mbarriers (a few dozen bytes); at BLOCK_R =
+    128 the compiler needs more than the count, and a configuration the count lets through can fail to launch:
+    the autotuner then drops it (Triton's autotuner skips a config that runs out of resources)."""
+    for res in compile_script_results(COMPILE_SCRIPT):
+        bm, bn, warps, stages, br = res["cfg"]
+        cfg = triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64), num_warps=warps, num_stages=stages)
+        model = l4.tma_smem_bytes(cfg, br, 2)
         assert f"m64n{bn if bm == 128 else 128}k16" in res["shapes"] and not res["spills"] and res["tma"], res
-        if res["cfg"] in kept:
-            assert res["shared"] <= SMEM_LIMIT_SM90, res
+        if br == 16:
+            assert 0 <= res["shared"] - model <= 64, (res, model)
+        else:
+            assert res["shared"] > model, (res, model)

@@ -7,11 +7,9 @@ module so that v0 to v3's measured results keep their source hashes.
       then y = [x, U] @ [W, B]^T in one persistent Triton kernel whose main loop is Part 4's
       ``matmul`` v4 (one program per SM walking the tiles of y in grouped order; tiles of x and W
       arrive by TMA; the epilogue stores y in two halves by TMA): after the K loop over D_in, one
-      more step of depth r with U and B into the same fp32 accumulator, as v2's GEMM takes it, but
-      on the CUDA cores (r rank-one updates, U and B read from L2), so that it stages no tile in
-      shared memory and the K loop keeps Part 4's pipeline depth. On the H200, v3's U inside the K loop
-      (a second, narrow wgmma next to the wide one) made this kernel markedly slower, and so did
-      the extra step as a tensor-core dot after the loop.
+      more step of depth r with U and B into the same fp32 accumulator, as v2's GEMM takes it.
+      v3's U inside the K loop (a second, narrow wgmma next to the wide one) made this kernel
+      markedly slower on the H200, where v2's extra pass over x costs a few percent.
 - v4  ``lora_linear_fwd_bwd``: :class:`LoRALinearTMA`, the forward above keeping U, and
       dx = [dy, V] @ [W; A] by the same kernel with V = scale dy B (cuBLAS); dA = V^T x and
       dB = dy^T U by cuBLAS, as in v2 and v3.
@@ -32,15 +30,16 @@ import triton.language as tl
 from snippets._checks import GRADS_ONLY, refuse_grad, triton_device, wants_grad
 from snippets.common.baselines import grads_through
 from snippets.common.gemm import (
-    config_space,
+    GROUP_M,
+    device_smem_limit,
     launch_tma,
-    prune_configs,
     set_block_shapes,
     tile_coords,
 )
 from snippets.part5.lora import (
     FLOAT_TYPES,
     TRITON_DTYPES,
+    block_r,
     check_lora,
     lora_linear,
     lora_linear_fused,
@@ -54,17 +53,18 @@ TMA_TYPES = (torch.float16, torch.bfloat16)
 
 # --8<-- [start:kernel]
 @triton.jit
-def _lora_tma_kernel(a_desc, b_desc, c_desc, u_ptr, q_ptr, stride_um, stride_qr, stride_qn,
+def _lora_tma_kernel(a_desc, b_desc, c_desc, u_ptr, q_ptr, R, stride_um, stride_qr, stride_qn,
                      M, N, K,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, B_KMAJOR: tl.constexpr,
-                     FLATTEN: tl.constexpr, R: tl.constexpr):
+                     FLATTEN: tl.constexpr, BLOCK_R: tl.constexpr):
     """C = A @ B + U @ Q: Part 4's persistent TMA kernel (A: M x K; B: K x N, stored N x K if
-    B_KMAJOR) with one more step of depth R into the accumulator before the epilogue (U: M x R, R
-    contiguous; Q: R x N with any strides), i.e. C = [A, U] @ [B; Q]."""
+    B_KMAJOR) with one more step of depth R <= BLOCK_R into the accumulator before the epilogue
+    (U: M x R, R contiguous; Q: R x N with any strides), i.e. C = [A, U] @ [B; Q]."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
+    offs_r = tl.arange(0, BLOCK_R)
     for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=FLATTEN):
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
@@ -77,19 +77,15 @@ def _lora_tma_kernel(a_desc, b_desc, c_desc, u_ptr, q_ptr, stride_um, stride_qr,
             else:
                 b = b_desc.load([k * BLOCK_K, off_n])    # (BLOCK_K, BLOCK_N)
             acc = tl.dot(a, b, acc)
-        # The extra step on the CUDA cores, R rank-one updates acc += U[:, j] Q[j, :]: each thread
-        # loads the entries of U and Q its part of the tile needs (L2-resident, R * (BLOCK_M +
-        # BLOCK_N) values a tile) and does R fp32 FMAs per element. No tile is staged in shared
-        # memory (the compiler's layout changes of the U and Q vectors take at most 1 KiB), so the
-        # K loop keeps all of Part 4's stages; products of 16-bit values are exact in fp32.
+        # The extra step of depth R: (BLOCK_M, BLOCK_R) @ (BLOCK_R, BLOCK_N). Columns of U and rows
+        # of Q past R load as zeros and add nothing, so R need not be a multiple of 16.
         offs_m = off_m + tl.arange(0, BLOCK_M)
         offs_n = off_n + tl.arange(0, BLOCK_N)
-        u_ptrs = u_ptr + offs_m.to(tl.int64) * stride_um
-        q_ptrs = q_ptr + offs_n.to(tl.int64) * stride_qn
-        for j in tl.static_range(R):
-            u_j = tl.load(u_ptrs + j, mask=offs_m < M, other=0.0).to(tl.float32)
-            q_j = tl.load(q_ptrs + j * stride_qr, mask=offs_n < N, other=0.0).to(tl.float32)
-            acc += u_j[:, None] * q_j[None, :]
+        u_ptrs = u_ptr + offs_m[:, None].to(tl.int64) * stride_um + offs_r[None, :]
+        u = tl.load(u_ptrs, mask=(offs_m[:, None] < M) & (offs_r[None, :] < R), other=0.0)
+        q_ptrs = q_ptr + offs_r[:, None] * stride_qr + offs_n[None, :].to(tl.int64) * stride_qn
+        q = tl.load(q_ptrs, mask=(offs_r[:, None] < R) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(u, q, acc)
         # Part 4's epilogue: two halves of BLOCK_N / 2 columns, each stored by TMA
         halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
         left, right = tl.split(halves)
@@ -99,15 +95,41 @@ def _lora_tma_kernel(a_desc, b_desc, c_desc, u_ptr, q_ptr, stride_um, stride_qr,
 
 
 # --8<-- [start:configs]
+# Part 4's persistent tiles, 64-deep K steps (128 bytes of 16-bit values: one TMA box row, the
+# 128-byte swizzle), 3 or 4 stages.
+TMA_TILES = ((128, 128, 4), (128, 128, 8), (128, 256, 8), (256, 128, 8))
+
+
+def tma_configs() -> list[triton.Config]:
+    return [triton.Config(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=64, GROUP_M=GROUP_M),
+                          num_warps=warps, num_stages=stages, pre_hook=set_block_shapes)
+            for bm, bn, warps in TMA_TILES for stages in (3, 4)]
+
+
+def tma_smem_bytes(cfg: triton.Config, block_r: int, in_bytes: int) -> int:
+    """Shared memory of one program, as modelled: num_stages boxes of A and B, the staging tile of
+    the epilogue's TMA store (half of C's tile) and the U and Q tiles of the extra step. The
+    compiler may need a little more; the autotuner drops a config that does not fit."""
+    k = cfg.kwargs
+    stages = cfg.num_stages * (k["BLOCK_M"] + k["BLOCK_N"]) * k["BLOCK_K"] * in_bytes
+    extra = (k["BLOCK_M"] + k["BLOCK_N"]) * block_r * in_bytes
+    return stages + k["BLOCK_M"] * k["BLOCK_N"] // 2 * in_bytes + extra
+
+
+def prune_tma(configs, named_args, **kwargs):
+    """Drop the configs that need more shared memory than the device has."""
+    a = named_args["a_desc"].base
+    limit = device_smem_limit(a.device.index or 0)
+    kept = [c for c in configs if tma_smem_bytes(c, kwargs["BLOCK_R"], a.element_size()) <= limit]
+    return kept or configs[:1]
+
+
 @functools.lru_cache(maxsize=None)
 def tma_autotuned(persistent: bool, dtype: torch.dtype):
-    """The kernel under triton.autotune with Part 4's persistent configurations and pruning (the
-    extra step stages no tile in shared memory): launch_tma's ``autotuned(True, dtype)``, one tuner per
-    input dtype, which the descriptors hide from the autotuner's key."""
-    return triton.autotune(configs=config_space(dtype.itemsize, persistent),
-                           key=["M", "N", "K", "R", "B_KMAJOR"],
-                           prune_configs_by={"early_config_prune": prune_configs})(
-        _lora_tma_kernel)
+    """The kernel under triton.autotune (launch_tma's ``autotuned(True, dtype)``; one tuner per
+    input dtype, which the descriptors hide from the autotuner's key)."""
+    return triton.autotune(configs=tma_configs(), key=["M", "N", "K", "BLOCK_R", "B_KMAJOR"],
+                           prune_configs_by={"early_config_prune": prune_tma})(_lora_tma_kernel)
 # --8<-- [end:configs]
 
 
@@ -127,8 +149,8 @@ def lora_tma(a: torch.Tensor, b: torch.Tensor, u: torch.Tensor, q: torch.Tensor)
     if not u.is_contiguous():
         raise ValueError(f"lora_tma: u must be contiguous, got strides {u.stride()}")
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    extra = (u, q, u.stride(0), q.stride(0), q.stride(1))
-    return launch_tma(_lora_tma_kernel, tma_autotuned, a, b, c, extra, dict(R=r))
+    extra = (u, q, r, u.stride(0), q.stride(0), q.stride(1))
+    return launch_tma(_lora_tma_kernel, tma_autotuned, a, b, c, extra, dict(BLOCK_R=block_r(r)))
 
 
 def tma_applies(x: torch.Tensor, d_in: int, d_out: int) -> bool:
@@ -207,8 +229,8 @@ def lora_linear_fwd_bwd_tma(x, w, a, b, scale, dy):
 # --8<-- [end:public]
 
 
-SOURCES = (_lora_tma_kernel, tile_coords, project, lora_tma, tma_applies, tma_autotuned,
-           config_space, prune_configs, launch_tma, set_block_shapes, check_lora, torch.addmm)
+SOURCES = (_lora_tma_kernel, tile_coords, project, lora_tma, tma_applies, tma_configs,
+           tma_smem_bytes, prune_tma, launch_tma, set_block_shapes, check_lora, torch.addmm)
 BWD_SOURCES = (*SOURCES, LoRALinearTMA.forward, LoRALinearTMA.backward, grads_through)
 
 lora_linear.add(Impl("v4", lora_linear_tma, "Triton",
