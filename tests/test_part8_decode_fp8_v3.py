@@ -16,7 +16,6 @@ import re
 import pytest
 import torch
 import triton
-import triton.language as tl
 from helpers import NoLaunch
 from test_part8_decode_fp8 import CASES, _batch, _ref
 
