@@ -306,4 +306,143 @@ validate = Exercise(
     planted={"fixed_loose": "accepted a TF32 product", "rtol_only": "rejected a correct fp32 product"},
 )
 
-EXERCISES = [metrics, fused_intensity, gemm_intensity, scan_work, warp_scan, atomic_sum, matmul_cuda, validate]
+# ------------------------------------------------------------------------------------------- atomics.3
+HIST_PER_WARP = cuda.Kernel("hist_per_warp", "const int* x, int* counts, int n, int bins")
+_HIST_MAX_BINS = 256  # MAX_BINS of the file: the checks stay within it
+
+
+def _hist_input(n: int, bins: int, dist: str, seed: int) -> torch.Tensor:
+    """n int32 values: "uniform" over [0, bins), "skewed" (90% of them bins // 2) or "equal" (all bins // 2);
+    then 2% of them replaced by -1 or bins, and a few by values far outside [0, bins) (skipped, not clamped)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, bins, (n,), generator=g, dtype=torch.int32)
+    if dist == "skewed":
+        x[torch.rand(n, generator=g) < 0.9] = bins // 2
+    elif dist == "equal":
+        x[:] = bins // 2
+    u = torch.rand(n, generator=g)
+    x[u < 0.01] = -1
+    x[(u >= 0.01) & (u < 0.02)] = bins
+    far = torch.tensor([-(2**31), 2**31 - 1, -bins, 2 * bins, -(1 << 20), 1 << 20], dtype=torch.int32)
+    picks = torch.randperm(n, generator=g)[:min(n // 50, far.numel())]
+    x[picks] = far[:picks.numel()]
+    return x
+
+
+def _bincount(x: torch.Tensor, bins: int) -> torch.Tensor:
+    x = x.long()
+    return torch.bincount(x[(x >= 0) & (x < bins)], minlength=bins).to(torch.int32)
+
+
+def _compare_counts(got: torch.Tensor, x: torch.Tensor, bins: int, stride: int) -> None:
+    """counts against torch.bincount of x's in-range values; on a mismatch, what kind of mistake it looks like."""
+    expected = _bincount(x, bins)
+    if torch.equal(got, expected):
+        return
+    bad = (got != expected).nonzero().reshape(-1)
+    b = int(bad[0])
+    total, want = int(got.long().sum()), int(expected.long().sum())
+    msg = (f"counts[{b}] = {int(got[b])}, expected {int(expected[b])}; {bad.numel()} of {bins} bins differ; "
+           f"{total} values counted in all, ")
+    if total < want:
+        msg += f"expected {want} ({want - total} too few: increments were lost, or elements never counted)"
+    elif total > want:
+        msg += f"expected {want} ({total - want} too many: counted twice, or counts not starting from zero)"
+    else:
+        msg += "as many as expected, but in the wrong bins"
+    n = x.numel()
+    clamped = torch.bincount(x.long().clamp(0, bins - 1), minlength=bins).to(torch.int32)
+    if torch.equal(got, clamped):
+        msg += (". These are the counts with the out-of-range values clamped into bins 0 and bins - 1: a value "
+                "outside [0, bins) must be skipped")
+    for m in sorted({n - n % stride, n - n % 256, n - n % 32}, reverse=True):
+        if 0 < n - m and torch.equal(got, _bincount(x[:m], bins)):
+            msg += (f". These are the counts of x[:{m}]: the last {n - m} elements (the tail, n = {n} with a grid "
+                    f"stride of {stride}) were not counted")
+            break
+    raise Failure(msg)
+
+
+def _atomic_spaces(run: Run, src) -> tuple[set[str], str]:
+    """The memory spaces the kernel's atomics work on ("shared", "global", "generic"), from nvcc's PTX; without
+    nvcc, guessed from the source (an atomic on counts is global, any other shared)."""
+    import hashlib
+    import re
+    import subprocess
+
+    text = src.read_text()
+    exe = cuda.nvcc()
+    if exe is None:
+        code = re.sub(r"//[^\n]*|/\*.*?\*/", "", text, flags=re.S)
+        spaces = {"global" if re.search(r"\bcounts\b", arg) else "shared"
+                  for arg in re.findall(r"\batomic[A-Z]\w*\s*\(([^,]*),", code)}
+        return spaces, "the source (nvcc is not on PATH)"
+    key = hashlib.sha256((text + "\0" + cuda.ARCH).encode()).hexdigest()[:20]
+    ptx = cuda.BUILD / "ptx" / key / "kernel.ptx"
+    if not ptx.exists():
+        ptx.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ptx.with_suffix(".tmp.ptx")
+        r = subprocess.run([exe, "-ptx", f"-arch={cuda.ARCH}", "-std=c++17", str(src), "-o", str(tmp)],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise Failure(f"nvcc could not compile {src.name} to PTX: {(r.stderr or r.stdout).strip()[:600]}")
+        tmp.replace(ptx)
+    body = ptx.read_text().split(f".entry {HIST_PER_WARP.name}(", 1)[-1].split(".entry ", 1)[0]
+    spaces = set()
+    for suffix in re.findall(r"^\s*(?:@!?%\w+\s+)?(?:atom|red)((?:\.[\w:]+)+)", body, flags=re.M):
+        spaces.add("shared" if ".shared" in suffix else "global" if ".global" in suffix else "generic")
+    return spaces, "nvcc's PTX"
+
+
+def _check_hist_per_warp(run: Run) -> None:
+    src = run.path()
+    cuda.compile_check(run, src, HIST_PER_WARP, shared=True, barrier=True)
+    # (n, bins, distribution, threads per block, blocks): n a multiple of the grid's stride or not, n below one
+    # block, a grid that strides over x several times, blocks of 8 warps and of 4, bins = MAX_BINS or fewer
+    cases = ((4096, 256, "uniform", 256, 4), (3001, 100, "uniform", 256, 2), (2500, 256, "skewed", 128, 3),
+             (777, 8, "equal", 256, 4), (100, 256, "uniform", 256, 1), (5000, 37, "skewed", 64, 5))
+    for seed, (n, bins, dist, block, blocks) in enumerate(cases):
+        assert bins <= _HIST_MAX_BINS and block <= 256
+        x = _hist_input(n, bins, dist, seed=20 + seed)
+        counts = torch.zeros(bins, dtype=torch.int32)
+        stride = block * blocks
+        cuda.run_everywhere(run, src, HIST_PER_WARP, (blocks,), (block,), (x, counts, n, bins),
+                            lambda outs, x=x, bins=bins, stride=stride: _compare_counts(outs[1], x, bins, stride),
+                            label=f"{dist}, n = {n}, {bins} bins, {blocks} block(s) of {block // 32} warp(s)")
+    hint = ("the CPU emulator runs one thread at a time, so it cannot lose an increment; a GPU does: 32 lanes of a "
+            "warp increment one copy at once (atomicAdd on shared memory), and every block adds into counts at "
+            "once (atomicAdd on global memory)")
+    with run.case("the counts are atomic where threads can collide (the race a CPU run cannot show)", hint=hint):
+        spaces, where = _atomic_spaces(run, src)
+        if not spaces & {"shared", "generic"}:
+            raise Failure(f"the count into the warp's private copy is not atomic: {where} has no atomic on shared "
+                          f"memory, and two lanes of a warp holding the same value both read a count of 7 and "
+                          f"both write 8")
+        if not spaces & {"global", "generic"}:
+            raise Failure(f"the merge into counts is not atomic: {where} has no atomic on global memory, and "
+                          f"blocks that add the same bin at the same time lose each other's counts")
+
+
+hist_per_warp = Exercise(
+    id="part3.atomics.3", title="A per-block histogram with one private copy per warp", difficulty=3,
+    kind="cuda", files=("part3/hist_per_warp.cu",),
+    task="Give v2 several private copies per block: one per warp (bins * warps counters in shared memory). Each "
+         "warp counts its elements of x into its own copy with shared-memory atomics, skipping values outside "
+         "[0, bins); at the end the copies are summed bin by bin and each non-empty bin is added to counts with "
+         "one global atomic. It is checked against torch.bincount on uniform, skewed and all-equal data with "
+         "out-of-range values, n not a multiple of the block or of the grid. On a GPU, measure uniform and "
+         "skewed data: where does the extra shared memory start to cost occupancy?",
+    hint="three steps with a __syncthreads() between each two: zero bins 0 .. bins - 1 of every warp's copy; count "
+         "x[i] for i from blockIdx.x * blockDim.x + threadIdx.x in steps of gridDim.x * blockDim.x while i < n, "
+         "with atomicAdd(&copies[warp][v], 1) only when (unsigned)v < (unsigned)bins; then each thread takes "
+         "bins threadIdx.x, threadIdx.x + blockDim.x, ..., sums the bin over the copies and adds the sum to counts "
+         "with atomicAdd",
+    check=_check_hist_per_warp,
+    planted={"no_sync_before_merge": "too few", "not_zeroed": "too many", "tail_skipped": "the tail",
+             "clamped": "clamped", "non_atomic": "private copy is not atomic",
+             "merge_not_atomic": "merge into counts is not atomic"},
+    gpu="the run on a real GPU (CuPy), and the measurement of uniform against skewed data and of the occupancy",
+)
+
+EXERCISES = [metrics, fused_intensity, gemm_intensity, scan_work, warp_scan, atomic_sum, matmul_cuda, validate,
+             hist_per_warp]

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from exercises import compare
-from exercises.catalog.helpers import Output, close, inp, model, randn
+from exercises.catalog.helpers import Output, close, inp, model, randn, require
 from exercises.engine import Exercise, Run
 
 LADDER = "Triton ladder"
@@ -276,5 +276,75 @@ dropout = Exercise(
     planted={"ignores_base": "base_offset = 5000", "half_gap": "min_offset_gap("},
 )
 
+
+# ------------------------------------------------------------------------------------------- layernorm.2
+def _check_layernorm_stream(run: Run) -> None:
+    mod = run.module()
+    require(mod, "layernorm_stream")
+    rising = torch.linspace(-3.0, 5.0, 1400).reshape(2, 700)
+    tiny = randn(3, 200, seed=45, scale=1e-3)
+    tiny[1] = 0.5  # a constant row: variance 0, rstd = 1 / sqrt(eps)
+    # (name, x, BLOCK_N or None for the default, tolerance of y (rtol, atol), columns of padding after y's rows)
+    cases = (
+        ("1 row of 1000, BLOCK_N = 128 (7 whole chunks and a tail of 104)", randn(1, 1000, seed=40), 128,
+         (1e-5, 1e-5), 0),
+        ("37 rows of 300, BLOCK_N = 64, y a column slice of a wider matrix", randn(37, 300, seed=41, scale=2.0),
+         64, (1e-5, 1e-5), 7),
+        ("3 rows of 50, shorter than one chunk (BLOCK_N = 64)", randn(3, 50, seed=42), 64, (1e-5, 1e-5), 0),
+        ("2 rows of 5000 with the default BLOCK_N = 4096 (a tail of 904)", randn(2, 5000, seed=43) + 1.0, None,
+         (1e-5, 1e-5), 0),
+        ("2 rows that rise along their length (every chunk has a mean of its own), BLOCK_N = 64", rising, 64,
+         (1e-5, 1e-5), 0),
+        # the chapter's rows: mean(x^2) - mean^2 is off by more than 1e-2 in y here; fp32 rounding of the mean
+        # alone moves y by about 1e-4
+        ("4 rows of 100 + N(0, 0.1^2), N = 777 (a large mean and a small spread), BLOCK_N = 128",
+         randn(4, 777, seed=44, scale=0.1) + 100.0, 128, (0.0, 1e-3), 0),
+        ("3 rows of variance 1e-6 or 0, below eps = 1e-5 (BLOCK_N = 64)", tiny, 64, (1e-5, 1e-5), 0),
+        ("fp16: 5 rows of 300 (statistics in fp32, y rounded to fp16 once), BLOCK_N = 64",
+         randn(5, 300, seed=46).half(), 64, (1e-3, 1e-3), 0),
+    )
+    for name, x, block, (y_rtol, y_atol), row_pad in cases:
+        with run.case(name):
+            m, n = x.shape
+            w = (1.0 + randn(n, seed=47, scale=0.1)).to(x.dtype)
+            b = randn(n, seed=48, scale=0.1).to(x.dtype)
+            x64, w64, b64 = x.double(), w.double(), b.double()
+            mean_ref = x64.mean(-1)
+            rstd_ref = 1.0 / torch.sqrt(((x64 - mean_ref[:, None]) ** 2).mean(-1) + 1e-5)
+            y_ref = (x64 - mean_ref[:, None]) * rstd_ref[:, None] * w64 + b64
+            y = Output((m, n), run.device, dtype=x.dtype, row_pad=row_pad, name="y")
+            mean, rstd = Output((m,), run.device, name="mean"), Output((m,), run.device, name="rstd")
+            kwargs = {} if block is None else {"block_n": block}
+            mod.layernorm_stream(inp(x, run.device), inp(w, run.device), inp(b, run.device), y.tensor,
+                                 mean.tensor, rstd.tensor, **kwargs)
+            close("mean", mean.check(), mean_ref.float(), 1e-6, 1e-6)
+            close("rstd", rstd.check(), rstd_ref.float(), 2e-5, 0.0)
+            close("y", y.check(), y_ref.to(x.dtype), y_rtol, y_atol)
+    with run.case("bytes_moved() of the streaming forward"):
+        compare.functions("bytes_moved", getattr(mod, "bytes_moved", None), run.solution().bytes_moved,
+                          [(16384, 65536, 2), (1, 100000, 4), (1000, 4096, 2)])
+
+
+layernorm_stream = Exercise(
+    id="part4.layernorm.2", title="A streaming LayerNorm forward with Welford's update", difficulty=3,
+    kind="triton", files=("part4/layernorm_welford.py",),
+    task="Rows longer than MAX_N do not fit in registers. Write a forward that streams the row in chunks of "
+         "BLOCK_N with Welford's update for mean and variance, and a second sweep for y: reduce each chunk to "
+         "its count, its mean and its M2 (the sum of squared deviations from the chunk's own mean) with tl.sum, "
+         "and merge them into the running count, mean and M2. The check includes the chapter's rows of "
+         "100 + N(0, 0.1^2), where the one-pass mean(x^2) - mean^2 fails, and rows whose variance is below "
+         "eps. Then say what the second read of x costs in the bytes model (bytes_moved).",
+    hint="the chunk's real columns: n_b = min(n - start, BLOCK_N); mean_b = sum(x) / n_b, and M2_b sums "
+         "(x - mean_b)^2 over the real columns only (tl.where: the padding loads 0, and 0 - mean_b is not 0). "
+         "Merge with delta = mean_b - mean, total = count + n_b: mean += delta * n_b / total, "
+         "M2 += M2_b + delta^2 * count * n_b / total. var = M2 / n (biased), rstd = 1 / sqrt(var + eps). The "
+         "bytes: x read twice, w and b once, y written once",
+    check=_check_layernorm_stream,
+    planted={"unbiased": "rstd[", "tail_counted": "mean[", "padding_in_m2": "rstd[", "eps_outside": "rstd[",
+             "no_delta_term": "rstd[", "one_pass": "a large mean", "bytes_one_read": "bytes_moved("},
+    gpu="the comparison with the register version v3 across N (`python -m snippets bench layernorm`)",
+)
+
+
 EXERCISES = [puzzle_load, puzzle_broadcast, puzzle_row_sum, puzzle_softmax, puzzle_matmul, puzzle_online,
-             softmax_bytes, softmax_backward, row_max, dropout]
+             softmax_bytes, softmax_backward, row_max, dropout, layernorm_stream]

@@ -473,4 +473,220 @@ dq_frag = Exercise(
     },
 )
 
-EXERCISES = [crd2idx, coalesce, swizzle, complement, fp8_scale, wgmma_desc, dq_frag]
+
+# ------------------------------------------------------------------------------------------- tv-layouts
+def _tv_positions(run: Run, fn_name: str, who: str, threads: int, values: int, rows: int, cols: int):
+    """The learner's TV layout, checked to be a Layout of (threads, values) whose positions tile the
+    column-major rows x cols tile, each element once; returns the layout and {(t, v): position}."""
+    n = rows * cols
+    with run.case(
+        f"{fn_name}() is a Layout of {threads} {who}s x {values} values",
+        hint=f"make_layout((thread_shape, value_shape), (thread_stride, value_stride)): mode 0 "
+        f"the {who}, mode 1 the value",
+    ):
+        fn = getattr(run.module(), fn_name, None)
+        if not callable(fn):
+            raise Failure(f"{fn_name} is missing or not a function")
+        tv = fn()
+        if not isinstance(tv, book_layout.Layout):
+            raise Failure(f"{fn_name}() returned {tv!r} ({type(tv).__name__}), expected a Layout "
+                          "of snippets/part6/layout.py (make_layout(shape, stride))")
+        if tv.rank != 2:
+            raise Failure(f"{fn_name}() = {tv} has {tv.rank} top-level mode(s), expected 2: "
+                          f"({who}, value)")
+        for mode, what, size in ((0, who, threads), (1, "value", values)):
+            if tv[mode].size != size:
+                raise Failure(f"{fn_name}() = {tv}: mode {mode} (the {what}) has size "
+                              f"{tv[mode].size}, expected {size}")
+    pos = {(t, v): tv((t, v)) for t in range(threads) for v in range(values)}
+    with run.case(
+        f"every element of the {rows} x {cols} tile is held once",
+        hint=f"a position is r + {rows} c (column-major); each sub-mode of the {who} and of the "
+        f"value needs a stride of its own, and no two (t, v) may reach the same position: work "
+        f"out by hand where {who} 0 and {who} 1 start and where each value moves them",
+    ):
+        for (t, v), p in pos.items():
+            if not 0 <= p < n:
+                raise Failure(f"{fn_name}() = {tv}: ({who} {t}, value {v}) lands on position {p}, "
+                              f"outside the {rows} x {cols} tile (positions 0 to {n - 1})")
+        holders: dict[int, list] = {}
+        for tv_pair, p in pos.items():
+            holders.setdefault(p, []).append(tv_pair)
+        twice = [p for p in sorted(holders) if len(holders[p]) > 1]
+        if twice:
+            p = twice[0]
+            pairs = " and ".join(f"({who} {t}, value {v})" for t, v in holders[p])
+            raise Failure(f"{fn_name}() = {tv}: position {p} (row {p % rows}, column {p // rows}) "
+                          f"is held by {pairs}; {len(twice)} positions are held more than once and "
+                          f"{n - len(holders)} never")
+    return tv, pos
+
+
+def _check_tv_elements(run: Run, tv, pos: dict, who: str, rows: int, cols: int, expected,
+                       diagnoses, hint: str, what: str) -> None:
+    """Every (t, v) lands on ``expected(t, v)`` = (row, column); ``diagnoses`` are (test, text)
+    pairs, ``test(got)`` on {(t, v): (row, column)}, the first that holds explains a mismatch."""
+    with run.case(f"every ({who}, value) against {what}", hint=hint):
+        got = {tv_pair: (p % rows, p // rows) for tv_pair, p in pos.items()}
+        bad = [tv_pair for tv_pair in pos if got[tv_pair] != expected(*tv_pair)]
+        if not bad:
+            return
+        t, v = bad[0]
+        (r, c), (er, ec) = got[(t, v)], expected(t, v)
+        why = next((text for test, text in diagnoses if test(got)), "")
+        raise Failure(f"{tv}: {who} {t}, value {v} lands on position {pos[(t, v)]} = (row {r}, "
+                      f"column {c}), expected position {er + rows * ec} = (row {er}, column {ec}); "
+                      f"{len(bad)} of {len(pos)} ({who}, value) pairs differ{why}")
+
+
+def _row_major(pos: dict, cols: int, expected) -> bool:
+    """Whether every (t, v) landed on the row-major position (row * cols + column) of its element."""
+    return all(p == cols * expected(*k)[0] + expected(*k)[1] for k, p in pos.items())
+
+
+def _check_tv_addresses(run: Run, tv, who: str, rows: int, cols: int, expected, memories) -> None:
+    """composition(memory, tv) gives each (t, v) the offset of its element in each memory layout
+    (``memories``: (description, Layout of the rows x cols tile))."""
+    for desc, memory in memories:
+        with run.case(
+            f"composed with {desc}, every ({who}, value) gets its element's address",
+            hint="composition(memory, tv)((t, v)) == memory(tv((t, v))): a layout with the right "
+            "positions composes; simplify its modes if composition refuses it",
+        ):
+            try:
+                addr = book_layout.composition(memory, tv)
+            except ValueError as exc:
+                raise Failure(f"composition({memory}, {tv}) is refused: {exc}") from exc
+            for t in range(tv[0].size):
+                for v in range(tv[1].size):
+                    r, c = expected(t, v)
+                    if addr((t, v)) != memory((r, c)):
+                        raise Failure(f"composition({memory}, {tv}) = {addr} gives ({who} {t}, "
+                                      f"value {v}) the offset {addr((t, v))}, expected "
+                                      f"{memory((r, c))} (row {r}, column {c})")
+
+
+def _copy_element(t: int, v: int) -> tuple[int, int]:
+    """Exercise 1, from its words: thread t loads row t / 4, columns 4 (t % 4) + v."""
+    return t // 4, 4 * (t % 4) + v
+
+
+def _check_tv_copy(run: Run) -> None:
+    tv, pos = _tv_positions(run, "copy_tv", "thread", 32, 4, 8, 16)
+
+    def down_first(got):  # thread t took row t % 8 and column group t / 8
+        return all(got[(t, v)] == _copy_element(4 * (t % 8) + t // 8, v) for t, v in got)
+
+    _check_tv_elements(
+        run, tv, pos, "thread", 8, 16, _copy_element,
+        [(lambda got: _row_major(pos, 16, _copy_element),
+          " (every position is 16 r + c, the row-major offset: the TV layout's positions are "
+          "those of the column-major tile, r + 8 c; the row-major memory comes in by composition)"),
+         (down_first, " (the threads go down the rows first: along the row first means t % 4, "
+          "the first sub-mode, picks the group of columns and t / 4 the row)")],
+        hint="thread t = t0 + 4 t1 (a 1-D coordinate splits with its first mode fastest): t0 picks "
+        "the group of 4 columns, t1 the row; one column over is 8 positions",
+        what="the copy: thread t loads row t / 4, columns 4 (t % 4) + v",
+    )
+    row_major = book_layout.make_layout((8, 16), (16, 1))
+    _check_tv_addresses(run, tv, "thread", 8, 16, _copy_element,
+                        [("the row-major 8 x 16 tile", row_major),
+                         ("a row-major 8 x 16 tile of a matrix with 40 floats per row",
+                          book_layout.make_layout((8, 16), (40, 1)))])
+    with run.case(
+        "each thread's 4 values are one contiguous float4 of the row-major tile",
+        hint="the value mode of composition(row_major, tv) should coalesce to 4:1",
+    ):
+        values = book_layout.coalesce(book_layout.composition(row_major, tv)[1])
+        if (values.shape, values.stride) != (4, 1):
+            raise Failure(f"the value mode of composition({row_major}, {tv}) is {values}, "
+                          "expected 4:1 (four consecutive floats)")
+
+
+tv_copy = Exercise(
+    id="part6.tv-layouts.1",
+    title="The TV layout of a tiled copy",
+    difficulty=1,
+    kind="model",
+    files=("part6/tv_copy.py",),
+    task="Return copy_tv(): the TV layout of a tiled copy in which 32 threads each load 4 consecutive "
+    "floats of one row of an 8 x 16 row-major tile, the threads going along the row first, then down the "
+    "rows (thread t loads row t / 4, columns 4 (t % 4) + v for its value v). Its positions are those of "
+    "the column-major 8 x 16 tile, r + 8 c; mode 0 is the thread, mode 1 the value. It must cover each "
+    "element once, and composed with the row-major tile each thread's values are one float4.",
+    hint="thread t = t0 + 4 t1, t0 = t % 4: give t0, t1 and the value a stride each, in positions "
+    "r + 8 c",
+    check=_check_tv_copy,
+    planted={
+        "row_major_position": "row-major offset",
+        "threads_down_rows_first": "down the rows first",
+        "value_stride_one": "is held by",
+    },
+)
+
+
+def _mma_b_element(l: int, v: int) -> tuple[int, int]:
+    """The PTX ISA's B fragment of mma.m16n8k16 (fp16/bf16): lane l's value v is at row (k)
+    2 (l % 4) + (v & 1) + 8 (v >> 1), column (n) l / 4."""
+    return 2 * (l % 4) + (v & 1) + 8 * (v >> 1), l // 4
+
+
+def _mma_c_element(l: int, v: int) -> tuple[int, int]:
+    """The accumulator's fragment (the chapter's SM80_16x8_Row) on the same 16 x 8 tile: row
+    l / 4 + 8 (v >> 1), column 2 (l % 4) + (v & 1)."""
+    return l // 4 + 8 * (v >> 1), 2 * (l % 4) + (v & 1)
+
+
+def _check_tv_mma_b(run: Run) -> None:
+    tv, pos = _tv_positions(run, "b_fragment", "lane", 32, 4, 16, 8)
+
+    def right_elements_wrong_order(got):
+        return all({got[(l, v)] for v in range(4)} == {_mma_b_element(l, v) for v in range(4)}
+                   for l in range(32))
+
+    _check_tv_elements(
+        run, tv, pos, "lane", 16, 8, _mma_b_element,
+        [(lambda got: _row_major(pos, 8, _mma_b_element),
+          " (every position is 8 k + n, the row-major position: over the column-major 16 x 8 "
+          "tile, element (k, n) is position k + 16 n)"),
+         (lambda got: all(got[k] == _mma_c_element(*k) for k in got),
+          " (this is the accumulator's layout, SM80_16x8_Row: in the B fragment lane l / 4 picks "
+          "the column and l % 4 the pair of rows)"),
+         (right_elements_wrong_order,
+          " (every lane holds the right four elements, in the wrong order: value bit 0 is the next "
+          "row, value bit 1 the row 8 further down)")],
+        hint="lane l = t0 + 4 t1 (t0 = l % 4: a 1-D coordinate splits with its first mode "
+        "fastest): write the position k + 16 n of each lane's value 0, then what value bits 0 and 1 "
+        "add",
+        what="the PTX ISA's rule: row 2 (l % 4) + (v & 1) + 8 (v >> 1), column l / 4",
+    )
+    _check_tv_addresses(run, tv, "lane", 16, 8, _mma_b_element,
+                        [("B column-major (the .col operand: K contiguous, columns 24 elements apart)",
+                          book_layout.make_layout((16, 8), (1, 24))),
+                         ("B stored K x N row-major (40 elements per row)",
+                          book_layout.make_layout((16, 8), (40, 1)))])
+
+
+tv_mma_b = Exercise(
+    id="part6.tv-layouts.2",
+    title="The B fragment of mma.m16n8k16 as a TV layout",
+    difficulty=1,
+    kind="model",
+    files=("part6/tv_mma_b.py",),
+    task="Return b_fragment(): the B operand's fragment of mma.m16n8k16 (B is 16 x 8, K x N) as a TV "
+    "layout over the column-major 16 x 8 tile, element (k, n) at position k + 16 n. Lane l holds four "
+    "values of column l / 4, at rows 2 (l % 4), 2 (l % 4) + 1, 2 (l % 4) + 8 and 2 (l % 4) + 9, in that "
+    "order; mode 0 is the lane, mode 1 the value.",
+    hint="lane l = t0 + 4 t1, t0 = l % 4; the value is two bits, each with a stride of its own: "
+    "((4, 8), (2, 2)) is the shape",
+    check=_check_tv_mma_b,
+    planted={
+        "strides_swapped": "is held by",
+        "row_major_position": "row-major position",
+        "value_modes_swapped": "wrong order",
+        "accumulator_layout": "accumulator's layout",
+    },
+)
+
+
+EXERCISES = [crd2idx, coalesce, swizzle, complement, fp8_scale, wgmma_desc, dq_frag, tv_copy, tv_mma_b]

@@ -1,7 +1,8 @@
 """Part 7's exercises: the alpha-beta model of the ring collectives, the ring reduce-scatter on real
 ranks (torch.distributed's gloo backend, several processes on a CPU), DDP's gradient buckets, ZeRO's
-memory per rank, a tensor-parallel MLP simulated in one process and the 1F1B schedule, checked
-against the book's own functions (snippets/part7/)."""
+memory per rank, a tensor-parallel MLP simulated in one process, the 1F1B schedule and async-TP's
+all-gather and multiply as a ring on gloo ranks, checked against the book's own functions
+(snippets/part7/) or plain torch."""
 
 from __future__ import annotations
 
@@ -360,4 +361,162 @@ any_p = Exercise(
     gpu="",
 )
 
-EXERCISES = [ring_costs, zero_mem, buckets, tp_linear, one_f_one_b, any_p, ring]
+
+# ------------------------------------------------------------------------------------- tp-overlap.7
+_AGMM_SHAPES = ((3, 5, 4, torch.float64), (1, 8, 2, torch.float64), (6, 4, 7, torch.float32))
+
+
+def _agmm_inputs(rank: int, shape: tuple, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s shard x (n, d) and weight slice w (k, d): small integers, so that every
+    product and sum is exact in float32 and float64 and any order of the work gives the same."""
+    n, d, k, dtype = shape
+    g = torch.Generator().manual_seed(seed + rank)
+    return (torch.randint(-9, 10, (n, d), generator=g).to(dtype),
+            torch.randint(-9, 10, (k, d), generator=g).to(dtype))
+
+
+def _agmm_world(rank: int, p: int, path: str, shapes: tuple, seed: int) -> list:
+    """One rank of the check: the learner's all_gather_matmul on this rank's shard for each shape,
+    with post_exchange wrapped to log each post and each wait together with the blocks of out
+    (one per source rank) written so far."""
+    from exercises.engine import load_module
+
+    mod = load_module(Path(path))
+    given = mod.post_exchange
+    results = []
+    for i, shape in enumerate(shapes):
+        n, k = shape[0], shape[2]
+        x, w = _agmm_inputs(rank, shape, seed + 100 * i)
+        out = torch.full((p * n, k), float("nan"), dtype=x.dtype)
+        log: list[tuple[str, int, tuple[int, ...]]] = []
+
+        def written(out=out, n=n) -> tuple[int, ...]:
+            return tuple(j for j in range(p) if not bool(out[j * n:(j + 1) * n].isnan().all()))
+
+        class Logged:
+            def __init__(self, work, k: int, log=log, written=written):
+                self.work, self.k, self.log, self.written = work, k, log, written
+
+            def wait(self) -> None:
+                self.log.append(("wait", self.k, self.written()))
+                self.work.wait()
+
+        def logged(send, recv, right, left, log=log, written=written, Logged=Logged):
+            k = sum(e[0] == "post" for e in log)
+            log.append(("post", k, written()))
+            return Logged(given(send, recv, right, left), k)
+
+        mod.post_exchange = logged
+        x0 = x.clone()
+        mod.all_gather_matmul(x, w, out, rank, p)
+        results.append((x0, x, w, out, log))
+    return results
+
+
+def _agmm_compare(who: str, out: torch.Tensor, want: torch.Tensor, p: int, n: int) -> None:
+    """``out`` against the gathered shards times w, block by block: a block never written, or one
+    that holds another rank's shard times w, is named as such."""
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(want.shape):
+        close(f"{who} out", out, want, 0, 0)
+    blocks = [want[q * n:(q + 1) * n] for q in range(p)]
+    for j in range(p):
+        got = out[j * n:(j + 1) * n]
+        if torch.equal(got, blocks[j]):
+            continue
+        rows = f"rows {j * n}..{(j + 1) * n - 1} of out (rank {j}'s shard times w)"
+        if bool(got.isnan().all()):
+            raise Failure(f"{who} {rows} were never written")
+        other = [q for q in range(p) if q != j and torch.equal(got, blocks[q])]
+        if other:
+            raise Failure(f"{who} {rows} hold rank {other[0]}'s shard times w instead")
+        close(f"{who} out", out, want, 0, 0)
+
+
+def _agmm_schedule(who: str, log: list, rank: int, p: int) -> None:
+    """Each shard multiplied while the next one travels: exchange k is posted before the shard of
+    step k is multiplied and waited for after, and there are p - 1 of them, each waited for."""
+    posts = [e for e in log if e[0] == "post"]
+    if len(posts) != p - 1:
+        raise Failure(f"{who} posted {len(posts)} exchange(s); a ring of {p} ranks passes each "
+                      f"rank's shard on {p - 1} time(s) (none in the last step)")
+    for kind, k, done in log:
+        src = (rank - k) % p
+        if kind == "post" and src in done:
+            raise Failure(f"{who} multiplied the shard of step {k} (rank {src}'s) before posting "
+                          "the exchange that passes it on: nothing was in flight while it ran")
+        if kind == "wait" and src not in done:
+            raise Failure(f"{who} waited for the shard of step {k + 1} before multiplying the one "
+                          f"it held in step {k} (rank {src}'s): the transfer had nothing to hide "
+                          "behind")
+    waited = sorted(k for kind, k, _ in log if kind == "wait")
+    if waited != list(range(p - 1)):
+        raise Failure(f"{who} waited for exchanges {waited}, expected each of 0..{p - 2} once: "
+                      "a receive buffer is not to be read before its exchange is waited for")
+
+
+def _check_agmm(run: Run) -> None:
+    mod = run.module()
+    require(mod, "all_gather_matmul", "post_exchange")
+    with run.case("one rank alone (no process group): out is x times w, nothing is sent",
+                  hint="p steps, an exchange in every step but the last: with p = 1 one multiply "
+                       "and no exchange"):
+        def nobody(*_args):
+            raise Failure("post_exchange was called with one rank: there is nobody to send to "
+                          "(p - 1 exchanges)")
+
+        mod.post_exchange = nobody
+        for i, shape in enumerate(_AGMM_SHAPES):
+            x, w = _agmm_inputs(0, shape, 730 + 100 * i)
+            out = torch.full((shape[0], shape[2]), float("nan"), dtype=x.dtype)
+            mod.all_gather_matmul(x.clone(), w, out, 0, 1)
+            _agmm_compare("rank 0's", out, x @ w.T, 1, shape[0])
+    what = ", ".join(f"{n} x {d} ({str(dt).removeprefix('torch.')})" for n, d, _k, dt in _AGMM_SHAPES)
+    for p in (2, 3, 4):
+        with run.case(f"{p} gloo ranks, shards of {what}, against the gathered shards times each "
+                      "rank's w",
+                      hint="in step s rank r holds rank (r - s) mod p's shard (its own first, then "
+                           "its left neighbour's, ...) and writes it into that rank's rows, "
+                           "(r - s) mod p times n onwards; p steps in all; receive into a new "
+                           "buffer, never into x"):
+            worlds = _on_ranks(_agmm_world, p, str(run.path()), _AGMM_SHAPES, 730)
+            for i, (n, _d, _k, _dt) in enumerate(_AGMM_SHAPES):
+                xs = [worlds[r][i][0] for r in range(p)]
+                for r in range(p):
+                    x0, x, w, out, _log = worlds[r][i]
+                    who = f"shards of {n} token(s): rank {r}'s"
+                    _agmm_compare(who, out, torch.cat(xs) @ w.T, p, n)
+                    if not torch.equal(x, x0):
+                        raise Failure(f"{who} x was changed: the shards must be received into "
+                                      "buffers of their own")
+        with run.case(f"{p} gloo ranks: every shard multiplied while the next one travels "
+                      "(each post and wait logged)",
+                      hint="post the exchange, then multiply the shard you hold, then wait: the "
+                           "multiply runs while the shard is in flight"):
+            for i, (n, *_rest) in enumerate(_AGMM_SHAPES):
+                for r in range(p):
+                    _agmm_schedule(f"shards of {n} token(s): rank {r}", worlds[r][i][4], r, p)
+
+
+all_gather_mm = Exercise(
+    id="part7.tp-overlap.7", title="All-gather and multiply, each shard as it arrives",
+    difficulty=3, kind="python", files=("part7/all_gather_matmul.py",),
+    task="Write all_gather_matmul(x, w, out, rank, p), the all-gather then multiply of async-TP's "
+         "fused_all_gather_matmul done as the shards arrive: the p ranks pass their n tokens "
+         "around a ring, and in step s rank r holds rank (r - s) mod p's shard; it posts the "
+         "exchange that sends it to rank r + 1 and receives the next from rank r - 1 (the given "
+         "post_exchange), multiplies the shard it holds by w into that rank's rows of out while "
+         "the exchange travels, then waits for it. The check runs it on one rank and on 2, 3 and "
+         "4 gloo processes, compares every rank's out with the gathered shards times w, and logs "
+         "every post and wait.",
+    hint="held = x; for s in range(p): src = (rank - s) % p; if s < p - 1, post the exchange of "
+         "held into a new buffer; multiply held into out[src n:(src + 1) n]; then wait and hold "
+         "the new buffer",
+    check=_check_agmm,
+    planted={"held_off_by_one": "hold rank", "arrival_order": "hold rank",
+             "missing_last_step": "never written", "waits_before_multiply": "before multiplying",
+             "multiplies_before_posting": "before posting"},
+    gpu="",
+)
+
+EXERCISES = [ring_costs, zero_mem, buckets, tp_linear, one_f_one_b, any_p, ring,
+             all_gather_mm]
