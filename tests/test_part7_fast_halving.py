@@ -62,6 +62,7 @@ def test_equals_all_reduce(world):
 
 
 def _three(rank: int, world: int) -> list[str]:
+    dist.barrier()   # every rank joined before any returns (a rank leaving early fails another's init)
     out = []
     for fn in (lambda: HalvingDoublingAllReduce((4,), torch.float32, "cpu"),
                lambda: measure([64])):
