@@ -137,13 +137,13 @@ def tensors(name: str, got: Any, expected: torch.Tensor, rtol: float = 1e-5, ato
     if g.dim() == 2 and bad.shape[0] > 1:
         rows = sorted({int(r) for r in bad[:, 0]})
         cols = sorted({int(c) for c in bad[:, 1]})
-        count += (f" (rows {_span(rows)}, columns {_span(cols)})")
+        count += (f" (rows {span(rows)}, columns {span(cols)})")
     elif g.dim() == 1 and bad.shape[0] > 1:
-        count += f" (indices {_span([int(i) for i in bad[:, 0]])})"
+        count += f" (indices {span([int(i) for i in bad[:, 0]])})"
     raise Failure(f"{name}[{idx}] = {gv:.6g}, expected {ev:.6g}{why}; {count}")
 
 
-def _span(xs: list[int]) -> str:
+def span(xs: list[int]) -> str:
     if len(xs) <= 6:
         return ", ".join(map(str, xs))
     return f"{xs[0]}..{xs[-1]}, {len(xs)} of them"

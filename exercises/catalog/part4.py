@@ -7,7 +7,7 @@ import torch
 
 from exercises import compare
 from exercises.catalog.helpers import Output, close, inp, model, randn, require
-from exercises.engine import Exercise, Run
+from exercises.engine import Exercise, Failure, Run
 
 LADDER = "Triton ladder"
 
@@ -346,5 +346,132 @@ layernorm_stream = Exercise(
 )
 
 
+
+# ------------------------------------------------------------------------------------------- spmv.6
+def _combine(a: tuple[float, int], b: tuple[float, int]) -> tuple[float, int]:
+    """v2's combine of two (value, row) pairs, in Python: add when both are of one row, else start again."""
+    return (a[0] + b[0] if a[1] == b[1] else b[0]), b[1]
+
+
+def _pairs(ps) -> str:
+    return ", ".join(f"({float(v):g}, {int(r)})" for v, r in ps)
+
+
+def _pairs_raw(ps) -> str:
+    return ", ".join(f"({v!r}, {r!r})" for v, r in ps)
+
+
+def _check_combine(run: Run, mod) -> None:
+    # every pattern of equal and different rows among three pairs, sorted or not, with values whose sums are exact
+    g = torch.Generator().manual_seed(60)
+    triples = [tuple((float(torch.randint(-8, 9, (), generator=g)), int(r)) for r in rows)
+               for rows in ((0, 0, 0), (0, 0, 1), (0, 1, 1), (0, 1, 2), (2, 1, 0), (1, 1, 0), (1, 0, 0),
+                            (0, 1, 0), (3, 5, 3), (7, 7, 7), (4, 9, 9), (9, 4, 4))]
+    got = mod.bracketings(triples, run.device)
+    for (a, b, c), (left, right) in zip(triples, got):
+        want_left, want_right = _combine(_combine(a, b), c), _combine(a, _combine(b, c))
+        for what, g_, w in (("(a o b) o c", left, want_left), ("a o (b o c)", right, want_right)):
+            if (float(g_[0]), int(g_[1])) != w:
+                raise Failure(f"segment_add: {what} for a, b, c = {_pairs((a, b, c))} gives "
+                              f"{_pairs([g_])}, expected {_pairs([w])} (a o b adds the values when a and b "
+                              f"are of one row and is b otherwise; its row is b's)")
+
+
+def _csr_case(lengths: list[int], n: int, seed: int, index_dtype: torch.dtype = torch.int32,
+              dtype: torch.dtype = torch.float32, shuffle_cols: bool = False):
+    """(crow, col, val, x, y_ref): a CSR matrix with the given row lengths, columns uniform in [0, n) (sorted
+    within each row, or in random order), values and x uniform in [-1, 1], y_ref = A x in float64."""
+    g = torch.Generator().manual_seed(seed)
+    lengths_t = torch.tensor(lengths, dtype=torch.long)
+    m, nnz = len(lengths), int(lengths_t.sum())
+    crow = torch.zeros(m + 1, dtype=torch.long)
+    crow[1:] = torch.cumsum(lengths_t, 0)
+    rows = torch.repeat_interleave(torch.arange(m), lengths_t)
+    col = torch.randint(0, n, (nnz,), generator=g)
+    if nnz and not shuffle_cols:  # a row's columns are where the draw put them unless sorted here
+        col = torch.sort(rows * n + col).values % n
+    val = (torch.rand(nnz, generator=g) * 2 - 1).to(dtype)
+    x = (torch.rand(n, generator=g) * 2 - 1).to(dtype)
+    y_ref = torch.zeros(m, dtype=torch.float64).index_add_(0, rows, val.double() * x.double()[col])
+    return crow.to(index_dtype), col.to(index_dtype), val, x, y_ref
+
+
+def _check_spmv_segments(run: Run) -> None:
+    mod = run.module()
+    require(mod, "spmv_chunks", "bracketings", "counterexample")
+    with run.case("segment_add on three pairs, both bracketings, every pattern of rows"):
+        _check_combine(run, mod)
+    uniform = torch.randint(0, 13, (300,), generator=torch.Generator().manual_seed(61)).tolist()
+    # (name, row lengths, columns of x, CHUNK, index dtype, value dtype, columns in random order within rows)
+    cases = (
+        ("the chapter's matrix: rows of 3, 0, 700, 1, 0, 5 nonzeros (row 2 spans three chunks of 256)",
+         [3, 0, 700, 1, 0, 5], 50, 256, torch.int32, torch.float32, False),
+        ("CHUNK = 16: empty rows first and last, a row of exactly 16 and one of 50 (four chunks), int64 indices, "
+         "columns unsorted within rows", [0, 0, 16, 3, 0, 50, 1, 0, 16, 0], 40, 16, torch.int64, torch.float32,
+         True),
+        ("CHUNK = 16: the last row the longest (70 nonzeros over five chunks), columns unsorted and repeated",
+         [2, 0, 5, 70], 8, 16, torch.int32, torch.float32, True),
+        ("CHUNK = 16: 300 rows of 0 to 12 nonzeros (many rows per chunk, rows across chunk boundaries)",
+         uniform, 257, 16, torch.int32, torch.float32, False),
+        ("a 1 x 1 matrix with one nonzero", [1], 1, 256, torch.int32, torch.float32, False),
+        ("zero nonzeros: 5 empty rows, y stays 0", [0] * 5, 7, 256, torch.int64, torch.float32, False),
+        ("fp16 values and x: a row of 2000 nonzeros and 20 short rows, products and sums in fp32",
+         [3] * 10 + [2000] + [4] * 10, 300, 256, torch.int32, torch.float16, True),
+    )
+    for i, (name, lengths, n, chunk, index_dtype, dtype, shuffle) in enumerate(cases):
+        with run.case(name):
+            crow, col, val, x, y_ref = _csr_case(lengths, n, 62 + i, index_dtype, dtype, shuffle)
+            y = Output((len(lengths),), run.device, name="y")
+            y.tensor.zero_()
+            mod.spmv_chunks(inp(crow, run.device), inp(col, run.device), inp(val, run.device),
+                            inp(x, run.device), y.tensor, chunk=chunk)
+            # the chapter's fp32 tolerance for every dtype: an fp16 product is exact in fp32, so only a sum
+            # kept in fp16 misses it
+            close("y", y.check(), y_ref.float(), 1e-5, 2e-5)
+    with run.case("counterexample(): three pairs with unsorted rows whose two bracketings differ"):
+        pairs = mod.counterexample()
+        if (not isinstance(pairs, (tuple, list)) or len(pairs) != 3
+                or not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in pairs)):
+            raise Failure(f"it should return three (value, row) pairs, got {pairs!r}")
+        if not all(float(r) == int(r) for _, r in pairs):
+            raise Failure(f"the rows must be integers, got {_pairs_raw(pairs)}")
+        a, b, c = ((float(v), int(r)) for v, r in pairs)
+        rows = [a[1], b[1], c[1]]
+        if rows == sorted(rows) or rows == sorted(rows, reverse=True):
+            raise Failure(f"the rows of {_pairs((a, b, c))} are sorted; on sorted rows the "
+                          "combine is associative, so the two bracketings cannot differ",
+                          hint="a row between two pairs of one other row cuts the first off in one bracketing "
+                               "and not in the other: rows r0, r1, r0")
+        [(left, right)] = mod.bracketings([(a, b, c)], run.device)
+        if left == right:
+            raise Failure(f"for a, b, c = {_pairs((a, b, c))} both bracketings give "
+                          f"{_pairs([left])}; they must differ",
+                          hint="rows r0, r1, r0 with a nonzero value in a: (a o b) o c drops a, a o (b o c) "
+                               "keeps it")
+
+
+spmv_segments = Exercise(
+    id="part4.spmv.6", title="v2's segmented scan: the combine, the row sums and one atomic per row",
+    difficulty=3, kind="triton", files=("part4/spmv_segments.py",),
+    task="The segmented scan of v2 is tl.associative_scan over (value, row) pairs with a combine that adds two "
+         "pairs of the same row and restarts at a new row. Write the combine (segment_add) and the part of v2's "
+         "kernel after the binary search: the masked loads, the products in fp32, the reverse scan, and one "
+         "atomic add per row and chunk from the lane that holds the row's first nonzero in the chunk. Then the "
+         "chapter's question: why is the combine associative only on sorted rows? counterexample() gives three "
+         "(value, row) pairs with unsorted rows where the two bracketings differ. The check runs matrices with "
+         "empty rows, rows longer than a chunk, a long last row, no nonzeros at all, unsorted and repeated "
+         "columns, int32 and int64 indices and fp16 values, against A x in float64.",
+    hint="a o b is the sum of the values when r_a == r_b and v_b otherwise; its row is r_b. Padding lanes load 0 "
+         "(mask=valid, other=0) so they add nothing; convert val and x[col] to fp32 before the product. With "
+         "reverse=True the lane of a row's first nonzero in the chunk holds the row's partial sum: idx == "
+         "crow[row], or the chunk's first lane for a row begun in an earlier chunk. A row split over chunks gets "
+         "one atomic per chunk, so y must be added into, not stored. The counterexample: rows r0, r1, r0",
+    check=_check_spmv_segments,
+    planted={"no_row_test": "segment_add", "result_row_a": "segment_add", "no_chunk_start": "y[2]",
+             "crow_next": "y[", "store_not_atomic": "y[2]", "fp16_sum": "fp16", "no_mask": "out-of-bounds|y[",
+             "sorted_counterexample": "counterexample"},
+)
+
+
 EXERCISES = [puzzle_load, puzzle_broadcast, puzzle_row_sum, puzzle_softmax, puzzle_matmul, puzzle_online,
-             softmax_bytes, softmax_backward, row_max, dropout, layernorm_stream]
+             softmax_bytes, softmax_backward, row_max, dropout, layernorm_stream, spmv_segments]

@@ -9,6 +9,7 @@ import random
 import torch
 
 from exercises import compare
+from exercises.catalog.helpers import Output, gen
 from exercises.engine import Exercise, Failure, Run
 from snippets.part6 import hopper as book_hopper
 from snippets.part6 import layout as book_layout
@@ -689,4 +690,179 @@ tv_mma_b = Exercise(
 )
 
 
-EXERCISES = [crd2idx, coalesce, swizzle, complement, fp8_scale, wgmma_desc, dq_frag, tv_copy, tv_mma_b]
+# -------------------------------------------------------------------------------------------- fp8-gemm.5
+_E4M3 = torch.float8_e4m3fn
+_SB = 128  # the scale block: 1 x 128 of A, 128 x 128 of B
+
+
+def _fp8_values(rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
+    """e4m3 values over most of the format's range, as a quantised block's are."""
+    return (torch.randn(rows, cols, generator=g) * 100).clamp(-448, 448).to(_E4M3)
+
+
+def _spread_scales(rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
+    """fp32 scales that differ by powers of two from 2^-8 to 2^8 from block to block: a kernel that
+    takes another block's scale, or one scale for all of K, is off by far more than rounding."""
+    return (2.0 ** torch.randint(-8, 9, (rows, cols), generator=g)
+            * (1 + torch.rand(rows, cols, generator=g))).float()
+
+
+def _promoted(parts: torch.Tensor, a_sc: torch.Tensor, b_sc: torch.Tensor,
+              carried: bool = False) -> torch.Tensor:
+    """The sum over K-blocks kb of parts[kb] (that block's M x N product) times a_sc[m, kb] and
+    b_sc[n, kb], in float64; ``carried``: each block's temporary still holds the earlier blocks'."""
+    if carried:
+        parts = parts.cumsum(0)
+    return torch.einsum("kmn,mk,nk->mn", parts, a_sc, b_sc)
+
+
+def _fp8_diagnosis(got, parts, rel, a_wide, b_wide, m, n, kb):
+    """What a wrong C is, when it is one of the classic bugs: (text, hint) or None. ``a_wide`` and
+    ``b_wide`` are the matrices the scales are views of (columns 1..kb; B's first ceil(N/128) rows)."""
+    sizes = parts.abs()
+    per_row = b_wide[:-(-n // _SB), 1:kb + 1].repeat_interleave(_SB, 0)[:n]  # column n: row n // 128
+    a_sc = a_wide[:, 1:kb + 1]
+    promote = ("each K-block's temporary is multiplied by a_scales[m, kb] * b_scales[n // 128, kb] "
+               "before it is added into acc")
+    candidates = [
+        (a_sc, per_row, True,
+         "C is what a temporary that keeps the earlier K-blocks' products gives: each block's sum "
+         "was added to theirs and all of it promoted again with this block's scales (the temporary "
+         "was not reset)",
+         "tmp = tl.dot(a, b) starts from zero in every K-block (the CUDA kernel's first wgmma has "
+         "scale-d = 0 for that); tl.dot(a, b, tmp) adds to the old one"),
+        (a_wide[:, 2:kb + 2], per_row, False,
+         "C is what A's scales of K-block kb + 1 give for the products of K-block kb: off by one",
+         "K-block kb holds k = 128 kb .. 128 kb + 127, and its scale is a_scales[m, kb] "
+         "(as_ptr + m * stride_asm + kb * stride_ask)"),
+        (a_wide[:, 0:kb], per_row, False,
+         "C is what A's scales of K-block kb - 1 give for the products of K-block kb: off by one",
+         "K-block kb holds k = 128 kb .. 128 kb + 127, and its scale is a_scales[m, kb] "
+         "(as_ptr + m * stride_asm + kb * stride_ask)"),
+        (a_sc, b_wide[:n, 1:kb + 1], False,
+         "C is what B's scales read from row n of b_scales give: b_scales has one row per 128 x 128 "
+         "block of B, so column n of C takes row n // 128",
+         "column n's scale is in row n // 128: bs_ptr + (offs_n // 128) * stride_bsn + kb * "
+         "stride_bsk"),
+        (a_sc, b_wide[:-(-n // _SB), 2:kb + 2].repeat_interleave(_SB, 0)[:n], False,
+         "C is what B's scales of K-block kb + 1 give for the products of K-block kb: off by one",
+         "b_scales[n // 128, kb] belongs to the products of K-block kb"),
+        (a_sc, b_wide[:-(-n // _SB), 0:kb].repeat_interleave(_SB, 0)[:n], False,
+         "C is what B's scales of K-block kb - 1 give for the products of K-block kb: off by one",
+         "b_scales[n // 128, kb] belongs to the products of K-block kb"),
+        (torch.ones_like(a_sc), torch.ones_like(per_row), False,
+         "C is the product of the e4m3 values with no scale at all: " + promote, None),
+    ]
+    candidates += [
+        (a_sc[:, j:j + 1].expand(m, kb), per_row[:, j:j + 1].expand(n, kb), False,
+         f"C is the sum of all the e4m3 products times the scales of K-block {j} alone: the scales "
+         "were applied once, as if per tensor. With block scales they differ from one K-block to the "
+         "next, so only a block's own sum can be scaled at once: " + promote,
+         "the scales go inside the K loop, one multiply per K-block: the promotion")
+        for j in (0, kb - 1)]
+    for a_s, b_s, carried, text, hint in candidates:
+        want = _promoted(parts, a_s, b_s, carried)
+        tol = rel * _promoted(sizes, a_s.abs(), b_s.abs(), carried)
+        if bool(((got - want).abs() <= tol).all()):
+            return text, hint
+    return None
+
+
+def _fp8_gemm_case(run: Run, what: str, m: int, n: int, k: int, seed: int,
+                   a_m_major: bool = False, pad: int = 0) -> None:
+    kb, nb = k // _SB, -(-n // _SB)
+    label = (f"M = {m}, N = {n}, K = {k} ({kb} K-block{'s' if kb > 1 else ''}, {nb} block "
+             f"row{'s' if nb > 1 else ''} of B's scales){what}")
+    with run.case(label):
+        fn = getattr(run.module(), "fp8_gemm_blockscaled", None)
+        if not callable(fn):
+            raise Failure("fp8_gemm_blockscaled is missing or not a function")
+        g = gen(seed)
+        a_rows, b_rows = _fp8_values(m, k + pad, g), _fp8_values(n, k + pad, g)  # rows padded by pad
+        # A's scales are columns 1..kb of a wider matrix (row-major, or M-major as cuBLAS wants them)
+        # and B's the first ceil(N / 128) rows of an N-row one: the kernel must use their strides,
+        # and a scale read from the wrong K-block or from row n of B's stays inside the tensors, so
+        # the check can say which one it was.
+        a_store = _spread_scales(kb + 2, m, g) if a_m_major else _spread_scales(m, kb + 2, g)
+        b_store = _spread_scales(n, kb + 2, g)
+        dev = run.device
+        a_d, b_d = a_rows.to(dev)[:, :k], b_rows.to(dev)[:, :k]
+        a_wide_d = a_store.to(dev).t() if a_m_major else a_store.to(dev)
+        out = Output((m, n), dev, row_pad=3, name="c")
+        fn(a_d, a_wide_d[:, 1:kb + 1], b_d, b_store.to(dev)[:nb, 1:kb + 1], out.tensor)
+        got = out.check().double()
+
+        a_wide = (a_store.t() if a_m_major else a_store).double()
+        b_wide = b_store.double()
+        a8, b8 = a_rows[:, :k].double(), b_rows[:, :k].double()
+        # The reference: dequantise (every element times its block's scales), one float64 product.
+        a_deq = a8 * a_wide[:, 1:kb + 1].repeat_interleave(_SB, 1)
+        b_deq = b8 * b_wide[:nb, 1:kb + 1].repeat_interleave(_SB, 0)[:n].repeat_interleave(_SB, 1)
+        ref = a_deq @ b_deq.T
+        # Rounding errors scale with the sum of the products' magnitudes. The interpreter sums a
+        # block's 128 products in fp32; a GPU's tensor cores sum them in a narrower accumulator.
+        rel = 2e-3 if run.on_gpu else 1e-5
+        tol = rel * (a_deq.abs() @ b_deq.abs().T)
+        bad = ~((got - ref).abs() <= tol)  # a NaN is bad
+        if not bool(bad.any()):
+            return
+        where = bad.nonzero()
+        i, j = (int(x) for x in where[0])
+        gv, ev = float(got[i, j]), float(ref[i, j])
+        why = (" (nan: an element the kernel never wrote, or a scale that is NaN)" if math.isnan(gv)
+               else f" (|difference| {abs(gv - ev):.3g} > tolerance {float(tol[i, j]):.3g})")
+        rows = sorted({int(r) for r in where[:, 0]})
+        cols = sorted({int(c) for c in where[:, 1]})
+        msg = (f"c[{i}, {j}] = {gv:.6g}, expected {ev:.6g}{why}; {where.shape[0]} of {m * n} "
+               f"elements differ (rows {compare.span(rows)}, columns {compare.span(cols)})")
+        hint = None
+        if bool((got == 0).all()):
+            msg += "; C is all zeros: nothing was added into acc"
+        else:
+            parts = torch.einsum("mkc,nkc->kmn", a8.reshape(m, kb, _SB), b8.reshape(n, kb, _SB))
+            found = _fp8_diagnosis(got, parts, rel, a_wide, b_wide, m, n, kb)
+            if found:
+                msg += f"; {found[0]}"
+                hint = found[1]
+        raise Failure(msg, hint)
+
+
+def _check_fp8_blockscaled(run: Run) -> None:
+    _fp8_gemm_case(run, ", ragged tiles", 5, 72, 128, seed=70)
+    _fp8_gemm_case(run, ", B's last block row short, rows of A and B padded to K + 16", 37, 300,
+                   640, seed=71, pad=16)
+    _fp8_gemm_case(run, ", A's scales M-major (strides (1, M))", 1, 129, 1024, seed=72,
+                   a_m_major=True)
+    _fp8_gemm_case(run, ", A's scales M-major, rows padded", 48, 256, 384, seed=73, a_m_major=True,
+                   pad=32)
+
+
+fp8_blockscaled = Exercise(
+    id="part6.fp8-gemm.5",
+    title="The block-scaled GEMM's K loop, promoted every 128",
+    difficulty=3,
+    kind="triton",
+    files=("part6/fp8_blockscaled.py",),
+    task="Write the K loop of the block-scaled FP8 GEMM (DeepSeek-V3's recipe, as v1's BLOCKWISE "
+    "branch runs it): A is M x K e4m3 with one fp32 scale per 1 x 128 block (a_scales, M x K/128), B "
+    "is N x K e4m3 with one per 128 x 128 block (b_scales, ceil(N/128) x K/128). For every K-block kb "
+    "of 128, the block's product goes into a temporary that starts from zero and is promoted: "
+    "multiplied by a_scale[m, kb] * b_scale[n // 128, kb] and added into the fp32 accumulator. C is "
+    "checked against a float64 dequantise-then-multiply, on ragged M and N, one K-block and many, "
+    "scales that differ by powers of two from block to block, read through their strides.",
+    hint="per K-block: a (BLOCK_M, 128) tile of A and the (128, BLOCK_N) tile of B^T "
+    "(b_ptr + n * stride_bn + k), masked on M and N; tmp = tl.dot(a, b); a_s = a_scales[offs_m, kb] "
+    "and b_s = b_scales[offs_n // 128, kb] through their strides; acc += tmp * a_s[:, None] * "
+    "b_s[None, :]",
+    check=_check_fp8_blockscaled,
+    planted={
+        "b_scale_by_n": "row n of b_scales",
+        "scales_once_per_tensor": "as if per tensor",
+        "a_scale_next_block": "K-block kb + 1",
+        "temporary_not_reset": "was not reset",
+    },
+)
+
+
+EXERCISES = [crd2idx, coalesce, swizzle, complement, fp8_scale, wgmma_desc, dq_frag, tv_copy, tv_mma_b,
+             fp8_blockscaled]

@@ -518,5 +518,292 @@ all_gather_mm = Exercise(
     gpu="",
 )
 
+# ---------------------------------------------------------------------- context-expert-parallel.8
+_ORDINAL = ("first", "second", "third", "fourth", "fifth", "sixth")
+
+
+def _moe_reference(logits: torch.Tensor, k: int, factor: float | None):
+    """The chapter's routing as a plain loop: each token's k experts of highest probability (ties
+    to the lower index) and their gates; the arrivals, every first choice in token order before any
+    second; an expert keeps the first C that arrive. Returns the choices (T lists of k), the gates
+    (T lists), the capacity, each expert's arrivals [(token, rank)] and each expert's kept ones."""
+    import math
+
+    tokens, experts = logits.shape
+    probs = logits.softmax(-1).tolist()
+    choices = [sorted(range(experts), key=lambda e: (-probs[t][e], e))[:k] for t in range(tokens)]
+    gates = []
+    for t in range(tokens):
+        top = [probs[t][e] for e in choices[t]]
+        gates.append([q / sum(top) for q in top] if k > 1 else top)
+    cap = tokens if factor is None else math.ceil(factor * k * tokens / experts)
+    arrivals: list[list[tuple[int, int]]] = [[] for _ in range(experts)]
+    for j in range(k):
+        for t in range(tokens):
+            arrivals[choices[t][j]].append((t, j))
+    kept = [a[:cap] for a in arrivals]
+    return choices, gates, cap, arrivals, kept
+
+
+def _moe_routing_parts(got, pre: str):
+    """(token list, expert list, gate tensor, dropped int) from what route returned."""
+    if not isinstance(got, tuple) or len(got) != 4:
+        raise Failure(f"{pre}route returned {type(got).__name__}, expected a Routing (token, "
+                      "expert, gate, dropped)")
+    token, expert, gate, dropped = got
+    for name, t in (("token", token), ("expert", expert)):
+        if (not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype.is_floating_point
+                or t.dtype == torch.bool):
+            raise Failure(f"{pre}{name} should be a 1-D tensor of integers, got "
+                          f"{getattr(t, 'dtype', type(t).__name__)} of shape "
+                          f"{tuple(getattr(t, 'shape', ()))}")
+    if not isinstance(gate, torch.Tensor) or tuple(gate.shape) != tuple(token.shape):
+        raise Failure(f"{pre}gate should be a tensor of one gate per kept assignment, shape "
+                      f"{tuple(token.shape)}, got {tuple(getattr(gate, 'shape', ()))}")
+    if tuple(expert.shape) != tuple(token.shape):
+        raise Failure(f"{pre}token and expert should have one entry per kept assignment, got "
+                      f"shapes {tuple(token.shape)} and {tuple(expert.shape)}")
+    if isinstance(dropped, torch.Tensor) and dropped.numel() == 1:
+        dropped = dropped.item()
+    if not isinstance(dropped, int) or isinstance(dropped, bool):
+        raise Failure(f"{pre}dropped should be an int, got {type(dropped).__name__}")
+    return token.tolist(), expert.tolist(), gate.detach().to(torch.float64), dropped
+
+
+def _moe_check_route(what: str, got, logits: torch.Tensor, k: int, factor: float | None) -> None:
+    """route's answer against the loop, saying which rule it breaks."""
+    choices, gates, cap, arrivals, kept = _moe_reference(logits, k, factor)
+    tokens, experts = logits.shape
+    pre = f"{what}: " if what else ""
+    token, expert, gate, dropped = _moe_routing_parts(got, pre)
+    seen = set()
+    for t, e in zip(token, expert):
+        if not (0 <= t < tokens and 0 <= e < experts):
+            raise Failure(f"{pre}an assignment (token {t}, expert {e}) is out of range "
+                          f"({tokens} tokens, {experts} experts)")
+        if e not in choices[t]:
+            row = logits[t]
+            tie = (" (its scores tie: ties go to the lower expert index)"
+                   if len(set(row.tolist())) < experts else "")
+            raise Failure(f"{pre}token {t} went to expert {e}, which is not among its top {k} "
+                          f"{choices[t]}{tie}")
+        if (t, e) in seen:
+            raise Failure(f"{pre}the assignment (token {t}, expert {e}) is there twice")
+        seen.add((t, e))
+    if expert != sorted(expert):
+        raise Failure(f"{pre}the kept assignments are not packed by expert: experts {expert} "
+                      "(all of expert 0's first, then expert 1's, ...)")
+    for e in range(experts):
+        mine = [t for t, x in zip(token, expert) if x == e]
+        want = [t for t, _ in kept[e]]
+        if mine == want:
+            continue
+        arrived = [t for t, _ in arrivals[e]]
+        rank = dict(arrivals[e])
+        head = f"{pre}expert {e} (capacity {cap}, arrivals {arrived}) kept tokens {mine}"
+        if sorted(mine) == sorted(want):
+            raise Failure(f"{head}, expected {want}: the same tokens, not in arrival order (every "
+                          "token's first choice, in token order, before any token's second)")
+        by_token = [t for t, _ in sorted(arrivals[e])]
+        if sorted(mine) == sorted(by_token[:cap]):
+            raise Failure(f"{head}, expected {want}: it kept the first {cap} taken token by token; "
+                          "every token's first choice arrives before any token's second, so a "
+                          "full expert turns away second choices first")
+        if len(arrived) > cap and sorted(mine) == sorted(arrived[-cap:]):
+            raise Failure(f"{head}, expected {want}: it kept the last {cap} arrivals and dropped the "
+                          "first; an expert keeps the first C that arrive")
+        if len(mine) != len(want):
+            raise Failure(f"{head}, expected {want}: {len(mine)} kept, expected min(capacity, "
+                          f"arrivals) = {len(want)}")
+        x = next(t for t in arrived if t not in mine)
+        y = next((t for t in mine if t not in want), mine[-1])
+        raise Failure(f"{head}, expected {want}: token {y}'s {_ORDINAL[rank[y]]} choice was kept "
+                      f"and token {x}'s {_ORDINAL[rank[x]]} choice, which arrives before it, dropped")
+    want_gate = torch.tensor([gates[t][choices[t].index(e)] for t, e in zip(token, expert)],
+                             dtype=torch.float64)
+    bad = ((gate - want_gate).abs() > 1e-12 + 1e-12 * want_gate.abs()).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        t, e, g, w = token[i], expert[i], float(gate[i]), float(want_gate[i])
+        p = float(logits[t].softmax(-1)[e])
+        head = (f"{pre}the gate of token {t} at expert {e} (its {_ORDINAL[choices[t].index(e)]} "
+                f"choice) = {g:.6g}, expected {w:.6g}")
+        others = [float(v) for j, v in enumerate(want_gate) if j != i]
+        if k > 1 and abs(g - p) < 1e-12:
+            raise Failure(f"{head}: the softmax probability, not renormalised to sum to 1 over the "
+                          f"token's top {k}")
+        if k == 1 and abs(g - 1) < 1e-12:
+            raise Failure(f"{head}: with k = 1 the gate is the probability itself, not "
+                          "renormalised to 1")
+        if any(abs(g - v) < 1e-12 for v in others):
+            raise Failure(f"{head}: that is another kept assignment's gate; the gates must go "
+                          "through the same permutation as the tokens")
+        raise Failure(head)
+    want_dropped = sum(len(a) - len(c) for a, c in zip(arrivals, kept))
+    if dropped != want_dropped:
+        raise Failure(f"{pre}dropped = {dropped}, expected {want_dropped} (assignments beyond "
+                      f"their expert's capacity {cap})")
+
+
+def _moe_cases() -> list[tuple[str, torch.Tensor, int, float | None]]:
+    """(what, logits, k, capacity factor): random, and adversarial (one expert wanted by all,
+    identical tokens, tied scores, second choices competing with first choices)."""
+    g = torch.Generator().manual_seed(78)
+    rnd = [(16, 4, 1, 1.0), (16, 4, 2, 1.0), (24, 8, 2, 1.25), (13, 4, 2, 0.5),
+           (20, 6, 3, 0.75), (10, 4, 2, None), (1, 4, 2, 0.5), (9, 2, 2, 1.0), (32, 8, 1, 1.5)]
+    cases = [(f"random scores, T = {t}, E = {e}, k = {k}, capacity factor {f}",
+              2 * torch.randn(t, e, generator=g, dtype=torch.float64), k, f)
+             for t, e, k, f in rnd]
+    one = 0.1 * torch.randn(8, 4, generator=g, dtype=torch.float64)
+    one[:, 2] += 5
+    cases += [("every token's first choice is expert 2, k = 1, capacity factor 1", one, 1, 1.0),
+              ("every token's first choice is expert 2, k = 2, capacity factor 1", one, 2, 1.0),
+              ("every token's first choice is expert 2, no capacity limit", one, 2, None)]
+    same = torch.randn(1, 4, generator=g, dtype=torch.float64).repeat(8, 1)
+    cases += [("8 identical tokens, k = 2, capacity factor 1.25", same, 2, 1.25)]
+    crafted = torch.tensor([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0], [1.0, 0.0]], dtype=torch.float64)
+    cases += [("token 0 prefers expert 1, tokens 1..3 expert 0, k = 2, capacity factor 0.5",
+               crafted, 2, 0.5)]
+    ties = torch.randint(0, 3, (12, 8), generator=g).to(torch.float64)
+    cases += [("tied scores: all zero, E = 4, k = 1, capacity factor 2",
+               torch.zeros(6, 4, dtype=torch.float64), 1, 2.0),
+              ("tied scores: all zero, E = 8, k = 2, capacity factor 1",
+               torch.zeros(8, 8, dtype=torch.float64), 2, 1.0),
+              ("tied scores: integers 0..2, E = 8, k = 3, capacity factor 1", ties, 3, 1.0),
+              ("tied scores: integers 0..2, E = 8, k = 2, no capacity limit", ties, 2, None)]
+    return cases
+
+
+class _RecordingExpert:
+    """An expert, tanh(rows W), that keeps the rows of every call."""
+
+    def __init__(self, w: torch.Tensor):
+        self.w, self.calls = w, []
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        self.calls.append(rows.detach().clone())
+        return torch.tanh(rows @ self.w)
+
+
+def _moe_check_forward(mod, what: str, logits: torch.Tensor, k: int, factor, seed: int) -> None:
+    tokens, experts = logits.shape
+    pre, d = f"{what}: " if what else "", 5
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, d, generator=g, dtype=torch.float64)
+    ws = [torch.randn(d, d, generator=g, dtype=torch.float64) for _ in range(experts)]
+    fs = [_RecordingExpert(w) for w in ws]
+    out = mod.moe_forward(x.clone(), logits.clone(), fs, k, factor)
+    choices, gates, cap, _arrivals, kept = _moe_reference(logits, k, factor)
+    for e, f in enumerate(fs):
+        want = [t for t, _ in kept[e]]
+        if len(f.calls) > 1:
+            raise Failure(f"{pre}expert {e} was called {len(f.calls)} times; call each expert "
+                          "once, on all its rows")
+        if not f.calls:
+            if want:
+                raise Failure(f"{pre}expert {e} was never called; it should receive the rows of "
+                              f"tokens {want}")
+            continue
+        rows = f.calls[0]
+        if rows.dim() != 2 or rows.shape[1] != d:
+            raise Failure(f"{pre}expert {e} received rows of shape {tuple(rows.shape)}, expected "
+                          f"({len(want)}, {d})")
+        match = (rows[:, None, :] == x[None]).all(-1)
+        got = [int(m.nonzero()[0]) if bool(m.any()) else "?" for m in match]
+        if got != want:
+            raise Failure(f"{pre}expert {e} received the rows of tokens {got}, expected {want} "
+                          "(its kept assignments in arrival order; '?': not a row of x)")
+    parts = [[] for _ in range(tokens)]
+    for e in range(experts):
+        for t, j in kept[e]:
+            parts[t].append(gates[t][j] * torch.tanh(x[t] @ ws[e]))
+    want = torch.stack([sum(p) if p else torch.zeros(d, dtype=torch.float64) for p in parts])
+    if isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(want.shape):
+        bad = ((out.detach().double() - want).abs() > 1e-10).any(1).nonzero()
+        if len(bad):
+            t = int(bad[0])
+            row = out[t].detach().double()
+            if not parts[t] and torch.allclose(row, x[t], rtol=0, atol=1e-12):
+                raise Failure(f"{pre}out row {t} is x[{t}]; every assignment of token {t} was "
+                              "dropped, and its row must be zeros (the residual is added outside "
+                              "the layer)")
+            if torch.allclose(row, want[t] + x[t], rtol=0, atol=1e-10):
+                raise Failure(f"{pre}out row {t} includes x[{t}]: the layer returns the experts' "
+                              "weighted sum only, the residual is added outside it")
+            if len(parts[t]) > 1 and any(torch.allclose(row, q, rtol=0, atol=1e-10)
+                                         for q in parts[t]):
+                raise Failure(f"{pre}out row {t} holds one of token {t}'s {len(parts[t])} "
+                              "weighted results, not their sum (out[token] += ... keeps one value "
+                              "of a repeated index; index_add_ sums them)")
+    close(f"{pre}out", out, want, 1e-10, 1e-10)
+
+
+def _check_moe(run: Run) -> None:
+    import math
+
+    mod = run.module()
+    require(mod, "expert_capacity", "route", "moe_forward")
+    sizes = [(4096, 64, 2, 1.25), (10, 4, 1, 1.0), (6, 4, 2, 0.5), (12, 8, 2, 1.25),
+             (8, 8, 1, 1.0), (7, 2, 1, None), (5, 4, 2, 2.0), (3, 8, 1, 1.0), (16, 4, 1, 0.75),
+             (9, 6, 3, 1.0)]
+    with run.case(f"expert_capacity() on {len(sizes)} (tokens, experts, k, factor) sets",
+                  hint="C = ceil(capacity_factor * k * tokens / experts), rounded up (math.ceil); "
+                       "tokens when the factor is None"):
+        compare.functions("expert_capacity", getattr(mod, "expert_capacity", None),
+                          lambda t, e, k, f: t if f is None else math.ceil(f * k * t / e), sizes)
+    chapter = torch.tensor([[2.0, 0.0], [3.0, 1.0], [1.0, 0.0], [5.0, 0.0]], dtype=torch.float64)
+    with run.case("route() on the chapter's example (every token prefers expert 0), k = 1 with "
+                  "capacity factor 1 and k = 2 with 0.5",
+                  hint="an expert keeps the first C assignments that arrive; the gate is the "
+                       "softmax probability for k = 1, renormalised over the token's k for k > 1"):
+        for k, f in ((1, 1.0), (2, 0.5)):
+            _moe_check_route(f"k = {k}, capacity factor {f}", mod.route(chapter.clone(), k, f),
+                             chapter, k, f)
+    cases = _moe_cases()
+    for what, logits, k, f in cases:
+        tied = "tied" in what
+        with run.case(f"route() with {what}, against a loop over the arrivals",
+                      hint=("ties go to the lower expert index: torch.sort(probs, dim=-1, "
+                            "descending=True, stable=True); torch.topk promises no order among "
+                            "equal values") if tied else
+                           ("arrivals: every token's first choice in token order, then every "
+                            "token's second; a token's slot is the number of earlier arrivals at "
+                            "its expert, kept when below C; a stable sort by expert packs them")):
+            _moe_check_route("", mod.route(logits.clone(), k, f), logits, k, f)
+    picks = [cases[i] for i in (2, 3, 4, 9, 10, 13, 16)]
+    for i, (what, logits, k, f) in enumerate(picks):
+        with run.case(f"moe_forward() with {what}, experts that record their rows",
+                      hint="dispatch: x[token], split by each expert's count (bincount with "
+                           "minlength E), each expert called once on its rows; combine: "
+                           "out.index_add_(0, token, gate[:, None] * y), zeros where nothing was "
+                           "kept"):
+            _moe_check_forward(mod, "", logits, k, f, 780 + i)
+
+
+moe_routing = Exercise(
+    id="part7.context-expert-parallel.8", title="Top-k routing with a capacity, dispatch and "
+                                                "combine", difficulty=3, kind="python",
+    files=("part7/moe_routing.py",),
+    task="Write expert_capacity (C = ceil(capacity_factor * k * T / E), no limit for None); "
+         "route(logits, k, capacity_factor): each token's top k experts by softmax probability "
+         "(ties to the lower expert index), the gates (the probabilities, renormalised over the k "
+         "when k > 1), every token's first choice arriving before any token's second, an expert "
+         "keeping the first C that arrive; the kept assignments packed by expert in arrival order "
+         "and the number dropped; and moe_forward, the dispatch of x's rows to the experts (each "
+         "called once) and the gate-weighted combine. The check compares them with a loop over "
+         "the arrivals on random and adversarial scores and records each expert's rows.",
+    hint="sort the probabilities with stable=True and take k; the arrivals are the (T, k) choices "
+         "transposed and flattened; a slot is the number of earlier arrivals at the same expert "
+         "(a cumulative sum of one-hot rows); keep slot < C; a stable sort by expert packs the "
+         "kept; combine with index_add_",
+    check=_check_moe,
+    planted={"floor_capacity": "expert_capacity(", "token_major": "token by token",
+             "keeps_last_arrivals": "dropped the first", "not_renormalised": "not renormalised",
+             "renormalised_k1": "with k = 1", "topk_ties": "lower expert index",
+             "not_packed": "not packed by expert", "gates_not_permuted": "same permutation",
+             "combine_overwrites": "not their sum"},
+    gpu="",
+)
+
 EXERCISES = [ring_costs, zero_mem, buckets, tp_linear, one_f_one_b, any_p, ring,
-             all_gather_mm]
+             all_gather_mm, moe_routing]
