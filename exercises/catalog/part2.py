@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
+import subprocess
+from pathlib import Path
+
+import torch
+
 from exercises import compare, cuda
 from exercises.catalog.helpers import Output, close, inp, model, randn, uses
-from exercises.engine import Exercise, Failure, Run
+from exercises.engine import Exercise, Failure, Run, Skip, rel
 
 # ------------------------------------------------------------------------------------------- coalescing.2
 _STRIDES = [(s, isz) for isz in (4, 2, 8, 1) for s in (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 32, 33)]
@@ -164,4 +171,162 @@ halo = Exercise(
     planted={"k_not_k_minus_1": "tile_inputs(63, 256)"},
 )
 
-EXERCISES = [sectors, conflicts, padding, matrix_add_strided, transpose, vector_add_shared, halo]
+# ------------------------------------------------------------------------------------------- registers.6
+CHAIN_UPTO = cuda.Kernel("chain_upto", "const float* x, float* out, long long n, int slots")
+_MAX_SLOTS = 16  # MAX_SLOTS in part2/chain_upto.cu
+_LOCAL_ARCH = "sm_90"  # the chapter's H100/H200
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def _runtime_index_in_source(text: str) -> str | None:
+    """Without nvcc, a guess from the source: a loop bounded by slots, or an index of a that involves slots."""
+    code = re.sub(r"//[^\n]*|/\*.*?\*/", "", text, flags=re.S)
+    for loop in re.finditer(r"\bfor\s*\([^;]*;[^;]*;", code):
+        if re.search(r"\bslots\b", loop.group(0)):
+            return f"a loop bounded by slots ({' '.join(loop.group(0).split())} ...)"
+    index = re.search(r"\ba\s*\[[^\]]*\bslots\b[^\]]*\]", code)
+    return f"an index of a that involves slots ({index.group(0)})" if index else None
+
+
+def _ptx_and_ptxas(src: Path) -> tuple[str, str] | None:
+    """nvcc's PTX for ``src`` (sm_90) and ptxas's -v report of compiling that PTX, cached by the source; None
+    without nvcc."""
+    exe = cuda.nvcc()
+    if exe is None:
+        return None
+    text = src.read_text()
+    out = cuda.BUILD / "registers" / hashlib.sha256((text + "\0" + _LOCAL_ARCH).encode()).hexdigest()[:20]
+    ptx, report = out / "kernel.ptx", out / "ptxas.txt"
+    if not report.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / "kernel.tmp.ptx"
+        r = subprocess.run([exe, "-ptx", f"-arch={_LOCAL_ARCH}", "-std=c++17", str(src), "-o", str(tmp)],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise Failure(f"nvcc could not compile {rel(src)} to PTX for {_LOCAL_ARCH}:\n"
+                          f"{(r.stderr or r.stdout).strip()[:600]}")
+        tmp.replace(ptx)
+        r = subprocess.run([exe, "-cubin", f"-arch={_LOCAL_ARCH}", "-Xptxas", "-v", str(ptx), "-o",
+                            str(out / "kernel.cubin")], capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise Failure(f"ptxas could not assemble the PTX of {rel(src)}: {(r.stderr or r.stdout).strip()[:600]}")
+        (out / "ptxas.tmp").write_text(r.stderr + r.stdout)
+        (out / "ptxas.tmp").replace(report)
+    return ptx.read_text(), report.read_text()
+
+
+def _check_in_registers(run: Run, src: Path) -> None:
+    """The chapter's two signs of local memory, both absent: ld.local/st.local in the PTX (a run-time index: the
+    front end gave a an address) and a stack frame or spills in ptxas's report."""
+    name = CHAIN_UPTO.name
+    compiled = _ptx_and_ptxas(src)
+    if compiled is None:
+        guess = _runtime_index_in_source(src.read_text())
+        if guess:
+            raise Failure(f"the source has {guess} (guessed from the source: nvcc is not on PATH). A run-time "
+                          f"index puts a in local memory, with a stack frame in the ptxas report, unless the "
+                          f"compiler rescues a small array with comparisons and selects")
+        raise Skip("nvcc is not on PATH: whether a stays in registers was guessed from the source only (no loop "
+                   "bounded by slots, no index of a with slots in it)")
+    ptx, report = compiled
+    body = ptx.split(f".entry {name}(", 1)[-1].split(".entry ", 1)[0]
+    loads, stores = (len(re.findall(rf"\b{op}\.local\b", body)) for op in ("ld", "st"))
+    tail = report.split(f"Compiling entry function '{name}'", 1)[-1]
+    m, used = _FRAME.search(tail), re.search(r"Used (\d+) registers", tail)
+    frame, spill_st, spill_ld = (int(g) for g in m.groups()) if m else (0, 0, 0)
+    run.note(f"ptxas ({_LOCAL_ARCH}): {used.group(1) if used else '?'} registers, {frame} bytes stack frame, "
+             f"{spill_st} bytes spill stores, {spill_ld} bytes spill loads; PTX: {loads} ld.local, {stores} "
+             f"st.local")
+    if loads or stores:
+        msg = (f"a is in local memory: the PTX of {name} ({_LOCAL_ARCH}) has {loads} ld.local and {stores} "
+               f"st.local, so some index of a is known only at run time")
+        if frame:
+            msg += f", and ptxas reports a {frame}-byte stack frame (a is {4 * _MAX_SLOTS} bytes)"
+        else:
+            msg += (". ptxas got a back into registers this time (no stack frame), as the chapter's note on "
+                    "chain_local_8 describes: with comparisons and selects on every access, instructions that a "
+                    "compile-time index does not need, and a rescue that no compiler promises")
+        raise Failure(msg)
+    if frame or spill_st or spill_ld:
+        raise Failure(f"ptxas ({_LOCAL_ARCH}) reports a {frame}-byte stack frame, {spill_st} bytes spill stores "
+                      f"and {spill_ld} bytes spill loads for {name}: part of a lives in local memory",
+                      hint=f"{_MAX_SLOTS} values and a few indices fit in registers easily: look for a launch "
+                           f"bound or a -maxrregcount that caps them, or a value kept alive needlessly")
+
+
+def _chain_fp32(x: torch.Tensor, slots: int) -> torch.Tensor:
+    """The given kernel's arithmetic, rounded as it rounds: a[k] = fmaf(C, a[k - 1], D) (computed in float64,
+    where C * a[k - 1] + D is exact for these inputs, then rounded once to fp32), summed in fp32 from a[slots - 1]
+    down to a[0]."""
+    from snippets.part2.spills import C, D
+
+    a = [x.float()]
+    for _ in range(1, slots):
+        a.append((C * a[-1].double() + D).float())
+    s = a[slots - 1].clone()
+    for k in range(slots - 2, -1, -1):
+        s = s + a[k]
+    return s
+
+
+def _compare_chain(got: torch.Tensor, x: torch.Tensor, slots: int) -> None:
+    from snippets.part2.spills import chain_sum_ref
+
+    # the tolerance of the book's register_spill op, against its float64 reference
+    want = chain_sum_ref(x.double(), slots)
+    if not bool(((got.double() - want).abs() <= 1e-3 + 1e-5 * want.abs()).all()):
+        for m in range(1, _MAX_SLOTS + 2):
+            if m != slots and torch.allclose(got.double(), chain_sum_ref(x.double(), m), rtol=1e-5, atol=1e-3):
+                raise Failure(f"out is the sum of the first {m} values of the chain, not of slots = {slots}",
+                              hint="the guard decides which iterations count: a[k] is summed exactly when "
+                                   "k < slots, and the loop visits every k from MAX_SLOTS - 1 down to 0")
+        close("out", got, want.float(), 1e-5, 1e-3)
+    same = got.view(torch.int32) == _chain_fp32(x, slots).view(torch.int32)
+    if not bool(same.all()):
+        k = int((~same).nonzero()[0])
+        raise Failure(f"out is right within rounding but not bit for bit the given kernel's (first at out[{k}]: "
+                      f"{float(got[k])!r} against {float(_chain_fp32(x, slots)[k])!r}): the order of the sum or "
+                      f"the chain's rounding changed",
+                      hint="moving a into registers changes no arithmetic: keep fmaf(C, a[k - 1], D), and sum from "
+                           "a[slots - 1] down to a[0] as chain_registers does (s = 0.0f, then 0 + a[slots - 1] is "
+                           "exact)")
+
+
+def _check_chain_upto(run: Run) -> None:
+    src = run.path()
+    cuda.compile_check(run, src, CHAIN_UPTO)
+    with run.case(f"a stays in registers: no ld.local/st.local in the PTX, no stack frame and no spills in the "
+                  f"ptxas report ({_LOCAL_ARCH})"):
+        _check_in_registers(run, src)
+    for seed, (n, slots, block) in enumerate(((1000, 16, 256), (1000, 5, 256), (77, 1, 64), (513, 11, 128),
+                                              (300, 2, 96))):
+        x = randn(n, seed=40 + seed, scale=2.0)
+        cuda.run_everywhere(run, src, CHAIN_UPTO, ((n + block - 1) // block,), (block,),
+                            (x, cuda.Out(n), n, slots),
+                            lambda outs, x=x, slots=slots: _compare_chain(outs[1], x, slots),
+                            label=f"slots = {slots}, n = {n}, blocks of {block}")
+
+
+chain_upto = Exercise(
+    id="part2.registers.6", title="The chain with a run-time number of slots, its array in registers",
+    difficulty=2, kind="cuda", files=("part2/chain_upto.cu",),
+    task="chain_registers takes its number of slots as a template parameter: spill.cu compiles one kernel per "
+         "value. The given chain_upto takes it at run time, as the kernel argument slots (1 to MAX_SLOTS = 16). "
+         "Its results are right, but its loops run to slots and its sum starts at a[slots - 1]: a has indices "
+         "known only at run time, so it lives in local memory (ptxas reports a stack frame). Rewrite it so that "
+         "every index of a is a compile-time constant and a stays in registers, with the same results bit for "
+         "bit: the sum keeps chain_registers' order, a[slots - 1] first. The check compiles it for sm_90 and "
+         "wants no ld.local or st.local in the PTX and no stack frame and no spills in the -Xptxas -v report, "
+         "then runs it on the CPU emulator for several numbers of slots against the book's chain_sum_ref.",
+    hint="run every loop that touches a to MAX_SLOTS under #pragma unroll, and let slots decide inside the loop "
+         "which iterations count (if (k < slots) s += a[k]), starting the sum at s = 0.0f; making all MAX_SLOTS "
+         "values of the chain costs a few FMAs, an address costs local memory",
+    check=_check_chain_upto,
+    planted={"sum_runtime_bound": "stack frame", "fill_runtime_bound": "stack frame",
+             "sum_starts_at_runtime_index": "comparisons and selects", "unguarded_sum": "the first 16 values",
+             "guard_off_by_one": "the first 6 values", "forward_sum": "bit for bit"},
+    gpu="the run on a real GPU (CuPy), and the time of chain_upto against the given kernel at 16 slots",
+)
+
+EXERCISES = [sectors, conflicts, padding, matrix_add_strided, transpose, vector_add_shared, halo,
+             chain_upto]

@@ -473,5 +473,108 @@ spmv_segments = Exercise(
 )
 
 
+# ------------------------------------------------------------------------------------------- convolution.5
+def _inner_loop_problems(path, kernel: str) -> list[str]:
+    """What the source of ``kernel`` still does per element in its innermost loop: a // or a %, or a test
+    against the image's H or W. Empty when the K loop is two loops with the tap's arithmetic outside the inner
+    one."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    fn = next((f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == kernel), None)
+    if fn is None:
+        raise Failure(f"{kernel} is missing")
+    loops = [n for n in ast.walk(fn) if isinstance(n, (ast.For, ast.While))]
+    nested = [n for n in loops if any(isinstance(m, (ast.For, ast.While)) for b in n.body for m in ast.walk(b))]
+    if not nested:
+        raise Failure(f"{kernel} has no loop inside another: its K loop is still one loop, over the R * S * C "
+                      "columns, so the tap and the channel of each column need a // and a % in it; the exercise "
+                      "asks for two loops, over the taps and over C",
+                      hint="for tap in range(0, R * S): r = tap // S; s = tap % S; ... then for c0 in "
+                           "range(0, C, BLOCK_K): only the loads and tl.dot")
+    inner = [n for n in loops if n not in nested]
+    found = []
+    for loop in inner:
+        for node in (m for b in loop.body for m in ast.walk(b)):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Mod)):
+                found.append(f"a {'//' if isinstance(node.op, ast.FloorDiv) else '%'} (line {node.lineno})")
+            elif isinstance(node, ast.Compare) and any(isinstance(x, ast.Name) and x.id in ("H", "W")
+                                                       for x in (node.left, *node.comparators)):
+                found.append(f"a test against the image's H or W (line {node.lineno})")
+    return list(dict.fromkeys(found))  # (ih < H) & (iw < W) on one line: said once
+
+
+def _conv_ref(x: torch.Tensor, w: torch.Tensor, stride: int, padding: int) -> torch.Tensor:
+    """The chapter's reference in float64: F.conv2d on NCHW-shaped views of NHWC x and (K, R, S, C) w."""
+    import torch.nn.functional as F
+
+    y = F.conv2d(x.double().permute(0, 3, 1, 2), w.double().permute(0, 3, 1, 2), stride=stride, padding=padding)
+    return y.permute(0, 2, 3, 1)
+
+
+def _check_conv_two_loops(run: Run) -> None:
+    mod = run.module()
+    require(mod, "conv2d_two_loops")
+    # (what the case is about, (N, H, W, C, K, R, S, stride, padding), (BLOCK_M, BLOCK_N, BLOCK_K))
+    cases = (
+        ("batch 2, a 7 x 9 image, 3 x 3 filter, stride 1, padding 1, C = 20 (two steps of BLOCK_K = 16 per tap, "
+         "the second ragged)", (2, 7, 9, 20, 17, 3, 3, 1, 1), (32, 16, 16)),
+        ("batch 2, a 9 x 6 image, 3 x 3 filter, stride 2, padding 1, C = 5", (2, 9, 6, 5, 6, 3, 3, 2, 1),
+         (32, 16, 16)),
+        ("an 8 x 11 image, 3 x 2 filter (R != S), stride 2, padding 0, C = 7", (1, 8, 11, 7, 9, 3, 2, 2, 0),
+         (32, 16, 16)),
+        ("batch 2, a 5 x 6 image, 1 x 1 filter, stride 1, padding 0, C = 33 (three steps)",
+         (2, 5, 6, 33, 19, 1, 1, 1, 0), (32, 16, 16)),
+        ("batch 2, a 7 x 5 image, 1 x 1 filter, stride 2, padding 1 (the outputs on the border read only padding)",
+         (2, 7, 5, 3, 4, 1, 1, 2, 1), (32, 16, 16)),
+        ("a 6 x 8 image, 5 x 5 filter, stride 1, padding 2, C = 3", (1, 6, 8, 3, 4, 5, 5, 1, 2), (32, 16, 16)),
+        ("batch 2, a 10 x 7 image, 5 x 5 filter, stride 2, padding 1, C = 16 (a multiple of BLOCK_K)",
+         (2, 10, 7, 16, 8, 5, 5, 2, 1), (32, 16, 16)),
+        ("batch 3, a 4 x 6 image, 3 x 3 filter, stride 1, padding 0, C = 20 with BLOCK_K = 32 (one ragged step) "
+         "and 40 output channels over two tiles of BLOCK_N = 32", (3, 4, 6, 20, 40, 3, 3, 1, 0), (16, 32, 32)),
+    )
+    for i, (name, (n, h, wd, c, k, r, s, stride, pad), (bm, bn, bk)) in enumerate(cases):
+        with run.case(name):
+            x = randn(n, h, wd, c, seed=70 + i)
+            w = randn(k, r, s, c, seed=80 + i, scale=(r * s * c) ** -0.5)  # y of size about 1
+            ref = _conv_ref(x, w, stride, pad)
+            y = Output(tuple(ref.shape), run.device, name="y")
+            mod.conv2d_two_loops(inp(x, run.device), inp(w, run.device), y.tensor, stride, pad, block_m=bm,
+                                 block_n=bn, block_k=bk)
+            close("y", y.check(), ref.float(), 1e-5, 1e-5)
+    with run.case("the K loop as two loops: no // or %, and no test against H or W, in the inner loop over C"):
+        found = _inner_loop_problems(run.path(), "conv2d_two_loops_kernel")
+        if found:
+            raise Failure("the inner loop still does per element what depends only on the row and the tap: "
+                          + "; ".join(found),
+                          hint="r, s, ih, iw, the padding mask and the pointer to each row's pixel depend on "
+                               "the tap, not on c: compute them in the loop over taps, before the loop over C")
+
+
+conv_two_loops = Exercise(
+    id="part4.convolution.5", title="The implicit GEMM's K loop as two loops, over the taps and over C",
+    difficulty=3, kind="triton", files=("part4/conv_two_loops.py",),
+    task="With C a multiple of BLOCK_K, every step of v2 lies inside one tap (r, s). Rewrite v2's K loop as two "
+         "loops, over the RS taps and over C in BLOCK_K steps, so that the per-element operations that depend "
+         "only on the row and the tap (the divisions and remainders by C and S that find r, s and c, the "
+         "image-bounds test of the padding) leave the inner loop, which becomes a plain GEMM step; a ragged C "
+         "keeps only the c < C mask. x is NHWC, w is (K, R, S, C), in fp32. The check compares y with F.conv2d "
+         "in float64 at stride 1 and 2, padding 0, 1 and 2, 1 x 1, 3 x 3, 3 x 2 and 5 x 5 filters, non-square "
+         "images, batches of up to 3 and C not a multiple of BLOCK_K, then reads the kernel: no // or % and no "
+         "test against H or W in the inner loop.",
+    hint="tap = r * S + s, so r = tap // S and s = tap % S, once per tap. The stride is already in ih0 and iw0: "
+         "ih = ih0 + r, iw = iw0 + s, and the padding mask row_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) "
+         "is a (BLOCK_M,) vector. Each row's pixel starts at x_img + (ih * W + iw) * C, and the tap's columns "
+         "of w viewed as K x KG start at tap * C. In the loop over c0, offs_c = c0 + tl.arange(0, BLOCK_K) "
+         "and its mask offs_c < C apply to both tiles, A's along its columns and w^T's along its rows",
+    check=_check_conv_two_loops,
+    planted={"no_top_mask": "out-of-bounds|y[", "no_right_mask": "out-of-bounds|y[", "r_s_swapped": "y[",
+             "stride_on_tap": "stride 2", "w_tap_missing": "y[", "w_tap_block_k": "C = 20",
+             "no_c_mask_a": "out-of-bounds|y[", "one_loop": "no loop inside another",
+             "tap_in_inner_loop": "the inner loop still does"},
+)
+
+
 EXERCISES = [puzzle_load, puzzle_broadcast, puzzle_row_sum, puzzle_softmax, puzzle_matmul, puzzle_online,
-             softmax_bytes, softmax_backward, row_max, dropout, layernorm_stream, spmv_segments]
+             softmax_bytes, softmax_backward, row_max, dropout, layernorm_stream, spmv_segments,
+             conv_two_loops]

@@ -864,5 +864,253 @@ fp8_blockscaled = Exercise(
 )
 
 
+# ------------------------------------------------------------------------------------------ hopper-gemm.9
+_QUAD_MASKS = [1, 1, 2, 2]  # quad_transpose: round 1 two shuffles with lane q ^ 1, round 2 two with q ^ 2
+
+
+def _kernel_rounds(words: list[list[int]]):
+    """quad_transpose of hopper_gemm.cu, transcribed: for each round k = 1, 2, the lanes' words
+    before it and the words each lane sends in it; and the lanes' words at the end."""
+    w = [list(lane) for lane in words]
+    rounds = []
+    for k in (1, 2):
+        before = [list(lane) for lane in w]
+        sent: dict[int, list[int]] = {q: [] for q in range(4)}
+        for s in range(4):
+            if s & k:
+                continue
+            send = [w[q][s] if q & k else w[q][s ^ k] for q in range(4)]  # __shfl_xor_sync(.., k)
+            for q in range(4):
+                sent[q].append(send[q])
+                if q & k:
+                    w[q][s] = send[q ^ k]
+                else:
+                    w[q][s ^ k] = send[q ^ k]
+        rounds.append((k, before, sent))
+    return rounds, w
+
+
+def _transposed(words: list[list[int]]) -> list[list[int]]:
+    """What store_acc16 needs: lane q's slot p holds lane p's word of group 4g + q."""
+    return [[words[p][q] for p in range(4)] for q in range(4)]
+
+
+class _Shuffles:
+    """An instrumented shfl_xor_sync(send, mask) for the quad: records every call (mask, what each
+    lane passed) and, when ``track`` (the words all differ), refuses a word a lane does not hold:
+    its own four and those earlier shuffles gave it."""
+
+    def __init__(self, words: list[list[int]], who, track: bool = True):
+        self.calls: list[tuple[int, list[int]]] = []
+        self.held = [set(lane) for lane in words]
+        self.who, self.track = who, track
+
+    def __call__(self, send, mask):
+        n = len(self.calls) + 1
+        if not isinstance(mask, int) or not 0 <= mask < 4:
+            raise Failure(f"shuffle {n} was called with mask {mask!r}: lane q ^ mask must be a lane of the "
+                          "quad, so the mask is 1, 2 or 3", hint="shfl_xor_sync(send, k): k is the round's "
+                          "lane offset, 1 in round 1 and 2 in round 2")
+        try:
+            send = list(send)
+        except TypeError:
+            send = [send]
+        if len(send) != 4:
+            raise Failure(f"shuffle {n} (mask {mask}) was passed {len(send)} word(s): every lane of the "
+                          "quad takes part in every __shfl_xor_sync, so send holds 4 words, lane q's at "
+                          "send[q]", hint="build send = [word lane 0 passes, ..., word lane 3 passes] and "
+                          "call shfl_xor_sync(send, k) once for the whole quad")
+        if self.track:
+            for q, x in enumerate(send):
+                if x not in self.held[q]:
+                    raise Failure(f"in shuffle {n} (mask {mask}) lane {q} passed {self.who(x)}, a word it "
+                                  "does not hold: a lane has only its own four words and those the "
+                                  "shuffles gave it",
+                                  hint=f"lane q passes one of its own registers, w[q][slot]; it "
+                                  f"cannot read another lane's list (w[q ^ {mask}]): that is what the "
+                                  "shuffle is for")
+        got = [send[q ^ mask] for q in range(4)]
+        for q in range(4):
+            self.held[q].add(got[q])
+        self.calls.append((mask, send))
+        return list(got)
+
+
+def _quad_lanes(got, call: str) -> list[list[int]]:
+    if (not isinstance(got, (list, tuple)) or len(got) != 4
+            or any(not isinstance(lane, (list, tuple)) or len(lane) != 4 for lane in got)):
+        why = " (return the lanes' words at the end)" if got is None else ""
+        raise Failure(f"{call} returned {got!r}{why}; expected the four lanes' words afterwards: a list "
+                      "of 4 lists of 4 words, lane q's at index q")
+    return [list(lane) for lane in got]
+
+
+def _mask_text(masks: list[int]) -> str:
+    return ", ".join(str(m) for m in masks) or "none"
+
+
+def _quad_diagnosis(calls, words, mine, who) -> tuple[str, str]:
+    """Why ``mine`` is not the transpose of ``words``, from the shuffles (masks already right):
+    the first round in which a lane sent other words than the kernel's lane, or the last round's
+    receiving. Returns (text, hint)."""
+    rounds, _ = _kernel_rounds(words)
+    rule = ("in round k, of each pair of slots (s, s ^ k), lane q sends the slot x with x & k != q & k "
+            "(the slot its partner keeps) and receives into that same slot")
+    for r, (k, before, sent) in enumerate(rounds):
+        mine_sent = {q: [send[q] for _, send in calls[2 * r:2 * r + 2]] for q in range(4)}
+        for q in range(4):
+            if sorted(mine_sent[q]) == sorted(sent[q]):
+                continue
+
+            def slots(ws, q=q, before=before):
+                return [before[q].index(x) if x in before[q] else None for x in ws]
+
+            def desc(ws, q=q, before=before):
+                return " and ".join(f"slot {before[q].index(x)} ({who(x)})" if x in before[q]
+                                    else who(x) for x in ws)
+
+            kept = sorted(x for x in range(4) if (x & k) == (q & k))
+            text = (f"round {r + 1} (mask {k}): lane {q} sent {desc(mine_sent[q])}, expected "
+                    f"{desc(sent[q])}")
+            if sorted(s for s in slots(mine_sent[q]) if s is not None) == kept:
+                text += (f": it sent slots {kept[0]} and {kept[1]}, the ones it keeps (their bit {k // 2} "
+                         f"equals bit {k // 2} of lane {q}), so each lane overwrote the words its "
+                         "partner needed")
+            if r > 0:
+                text += ("; every lane's sends in round 1 were right, so round 1 put a received word in "
+                         "the wrong slot (a lane receives into the slot it sent), or round 2 sends the "
+                         "wrong slots")
+            return text, rule
+    want = _transposed(words)
+    q, p = next((q, p) for q in range(4) for p in range(4) if mine[q][p] != want[q][p])
+    return (f"lane {q} ends with {who(mine[q][p])} in slot {p}, expected {who(want[q][p])}; every "
+            "shuffle sent the right words, so the last round put a received word in the wrong slot (a "
+            "lane receives into the slot it sent)", rule)
+
+
+def _check_quad_transpose(run: Run) -> None:
+    fn = getattr(run.module(), "quad_transpose", None)
+    if not callable(fn):
+        raise Failure("quad_transpose is missing or not a function")
+    rng = random.Random(69)
+    labels = rng.sample(range(1 << 32), 16)
+    words = [[labels[4 * a + i] for i in range(4)] for a in range(4)]
+    owner = {labels[4 * a + i]: (a, i) for a in range(4) for i in range(4)}
+
+    def who(x) -> str:
+        if x in owner:
+            return f"lane {owner[x][0]}'s word of group 4g + {owner[x][1]}"
+        return f"{x!r} (a word no lane held)"
+
+    shfl = _Shuffles(words, who)
+    call = "quad_transpose(16 different words)"
+    with run.case(
+        "two rounds of __shfl_xor_sync (masks 1, 1, 2, 2), each lane passing only words it holds",
+        hint="round 1: for s in (0, 2), one shfl_xor_sync(send, 1) each; round 2: for s in (0, 1), "
+        "one shfl_xor_sync(send, 2) each",
+    ):
+        mine = _quad_lanes(fn([list(lane) for lane in words], shfl_xor_sync=shfl), call)
+        masks = [m for m, _ in shfl.calls]
+        if not masks:
+            raise Failure(f"{call} never called shfl_xor_sync: a lane sees only its own four registers, "
+                          "and words move between lanes only through the shuffles",
+                          hint="lane q may read w[q] only; every word it gets from another lane comes "
+                          "back from a shfl_xor_sync(send, k) of the whole quad")
+        if masks != _QUAD_MASKS:
+            right = "the result is right" if mine == _transposed(words) else "the result is wrong"
+            text = (f"{call} made {len(masks)} shuffle(s) with masks {_mask_text(masks)}, expected 4 "
+                    "with masks 1, 1, 2, 2: round 1 trades with lane q ^ 1 (one shuffle per pair of "
+                    "slots), round 2 with lane q ^ 2")
+            if sorted(masks) == _QUAD_MASKS:
+                text += (f" ({right}: each round swaps the bit k selects in the lane with that bit of the slot, so the "
+                         "two rounds commute; but the kernel's round 1 is the one with lane q ^ 1, and "
+                         "so is the chapter's answer for lane 2)")
+            raise Failure(text, hint="for k in (1, 2): two shuffles with mask k, one for each pair of "
+                          "slots (s, s ^ k) with s & k == 0")
+        for q in range(4):
+            for p in range(4):
+                if mine[q][p] not in shfl.held[q]:
+                    raise Failure(f"lane {q} ends with {who(mine[q][p])} in slot {p}, a word that never "
+                                  "reached it through a shuffle: a lane sees only its own registers",
+                                  hint="every word lane q ends with is one it had or one a "
+                                  "shfl_xor_sync returned to it (got[q])")
+    with run.case(
+        "16 different words: lane q ends with lane p's word of group 4g + q in slot p",
+        hint="in round k, of each pair (s, s ^ k), the upper lane (q & k set) sends slot s and receives "
+        "into it, the lower lane sends slot s ^ k and receives into it",
+    ):
+        if mine != _transposed(words):
+            text, hint = _quad_diagnosis(shfl.calls, words, mine, who)
+            raise Failure(f"{call}: {text}", hint=hint)
+    trials = 300
+    with run.case(
+        f"{trials} sets of random words, repeated values among them",
+        hint="the words are data: which slot a lane sends and where it puts what it gets depend only "
+        "on q, k and s",
+    ):
+        for t in range(trials):
+            pool = [rng.getrandbits(32) for _ in range(3 if t % 3 == 0 else 16)] + [0, 0xFFFFFFFF]
+            w = [[rng.choice(pool) for _ in range(4)] for _ in range(4)]
+            got = _quad_lanes(fn([list(lane) for lane in w],
+                                 shfl_xor_sync=_Shuffles(w, who, track=False)),
+                              f"quad_transpose({w})")
+            want = _transposed(w)
+            if got != want:
+                q, p = next((q, p) for q in range(4) for p in range(4) if got[q][p] != want[q][p])
+                raise Failure(f"quad_transpose({w}) leaves {got[q][p]:#x} in lane {q}'s slot {p}, "
+                              f"expected {want[q][p]:#x} (lane {p}'s word of group 4g + {q})")
+    n = 256
+    with run.case(
+        f"store_acc16 with this quad_transpose: every 16-byte store of a 64 x {n} tile holds the 8 "
+        "columns it writes, in order",
+        hint="a word packs the bf16 of columns 2q and 2q + 1 (pack_bf16x2); after the transpose lane q "
+        "stores slots 0..3 at columns 8 (4g + q) .. 8 (4g + q) + 7",
+    ):
+        for warp in range(4):
+            for quad in range(8):
+                r = 16 * warp + quad
+                for g in range(n // 32):
+                    for row in (r, r + 8):  # lo and hi: rows r and r + 8
+                        # lane q's word of group 4g + i: columns 8 (4g + i) + 2q and + 1 of this row
+                        w = [[(row * n + 8 * (4 * g + i) + 2 * q)
+                              | (row * n + 8 * (4 * g + i) + 2 * q + 1) << 16 for i in range(4)]
+                             for q in range(4)]
+                        got = _quad_lanes(fn(w, shfl_xor_sync=_Shuffles(w, who, track=False)),
+                                          "quad_transpose")
+                        for q in range(4):
+                            c = 8 * (4 * g + q)
+                            held = [(e // n, e % n) for x in got[q] for e in (x & 0xFFFF, x >> 16)]
+                            if held != [(row, c + j) for j in range(8)]:
+                                raise Failure(f"warp {warp}, lane {4 * quad + q}: the store of row {row} "
+                                              f"at columns {c}..{c + 7} holds (row, column) {held}")
+
+
+quad_transpose = Exercise(
+    id="part6.hopper-gemm.9",
+    title="The quad transpose of store_acc16",
+    difficulty=2,
+    kind="model",
+    files=("part6/quad_transpose.py",),
+    task="Write quad_transpose(w): v9's two rounds of __shfl_xor_sync over the four lanes of a quad, as "
+    "hopper_gemm.cu's quad_transpose does them. w[q][i] is lane q's word of group 4g + i (two bf16 of row "
+    "r at columns 2q, 2q + 1 of that group of 8); afterwards lane q's slot p must hold lane p's word of "
+    "group 4g + q, so that lane q has all 8 columns of one group for one 16-byte store. A lane sees only "
+    "its own four words: words move between lanes only through shfl_xor_sync(send, mask), one "
+    "__shfl_xor_sync of the whole quad (send[q] is what lane q passes; lane q gets lane q ^ mask's). "
+    "Round 1 trades with lane q ^ 1, round 2 with lane q ^ 2, one shuffle per pair of slots (s, s ^ k) "
+    "with s & k == 0: four shuffles in all, masks 1, 1, 2, 2. The check passes its own "
+    "shfl_xor_sync, which records every shuffle.",
+    hint="in round k, of each pair (s, s ^ k), lane q keeps the slot x with x & k == q & k and sends "
+    "the other one (the slot its partner keeps); what comes back, got[q], goes into the slot it sent",
+    check=_check_quad_transpose,
+    planted={
+        "rounds_swapped": "masks 2, 2, 1, 1",
+        "sends_kept_slot": "the ones it keeps",
+        "receives_into_kept_slot": "put a received word in the wrong slot",
+        "reads_other_lanes": "never called shfl_xor_sync",
+    },
+)
+
+
 EXERCISES = [crd2idx, coalesce, swizzle, complement, fp8_scale, wgmma_desc, dq_frag, tv_copy, tv_mma_b,
-             fp8_blockscaled]
+             fp8_blockscaled, quad_transpose]
