@@ -575,6 +575,104 @@ conv_two_loops = Exercise(
 )
 
 
+# ------------------------------------------------------------------------------------------- custom-ops.2
+def _inplace_op(mod):
+    """The learner's operator NAMESPACE::dropout_, or a Failure that says what is missing."""
+    ns = getattr(mod, "NAMESPACE", None)
+    if not isinstance(ns, str):
+        raise Failure("NAMESPACE is missing: the file defines it (keep it)")
+    try:
+        return getattr(torch.ops, ns).dropout_
+    except (AttributeError, RuntimeError) as exc:
+        raise Failure(f"no operator {ns}::dropout_ is registered: declare dropout_ with "
+                      f"torch.library.custom_op(f\"{{NAMESPACE}}::dropout_\", mutates_args=...)") from exc
+
+
+def _check_inplace_op(run: Run) -> None:
+    mod = run.module()
+    with run.case("the schema of NAMESPACE::dropout_"):
+        op = _inplace_op(mod)
+        schema = op.default._schema
+        args = {a.name: a for a in schema.arguments}
+        if "x" not in args:
+            raise Failure(f"the schema {schema} has no argument x")
+        if not (args["x"].alias_info and args["x"].alias_info.is_write):
+            try:  # the opcheck test that catches the lie
+                verdict = f"opcheck says: {torch.library.opcheck(op, (randn(100, seed=40).to(run.device), 0.5, 1))}"
+            except Exception as exc:  # noqa: BLE001
+                verdict = f"opcheck says: {str(exc).splitlines()[0]}"
+            raise Failure(f"the schema {schema} does not mark x as mutable (Tensor(a!) x): the operator writes x "
+                          f"but mutates_args does not say so, and the compiler may reorder, reuse or drop the "
+                          f"call. {verdict}", hint="mutates_args names every input the operator writes: mutates_args=(\"x\",)")
+        others = [a.name for a in schema.arguments if a.name != "x" and a.alias_info and a.alias_info.is_write]
+        if others:
+            raise Failure(f"the schema {schema} marks {others} as mutable: only x is written")
+        if len(schema.returns):
+            raise Failure(f"the schema {schema} returns something: an in-place operator returns None (-> None); "
+                          f"returning x would alias an input, which a custom_op may not do")
+    for n, p in ((1000, 0.5), (300, 0.0), (77, 0.9), (256, 0.5)):
+        with run.case(f"torch.library.opcheck, {n} elements, p = {p}"):
+            x = randn(n, seed=40).to(run.device)
+            result = torch.library.opcheck(op, (x, p, 11))
+            bad = {k: v for k, v in result.items() if v != "SUCCESS"}
+            if bad:
+                raise Failure(f"opcheck: {bad}")
+    for n, p, seed in ((1000, 0.5, 3), (77, 0.9, 5), (300, 0.0, 8), (1 << 15, 0.3, 21)):
+        with run.case(f"in place: {n} elements, p = {p}, seed = {seed}",
+                      hint="the kernel and launch() are given: x[i] * (1 / (1 - p)) where tl.rand(seed, i) >= p, "
+                           "else 0, stored back into x (restore them if they were edited)"):
+            x0 = randn(n, seed=41).to(run.device)
+            x = x0.clone()
+            ptr = x.data_ptr()
+            ret = op(x, p, seed)
+            if ret is not None:
+                raise Failure(f"the operator returned {type(ret).__name__}, not None")
+            if x.data_ptr() != ptr or x.shape != x0.shape:
+                raise Failure("x was not written in place")
+            got, ref = x.cpu(), x0.cpu()
+            kept = got != 0
+            expected = torch.where(kept, ref * np.float32(1 / (1 - p)), torch.zeros(()))
+            close("x after dropout_ (kept entries x / (1 - p), the others 0)", got, expected, 1e-6, 0.0)
+            if p == 0.0 and not bool(kept.all()):
+                raise Failure(f"p = 0 dropped {int((~kept).sum())} element(s): it must keep every one")
+            again = x0.clone()
+            op(again, p, seed)
+            if not torch.equal(again.cpu() != 0, kept):
+                raise Failure("two calls with the same seed kept different elements")
+            if p > 0:
+                other = x0.clone()
+                op(other, p, seed + 1)
+                if torch.equal(other.cpu() != 0, kept):
+                    raise Failure(f"seeds {seed} and {seed + 1} kept the same elements: the draw ignores the seed")
+            frac = kept.double().mean().item()
+            tol = 4 * ((p * (1 - p) / n) ** 0.5) + 1e-9
+            if abs(frac - (1 - p)) > tol:
+                raise Failure(f"kept a fraction {frac:.4f} of the elements, expected about 1 - p = {1 - p:.4f}")
+    with run.case("torch.compile(fullgraph=True, backend=\"aot_eager\") of a function that calls it"):
+        def f(t: torch.Tensor) -> torch.Tensor:
+            y = t * 2
+            op(y, 0.5, 9)
+            return y + 1
+
+        x = randn(500, seed=42).to(run.device)
+        torch._dynamo.reset()
+        got = torch.compile(f, fullgraph=True, backend="aot_eager")(x.clone())
+        close("compiled f(x)", got.cpu(), f(x.clone()).cpu(), 1e-6, 0.0)
+
+
+custom_op_inplace = Exercise(
+    id="part4.custom-ops.2", title="An in-place custom op that declares what it writes", difficulty=2,
+    kind="python", files=("part4/dropout_inplace_op.py",),
+    task="Declare mutates_args=() on an operator that writes into its input (an in-place dropout), and find the "
+         "opcheck test that catches the lie. Then declare it correctly and compile a function that calls it.",
+    hint="@torch.library.custom_op(f\"{NAMESPACE}::dropout_\", mutates_args=(\"x\",)) on a function that returns "
+         "None, and a register_fake that returns None too; the schema then reads Tensor(a!) x",
+    check=_check_inplace_op,
+    planted={"mutates_nothing": "mutable", "returns_x": "returns something|returned|alias",
+             "scale_by_p": "x after dropout_", "tail_unmasked": "out-of-bounds"},
+)
+
+
 EXERCISES = [puzzle_load, puzzle_broadcast, puzzle_row_sum, puzzle_softmax, puzzle_matmul, puzzle_online,
              softmax_bytes, softmax_backward, row_max, dropout, layernorm_stream, spmv_segments,
-             conv_two_loops]
+             conv_two_loops, custom_op_inplace]
