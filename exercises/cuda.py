@@ -104,6 +104,25 @@ def nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
+def ptx(src: Path, arch: str = ARCH) -> Path | None:
+    """nvcc's PTX for ``src`` compiled for ``arch``, cached under BUILD/ptx by the source and the target;
+    None without nvcc."""
+    exe = nvcc()
+    if exe is None:
+        return None
+    out = BUILD / "ptx" / _digest(src.read_text(), arch) / "kernel.ptx"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp.ptx")
+        r = subprocess.run([exe, "-ptx", f"-arch={arch}", "-std=c++17", str(src), "-o", str(tmp)],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise Failure(f"nvcc could not compile {rel(src)} to PTX for {arch}:\n"
+                          f"{(r.stderr or r.stdout).strip()[:600]}")
+        os.replace(tmp, out)
+    return out
+
+
 def compile_check(run: Run, src: Path, kernel: Kernel, *, shared: bool = False, barrier: bool = False) -> dict:
     """nvcc compiles ``src`` for sm_80 with a static assertion on the kernel's signature; returns ptxas's
     report for the kernel (registers, barriers, smem bytes). ``shared``/``barrier``: the kernel must use

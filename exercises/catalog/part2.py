@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 import subprocess
 from pathlib import Path
@@ -189,29 +188,20 @@ def _runtime_index_in_source(text: str) -> str | None:
 
 
 def _ptx_and_ptxas(src: Path) -> tuple[str, str] | None:
-    """nvcc's PTX for ``src`` (sm_90) and ptxas's -v report of compiling that PTX, cached by the source; None
-    without nvcc."""
-    exe = cuda.nvcc()
-    if exe is None:
+    """nvcc's PTX for ``src`` (sm_90, cuda.ptx) and ptxas's -v report of compiling that PTX, cached beside it;
+    None without nvcc."""
+    ptx = cuda.ptx(src, _LOCAL_ARCH)
+    if ptx is None:
         return None
-    text = src.read_text()
-    out = cuda.BUILD / "registers" / hashlib.sha256((text + "\0" + _LOCAL_ARCH).encode()).hexdigest()[:20]
-    ptx, report = out / "kernel.ptx", out / "ptxas.txt"
+    report = ptx.with_name("ptxas.txt")
     if not report.exists():
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = out / "kernel.tmp.ptx"
-        r = subprocess.run([exe, "-ptx", f"-arch={_LOCAL_ARCH}", "-std=c++17", str(src), "-o", str(tmp)],
-                           capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            raise Failure(f"nvcc could not compile {rel(src)} to PTX for {_LOCAL_ARCH}:\n"
-                          f"{(r.stderr or r.stdout).strip()[:600]}")
-        tmp.replace(ptx)
-        r = subprocess.run([exe, "-cubin", f"-arch={_LOCAL_ARCH}", "-Xptxas", "-v", str(ptx), "-o",
-                            str(out / "kernel.cubin")], capture_output=True, text=True, timeout=300)
+        r = subprocess.run([cuda.nvcc(), "-cubin", f"-arch={_LOCAL_ARCH}", "-Xptxas", "-v", str(ptx), "-o",
+                            str(ptx.with_name("kernel.cubin"))], capture_output=True, text=True, timeout=300)
         if r.returncode != 0:
             raise Failure(f"ptxas could not assemble the PTX of {rel(src)}: {(r.stderr or r.stdout).strip()[:600]}")
-        (out / "ptxas.tmp").write_text(r.stderr + r.stdout)
-        (out / "ptxas.tmp").replace(report)
+        tmp = ptx.with_name("ptxas.tmp")
+        tmp.write_text(r.stderr + r.stdout)
+        tmp.replace(report)
     return ptx.read_text(), report.read_text()
 
 

@@ -366,27 +366,14 @@ def _compare_counts(got: torch.Tensor, x: torch.Tensor, bins: int, stride: int) 
 def _atomic_spaces(run: Run, src) -> tuple[set[str], str]:
     """The memory spaces the kernel's atomics work on ("shared", "global", "generic"), from nvcc's PTX; without
     nvcc, guessed from the source (an atomic on counts is global, any other shared)."""
-    import hashlib
     import re
-    import subprocess
 
-    text = src.read_text()
-    exe = cuda.nvcc()
-    if exe is None:
-        code = re.sub(r"//[^\n]*|/\*.*?\*/", "", text, flags=re.S)
+    ptx = cuda.ptx(src)
+    if ptx is None:
+        code = re.sub(r"//[^\n]*|/\*.*?\*/", "", src.read_text(), flags=re.S)
         spaces = {"global" if re.search(r"\bcounts\b", arg) else "shared"
                   for arg in re.findall(r"\batomic[A-Z]\w*\s*\(([^,]*),", code)}
         return spaces, "the source (nvcc is not on PATH)"
-    key = hashlib.sha256((text + "\0" + cuda.ARCH).encode()).hexdigest()[:20]
-    ptx = cuda.BUILD / "ptx" / key / "kernel.ptx"
-    if not ptx.exists():
-        ptx.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ptx.with_suffix(".tmp.ptx")
-        r = subprocess.run([exe, "-ptx", f"-arch={cuda.ARCH}", "-std=c++17", str(src), "-o", str(tmp)],
-                           capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            raise Failure(f"nvcc could not compile {src.name} to PTX: {(r.stderr or r.stdout).strip()[:600]}")
-        tmp.replace(ptx)
     body = ptx.read_text().split(f".entry {HIST_PER_WARP.name}(", 1)[-1].split(".entry ", 1)[0]
     spaces = set()
     for suffix in re.findall(r"^\s*(?:@!?%\w+\s+)?(?:atom|red)((?:\.[\w:]+)+)", body, flags=re.M):
