@@ -673,6 +673,186 @@ custom_op_inplace = Exercise(
 )
 
 
+# ------------------------------------------------------------------------------------------- autotuning.7
+_SMEM_LIMIT = 227 * 1024
+
+
+def _cfg(bm: int, bn: int, bk: int, warps: int = 4, stages: int = 3, group_m: int = 8):
+    import triton
+
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m}, num_warps=warps,
+                         num_stages=stages)
+
+
+def _space(block_m=(64, 128, 256), block_n=(64, 128, 256), block_k=(32, 64, 128), warps=(4, 8),
+           stages=(2, 3, 4, 5)) -> list:
+    """The chapter's matmul_space as triton.Config objects: the product of the knobs' choices."""
+    import itertools
+
+    return [_cfg(bm, bn, bk, w, s) for bm, bn, bk, w, s in itertools.product(block_m, block_n, block_k, warps, stages)]
+
+
+def _describe_cfg(c) -> str:
+    kw = c.kwargs
+    return (f"(BLOCK_M={kw['BLOCK_M']}, BLOCK_N={kw['BLOCK_N']}, BLOCK_K={kw['BLOCK_K']}, num_warps={c.num_warps}, "
+            f"num_stages={c.num_stages})")
+
+
+def _pow2_cap(extent: int) -> int:
+    p = 16
+    while p < extent:
+        p *= 2
+    return p
+
+
+def _prune_verdicts(configs: list, m: int, n: int, k: int, itemsize: int) -> list[tuple[bool, str]]:
+    """For each configuration: (kept, why), the chapter's rule applied one configuration at a time."""
+    need = [c.num_stages * (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * itemsize
+            for c in configs]
+    fits = [c for c, b in zip(configs, need) if b <= _SMEM_LIMIT]
+    smallest = {key: min((c.kwargs[key] for c in fits), default=0) for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
+    min_stages = min((c.num_stages for c in fits), default=0)
+    out = []
+    for c, b in zip(configs, need):
+        kw = c.kwargs
+        if b > _SMEM_LIMIT:
+            out.append((False, f"needs {c.num_stages} x ({kw['BLOCK_M']} + {kw['BLOCK_N']}) x {kw['BLOCK_K']} x "
+                               f"{itemsize} = {b} bytes of shared memory, more than SMEM_LIMIT = {_SMEM_LIMIT}"))
+            continue
+        why, reasons = None, [f"needs {b} bytes of shared memory (<= {_SMEM_LIMIT})"]
+        for key, dim, extent in (("BLOCK_M", "M", m), ("BLOCK_N", "N", n), ("BLOCK_K", "K", k)):
+            cap = _pow2_cap(extent)
+            if kw[key] <= cap:
+                reasons.append(f"{key} = {kw[key]} <= {cap} ({dim} = {extent} rounded up to a power of two, at "
+                               "least 16)")
+            elif kw[key] == smallest[key]:
+                reasons.append(f"{key} = {kw[key]} is the smallest of the configurations that fit, so it survives "
+                               f"the shape rule although {dim} = {extent}")
+            elif why is None:
+                why = (f"has {key} = {kw[key]} for {dim} = {extent}: past {cap} ({dim} rounded up to a power of "
+                       "two, at least 16) a block computes only zeros")
+        steps = -(-k // kw["BLOCK_K"])
+        if c.num_stages <= steps:
+            reasons.append(f"num_stages = {c.num_stages} <= {steps} iteration(s) of the K loop "
+                           f"(cdiv({k}, {kw['BLOCK_K']}))")
+        elif c.num_stages == min_stages:
+            reasons.append(f"num_stages = {c.num_stages} is the smallest of the configurations that fit, so it "
+                           f"survives although the K loop has {steps} iteration(s)")
+        elif why is None:
+            why = (f"has num_stages = {c.num_stages} for a K loop of cdiv({k}, {kw['BLOCK_K']}) = {steps} "
+                   "iteration(s): nothing left to prefetch")
+        out.append((False, why) if why is not None else (True, "; ".join(reasons)))
+    return out
+
+
+def _check_prune_case(fn, configs: list, m: int, n: int, k: int, dtype, device: str) -> None:
+    a = torch.empty(min(m, 8), min(k, 8), dtype=dtype, device=device)
+    itemsize = a.element_size()
+    named = {"a_ptr": a, "b_ptr": a, "c_ptr": a, "M": m, "N": n, "K": k, "stride_am": k, "stride_bk": n,
+             "stride_cm": n}
+    call = f"early_config_prune({len(configs)} configs, M={m}, N={n}, K={k}, a_ptr {str(dtype).removeprefix('torch.')})"
+    try:
+        got = fn(list(configs), named, INPUT_PRECISION="tf32")
+    except NotImplementedError as exc:
+        raise Failure(f"early_config_prune is not written yet ({exc})") from exc
+    verdicts = _prune_verdicts(configs, m, n, k, itemsize)
+    expected = [c for c, (keep, _) in zip(configs, verdicts) if keep]
+    if not isinstance(got, (list, tuple)):
+        raise Failure(f"{call} returned {type(got).__name__}, expected a list of the triton.Config objects kept")
+    ids = {id(c): i for i, c in enumerate(configs)}
+    for c in got:
+        if id(c) not in ids:
+            raise Failure(f"{call} returned {c!r}, which is not one of the Config objects passed in: return the "
+                          "kept ones themselves (Triton compiles what you return)")
+    for i, c in enumerate(configs):
+        keep, why = verdicts[i]
+        if keep and id(c) not in {id(g) for g in got}:
+            raise Failure(f"{call} dropped {_describe_cfg(c)}, which it must keep: it {why}")
+        if not keep and id(c) in {id(g) for g in got}:
+            raise Failure(f"{call} kept {_describe_cfg(c)}, which {why}")
+    if [id(c) for c in got] != [id(c) for c in expected]:
+        raise Failure(f"{call} kept the right {len(expected)} configurations, but not once each in their "
+                      "original order")
+
+
+def _check_prune(run: Run) -> None:
+    mod = run.module()
+    require(mod, "smem_bytes", "early_config_prune", "make_tuner", "launched_tile")
+
+    def smem_ref(cfg, itemsize):
+        return cfg.num_stages * (cfg.kwargs["BLOCK_M"] + cfg.kwargs["BLOCK_N"]) * cfg.kwargs["BLOCK_K"] * itemsize
+
+    cases = [(_cfg(128, 128, 64, 8, 3), 2), (_cfg(256, 64, 32, 4, 5), 4), (_cfg(64, 256, 128, 4, 2), 1),
+             (_cfg(16, 32, 64, 2, 1), 2)]
+    with run.case("smem_bytes() of four configurations, bf16, fp32 and fp8",
+                  hint="each stage holds a BLOCK_M x BLOCK_K tile of A and a BLOCK_K x BLOCK_N tile of B"):
+        for cfg, itemsize in cases:
+            try:
+                got = mod.smem_bytes(cfg, itemsize)
+            except NotImplementedError as exc:
+                raise Failure(f"smem_bytes is not written yet ({exc})") from exc
+            compare.number(f"smem_bytes({_describe_cfg(cfg)}, itemsize={itemsize})", got, smem_ref(cfg, itemsize))
+    space = _space()
+    problems = (
+        ("the chapter's 216 configurations at 4096^3 in fp16", space, 4096, 4096, 4096, torch.float16),
+        ("the same at 4096^3 in fp32 (twice the bytes per stage)", space, 4096, 4096, 4096, torch.float32),
+        ("the same at 4096^3 in fp8 e4m3 (half the bytes)", space, 4096, 4096, 4096, torch.float8_e4m3fn),
+        ("M = 100, N = 300, K = 100 in fp16 (sizes that are not powers of two)", space, 100, 300, 100,
+         torch.float16),
+        ("a small problem, 40 x 40 x 40 in fp16: only 64 x 64 tiles with 2 stages are left", space, 40, 40,
+         40, torch.float16),
+        ("a 1 x 1 x 1 problem in fp32", space, 1, 1, 1, torch.float32),
+        ("four hand-picked configurations in fp32 whose smallest tile (64 x 64 x 64, 8 stages) does not fit, "
+         "M = N = 16, K = 48", [_cfg(64, 64, 64, 4, 8), _cfg(128, 64, 32, 4, 2), _cfg(128, 128, 32, 8, 3),
+                                _cfg(256, 128, 64, 8, 2)], 16, 16, 48, torch.float32),
+    )
+    for name, configs, m, n, k, dtype in problems:
+        with run.case(name):
+            _check_prune_case(mod.early_config_prune, configs, m, n, k, dtype, run.device)
+    with run.case("a space where nothing fits: ValueError",
+                  hint="Triton needs at least one configuration back: say why there is none"):
+        huge = [_cfg(256, 256, 256, 8, 6), _cfg(256, 256, 128, 8, 5)]
+        a = torch.empty(4, 4, dtype=torch.float32, device=run.device)
+        try:
+            got = mod.early_config_prune(huge, {"a_ptr": a, "M": 4096, "N": 4096, "K": 4096})
+        except ValueError:
+            pass
+        except NotImplementedError as exc:
+            raise Failure(f"early_config_prune is not written yet ({exc})") from exc
+        else:
+            raise Failure(f"early_config_prune on two configurations of 1.5 MiB and more returned {got!r}, "
+                          "expected a ValueError")
+    with run.case("triton.autotune calls it: at K = 16 of two configurations the 64-deep one goes, and the "
+                  "tuner launches the other",
+                  hint="the tuner passes the kernel's arguments by name: named_args['M'], named_args['a_ptr']"):
+        tuner = mod.make_tuner([_cfg(16, 16, 16, 1, 1), _cfg(16, 16, 64, 1, 1)])
+        a = torch.zeros(20, 16, dtype=torch.float16, device=run.device)
+        tile = mod.launched_tile(tuner, a, 20, 24, 16)
+        compare.value("the tile the tuner launched (BLOCK_M, BLOCK_N, BLOCK_K)", tile, (16, 16, 16))
+
+
+prune_configs = Exercise(
+    id="part4.autotuning.7", title="Prune the search space before anything compiles", difficulty=2,
+    kind="python", files=("part4/prune_configs.py",),
+    task="Write the chapter's pruning rule in the form triton.autotune calls it, early_config_prune(configs, "
+         "named_args, **kwargs): keep, in their order, the triton.Config objects whose shared-memory estimate "
+         "num_stages x (BLOCK_M + BLOCK_N) x BLOCK_K x itemsize fits in SMEM_LIMIT (itemsize: the element size of "
+         "the tensor a_ptr), then drop among those a block larger than its dimension rounded up to a power of two "
+         "(at least 16), and more stages than the K loop has iterations, except that the smallest BLOCK_M, "
+         "BLOCK_N, BLOCK_K and num_stages of the configurations that fit always pass the shape rule. Raise "
+         "ValueError when nothing fits. smem_bytes(cfg, itemsize) is the estimate. The check compares what you "
+         "keep with the rule applied one configuration at a time, on the chapter's 216-configuration space in "
+         "fp16, fp32 and fp8 and on small and ragged problems, then runs a triton.autotune that calls your "
+         "function.",
+    hint="cfg.kwargs['BLOCK_M'] and cfg.num_stages read a Config; named_args['a_ptr'].element_size() is the "
+         "itemsize. fits = the configs within SMEM_LIMIT; the smallest values are taken over fits; cap(x) = "
+         "max(16, triton.next_power_of_2(x)); the stage rule is num_stages <= triton.cdiv(K, BLOCK_K)",
+    check=_check_prune,
+    planted={"one_stage": "smem_bytes(", "itemsize_two": "fp32", "no_round_up": "rounded up",
+             "no_smallest": "smallest", "min_over_all": "smallest", "stages_floor": "iteration"},
+)
+
+
 EXERCISES = [puzzle_load, puzzle_broadcast, puzzle_row_sum, puzzle_softmax, puzzle_matmul, puzzle_online,
              softmax_bytes, softmax_backward, row_max, dropout, layernorm_stream, spmv_segments,
-             conv_two_loops, custom_op_inplace]
+             conv_two_loops, custom_op_inplace, prune_configs]
