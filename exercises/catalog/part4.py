@@ -853,6 +853,90 @@ prune_configs = Exercise(
 )
 
 
+# ------------------------------------------------------------------------------------------- triton-or-cuda.7
+def _atomics_in_loops(path, kernel: str) -> tuple[int, list[int], bool]:
+    """(number of tl.atomic_add calls in ``kernel``, the lines of those inside a loop, whether it has a loop)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    fn = next((f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == kernel), None)
+    if fn is None:
+        raise Failure(f"{kernel} is missing")
+
+    def is_atomic(node) -> bool:
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "atomic_add")
+
+    loops = [n for n in ast.walk(fn) if isinstance(n, (ast.For, ast.While))]
+    inside = sorted({m.lineno for loop in loops for b in loop.body for m in ast.walk(b) if is_atomic(m)})
+    return sum(is_atomic(n) for n in ast.walk(fn)), inside, bool(loops)
+
+
+def _check_grid_stride_sum(run: Run) -> None:
+    import math
+
+    mod = run.module()
+    require(mod, "grid_stride_sum")
+    g = torch.Generator().manual_seed(90)
+    # (what the case is about, x, programs, BLOCK)
+    cases = (
+        ("10000 fp32 elements, 4 programs of BLOCK = 256 (10 trips of the loop each, the last block ragged)",
+         randn(10000, seed=91), 4, 256),
+        ("4096 fp32 elements, 4 programs of BLOCK = 256 (whole blocks: 4 trips each)", randn(4096, seed=92), 4, 256),
+        ("100 elements, 8 programs of BLOCK = 64 (6 programs find nothing to do)", randn(100, seed=93), 8, 64),
+        ("1 element, 3 programs of BLOCK = 16", randn(1, seed=94), 3, 16),
+        ("30001 elements, 1 program of BLOCK = 1024 (one program walks everything)", randn(30001, seed=95), 1, 1024),
+        ("50000 fp16 values in [0, 1), 2 programs of BLOCK = 64: each lane adds about 390 of them, and past 128 "
+         "fp16 numbers are 0.125 apart, so the sums must be kept in fp32", torch.rand(50000, generator=g).half(), 2,
+         64),
+    )
+    for name, x, programs, block in cases:
+        with run.case(name):
+            out = Output((1,), run.device)
+            out.tensor.fill_(float("nan"))  # the kernel adds into out: the launcher must zero it first
+            mod.grid_stride_sum(inp(x, run.device), out.tensor, programs=programs, block=block)
+            got = out.check()
+            if bool(torch.isnan(got).any()) and not bool(torch.isnan(x).any()):
+                raise Failure("out[0] = nan: out holds NaN before the call here, and the kernel adds into it, so the "
+                              "launcher must zero it first (out.zero_())")
+            expected = x.double().sum().float().reshape(1)
+            close("out", got, expected, 1e-5, 1e-5 * math.sqrt(x.numel()))
+    with run.case("one tl.atomic_add per program, after the grid-stride loop (v7's one atomicAdd per block)"):
+        count, inside, has_loop = _atomics_in_loops(run.path(), "grid_stride_sum_kernel")
+        if not has_loop:
+            raise Failure("grid_stride_sum_kernel has no loop: a fixed grid of programs covers any n only by "
+                          "walking it, start = pid * BLOCK, pid * BLOCK + programs * BLOCK, ...")
+        if count == 0:
+            raise Failure("grid_stride_sum_kernel has no tl.atomic_add: how do the programs' sums meet?")
+        if inside:
+            raise Failure(f"tl.atomic_add is called inside the loop (line {', '.join(map(str, inside))}): one atomic "
+                          "per block of BLOCK elements, not one per program. Accumulate in the loop, reduce and "
+                          "add once after it",
+                          hint="acc += the masked load (in fp32) in the loop; tl.atomic_add(out_ptr, tl.sum(acc, "
+                               "axis=0)) after it")
+
+
+grid_stride_sum = Exercise(
+    id="part4.triton-or-cuda.7", title="reduce_sum v7's design in Triton: a fixed grid, a grid-stride loop, one "
+                                       "atomic", difficulty=2,
+    kind="triton", files=("part4/grid_stride_sum.py",),
+    task="The CUDA v7 launches a grid sized to the GPU, not to the data: each thread walks the input with a "
+         "grid-stride loop, the block reduces its threads' sums with shuffles, and one thread adds the block's sum "
+         "to the output with one atomicAdd. Write the same design in Triton: `programs` programs, each walking the "
+         "input in steps of programs x BLOCK elements into a BLOCK-wide fp32 accumulator (x may be fp32 or fp16), "
+         "then one tl.sum and one tl.atomic_add per program, after the loop; the host function zeroes out and "
+         "launches the grid. The check sums ragged sizes, more programs than blocks, one program for everything "
+         "and fp16 input against float64, then reads the kernel for the atomic's place.",
+    hint="step = tl.num_programs(0) * BLOCK; acc = tl.zeros([BLOCK], dtype=tl.float32); for start in "
+         "range(pid * BLOCK, n, step): offs = start + tl.arange(0, BLOCK); acc += tl.load(x_ptr + offs, "
+         "mask=offs < n, other=0.0).to(tl.float32); after the loop tl.atomic_add(out_ptr, tl.sum(acc, axis=0)). "
+         "On the host: out.zero_(), then kernel[(programs,)]",
+    check=_check_grid_stride_sum,
+    planted={"step_block": "out[0]", "no_mask": "out-of-bounds|out[0]", "atomic_in_loop": "inside the loop",
+             "store": "out[0]", "fp16_acc": "fp16", "no_zero": "zero it first"},
+)
+
+
 EXERCISES = [puzzle_load, puzzle_broadcast, puzzle_row_sum, puzzle_softmax, puzzle_matmul, puzzle_online,
              softmax_bytes, softmax_backward, row_max, dropout, layernorm_stream, spmv_segments,
-             conv_two_loops, custom_op_inplace, prune_configs]
+             conv_two_loops, custom_op_inplace, prune_configs, grid_stride_sum]
