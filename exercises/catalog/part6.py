@@ -1112,5 +1112,91 @@ quad_transpose = Exercise(
 )
 
 
+# ------------------------------------------------------------------------------------------- cute-gemm.7
+def _sw128_layout(block_m: int, block_k: int, stages: int, itemsize: int):
+    """tile_to_shape(Layout_K_SW128_Atom<T>, (block_m, block_k, stages)) built with the book's layout
+    algebra: the atom (8 rows of 128 bytes, K contiguous) padded to rank 3, a blocked product with the
+    column-major layout of the copies (M first, then K, then stages), coalesced mode by mode; the
+    swizzle acts on its offset times the element size."""
+    width = 128 // itemsize
+    atom = book_layout.make_layout((8, width, 1), (width, 1, 0))
+    copies = book_layout.make_layout((block_m // 8, block_k // width, stages))
+    tiled = book_layout.coalesce(book_layout.blocked_product(atom, copies), (1, 1, 1))
+    swizzle = book_layout.Swizzle(3, 4, 3)
+    return {
+        "right": lambda m, k, s: swizzle(tiled((m, k, s)) * itemsize),
+        "these are the offsets without the swizzle: row r of an atom must have its 16-byte chunks permuted "
+        "(chunk c at c ^ r), which is what lets wgmma and TMA reach 8 rows without bank conflicts":
+            lambda m, k, s: tiled((m, k, s)) * itemsize,
+        "these are Swizzle<3,4,3> of the element offset, times the element size: the 128-byte swizzle acts on "
+        "byte offsets (bits 4-6 name a 16-byte chunk, bits 7-9 a 128-byte row), so the element offset must "
+        "become bytes before the swizzle":
+            lambda m, k, s: swizzle(tiled((m, k, s))) * itemsize,
+    }
+
+
+def _check_smem_layout(run: Run) -> None:
+    mine = getattr(run.module(), "smem_offset", None)
+    # (what, block_m, block_k, stages, itemsize, the stages checked, hint)
+    cases = (
+        ("the chapter's SmemLayoutA: bf16, 128 x 64, 4 stages (every element of stages 0 and 2)", 128, 64, 4, 2,
+         (0, 2), "one stage is 16 atoms of 8 rows x 128 bytes down M, 16 KiB, so stage s starts at s x 16384 "
+                 "bytes; inside an atom, row r's 16-byte chunk c lands in chunk c ^ r (sw128 of the byte offset, "
+                 "not of the element offset)"),
+        ("SmemLayoutB: bf16, 256 x 64 (N x K), 4 stages (stages 1 and 3)", 256, 64, 4, 2, (1, 3),
+         "a stage of B is 32 atoms, 32 KiB: stage s starts at s * block_m * block_k * itemsize bytes"),
+        ("fp8: 128 x 128, 2 stages (one atom holds 128 one-byte elements along K)", 128, 128, 2, 1, (0, 1),
+         "an atom row is 128 bytes whatever the type: 128 / itemsize elements"),
+        ("bf16: 128 x 128, 3 stages (two atoms along K: tile_to_shape goes down M first)", 128, 128, 3, 2, (0, 2),
+         "tile_to_shape's copies are in column-major order: atom (i, j) of a stage, i down M and j along K, is "
+         "copy i + (block_m / 8) * j, so the second half of K starts after all of M's atoms"),
+        ("fp32: 64 x 64, 2 stages (two atoms of 32 elements along K)", 64, 64, 2, 4, (0, 1),
+         "32 fp32 make an atom row; k // 32 picks the atom column, k % 32 the element in it"),
+    )
+    for what, bm, bk, stages, itemsize, checked, hint in cases:
+        models = _sw128_layout(bm, bk, stages, itemsize)
+        ref = models.pop("right")
+        calls = [(m, k, s, bm, bk, itemsize) for s in checked for m in range(bm) for k in range(bk)]
+        with run.case(what, hint=hint):
+            try:
+                compare.functions("smem_offset", mine, lambda m, k, s, bm_, bk_, i_, f=ref: f(m, k, s), calls)
+            except Failure as exc:
+                for why, wrong in models.items():  # a classic mistake, recognised: say which
+                    try:
+                        if all(mine(*c) == wrong(*c[:3]) for c in calls):
+                            raise Failure(f"{exc.message}: {why}") from exc
+                    except Failure:
+                        raise
+                    except Exception:  # noqa: BLE001 (the learner's function raised: the first message says so)
+                        break
+                raise
+
+
+smem_layout = Exercise(
+    id="part6.cute-gemm.7",
+    title="The byte offsets behind SmemLayoutA",
+    difficulty=2,
+    kind="model",
+    files=("part6/smem_layout.py",),
+    task="The CuTe kernel declares its shared memory as tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, "
+    "(BLOCK_M, BLOCK_K, STAGES)) and never computes an address by hand. Compute what that type stands for: "
+    "smem_offset(m, k, stage, block_m, block_k, itemsize), the byte offset from the buffer's 1024-byte "
+    "aligned base of element (m, k) of a stage. The atom is 8 rows of 128 bytes (128 / itemsize elements "
+    "along K, contiguous) under the 128-byte swizzle, Swizzle<3,4,3> on the byte offset (sw128, given); "
+    "tile_to_shape repeats the atom down M first, then along K, then over the stages. The check compares "
+    "every element of A's and B's layouts in bf16, and tiles in fp8 and fp32 and with two atoms along K, "
+    "with the same layout built from the book's layout algebra (blocked_product, coalesce, Swizzle).",
+    hint="width = 128 // itemsize; atom = m // 8 + (block_m // 8) * (k // width) + (block_m // 8) * "
+    "(block_k // width) * stage; sw128(atom * 1024 + (m % 8) * 128 + (k % width) * itemsize)",
+    check=_check_smem_layout,
+    planted={
+        "no_swizzle": "without the swizzle",
+        "swizzle_elements": "element offset",
+        "stage_elements": "stages 0 and 2",
+        "k_first": "two atoms along K",
+    },
+)
+
+
 EXERCISES = [crd2idx, coalesce, swizzle, complement, fp8_scale, wgmma_desc, dq_frag, tv_copy, tv_mma_b,
-             fp8_blockscaled, quad_transpose]
+             fp8_blockscaled, quad_transpose, smem_layout]
