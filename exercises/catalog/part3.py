@@ -431,5 +431,202 @@ hist_per_warp = Exercise(
     gpu="the run on a real GPU (CuPy), and the measurement of uniform against skewed data and of the occupancy",
 )
 
+
+# ------------------------------------------------------------------------------------------- profiling.7
+_STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+# (what the launch is like, DRAM bandwidth and its unit, duration and its unit, stall reasons in cycles per
+# issued instruction (None: ncu printed n/a), k): made-up counters in the units ncu prints
+_NCU_CASES = (
+    ("a streaming kernel", (3.1, "Tbyte/second"), (180.5, "usecond"),
+     {"long_scoreboard": 14.2, "selected": 1.0, "not_selected": 0.9, "wait": 0.6, "barrier": 0.3,
+      "mio_throttle": None}, 2),
+    ("a look-back scan", (912.4, "Gbyte/second"), (1.25, "msecond"),
+     {"barrier": 41.0, "long_scoreboard": 9.5, "selected": 1.0, "wait": 0.7, "lg_throttle": 0.2}, 2),
+    ("a compute-bound GEMM", (153.2, "Gbyte/second"), (4.07, "msecond"),
+     {"math_pipe_throttle": 1.9, "selected": 1.0, "wait": 0.95, "not_selected": 0.8, "short_scoreboard": 0.4,
+      "lg_throttle": None}, 3),
+    ("printed in base units (--print-units base)", (2.2e12, "byte/second"), (1234567.0, "nsecond"),
+     {"short_scoreboard": 6.5, "mio_throttle": 5.25, "selected": 1.0, "long_scoreboard": 3.0}, 1),
+    ("a small copy", (850000.0, "Mbyte/second"), (0.002, "second"),
+     {"long_scoreboard": 20.0, "selected": 1.0}, 2),
+    ("a tiny kernel", (40000.0, "Kbyte/second"), (3.5, "usecond"),
+     {"wait": 2.5, "no_instruction": 4.0, "selected": 1.0, "branch_resolving": 0.5}, 4),
+)
+_TO_BYTES = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_TO_SECONDS = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0}
+
+
+def _ncu_metrics(rate, duration, stalls) -> dict:
+    """A launch's metrics as parse_ncu_csv returns them: {name: (value, unit)}, with others around."""
+    measured = [v for v in stalls.values() if v is not None]
+    metrics = {"gpu__time_duration.sum": duration, "dram__bytes.sum.per_second": rate,
+               "dram__throughput.avg.pct_of_peak_sustained_elapsed": (61.5, "%"),
+               "sm__warps_active.avg.pct_of_peak_sustained_active": (48.0, "%"),
+               "launch__registers_per_thread": (40.0, "register/thread"),
+               "smsp__average_warp_latency_per_inst_issued.ratio": (sum(measured), "")}
+    metrics.update({_STALL_METRIC.format(reason): (v, "") for reason, v in stalls.items()})
+    return metrics
+
+
+def _check_ncu_counters(run: Run) -> None:
+    mod = run.module()
+    with run.case("dram_bytes(): the bandwidth times the duration, in bytes",
+                  hint="convert both to base units first: a Gbyte/second is 1e9 bytes per second (ncu's prefixes "
+                       "are decimal, like the harness's GB/s), a usecond 1e-6 s"):
+        fn = getattr(mod, "dram_bytes", None)
+        if not callable(fn):
+            raise Failure("dram_bytes is missing or not a function")
+        for what, rate, duration, stalls, _ in _NCU_CASES:
+            want = rate[0] * _TO_BYTES[rate[1].removesuffix("byte/second")] * duration[0] * _TO_SECONDS[duration[1]]
+            where = f"dram_bytes() of {what}: {rate[0]:g} {rate[1]} for {duration[0]:g} {duration[1]}"
+            try:
+                got = fn(_ncu_metrics(rate, duration, stalls))
+            except NotImplementedError as exc:
+                raise Failure(f"dram_bytes is not written yet ({exc})") from exc
+            if isinstance(got, (int, float)) and not isinstance(got, bool) and want and got:
+                for k in (1, 2, 3, 4):
+                    for r in (1.024 ** k, 1.024 ** -k):
+                        if math.isclose(got / want, r, rel_tol=1e-9):
+                            raise Failure(f"{where} = {got:.6g}, expected {want:.6g}: off by a factor of 1.024^{k} "
+                                          f"= (1024/1000)^{k}, binary prefixes. ncu's K, M, G and T are decimal "
+                                          f"(1 Gbyte = 1e9 bytes)")
+            compare.number(where, got, want)
+    with run.case("top_stalls(): the largest stall reasons, largest first",
+                  hint="the reason is the part of the metric's name between 'stalled_' and '_per_issue_active"
+                       ".ratio'; skip the values that are None and the reason 'selected', sort by value, "
+                       "largest first, keep k"):
+        fn = getattr(mod, "top_stalls", None)
+        if not callable(fn):
+            raise Failure("top_stalls is missing or not a function")
+        for what, rate, duration, stalls, k in _NCU_CASES:
+            want = sorted(((r, v) for r, v in stalls.items() if v is not None and r != "selected"),
+                          key=lambda rv: -rv[1])[:k]
+            where = f"top_stalls(<{what}>, k={k})"
+            try:
+                got = fn(_ncu_metrics(rate, duration, stalls), k)
+            except NotImplementedError as exc:
+                raise Failure(f"top_stalls is not written yet ({exc})") from exc
+            if not isinstance(got, (list, tuple)) or not all(isinstance(g, (list, tuple)) and len(g) == 2
+                                                             for g in got):
+                raise Failure(f"{where} should be a list of (reason, value) pairs, got {got!r}")
+            got = [tuple(g) for g in got]
+            if any(g[0] == "selected" for g in got):
+                raise Failure(f"{where} = {got} includes 'selected': that is the cycle in which the warp issues "
+                              f"(about 1 per instruction), not a reason it waited; expected {want}")
+            if any(g[1] is None for g in got):
+                raise Failure(f"{where} = {got} includes a reason ncu did not measure (n/a, None)")
+            compare.value(where, got, want)
+    with run.case("issue_fraction(): W warps each issuing once every C cycles",
+                  hint="W / C instructions per cycle, but one scheduler issues at most one instruction per cycle: "
+                       "min(1, W / C)"):
+        fn = getattr(mod, "issue_fraction", None)
+        if not callable(fn):
+            raise Failure("issue_fraction is missing or not a function")
+        for w, c in ((4, 16.0), (3, 12.5), (2, 37.5), (8, 8.0), (16, 4.0), (12, 1.5)):
+            where = f"issue_fraction({w}, {c:g})"
+            try:
+                got = fn(w, c)
+            except NotImplementedError as exc:
+                raise Failure(f"issue_fraction is not written yet ({exc})") from exc
+            if isinstance(got, (int, float)) and got > 1 + 1e-12:
+                raise Failure(f"{where} = {got:.6g}: more than one instruction per cycle, but a scheduler issues "
+                              f"at most one per cycle. With C < W more warps are ready than there are issue "
+                              f"slots: every cycle issues, and the fraction is 1")
+            compare.number(where, got, min(1.0, w / c))
+
+
+ncu_counters = Exercise(
+    id="part3.profiling.7", title="Read a kernel's counters as Nsight Compute prints them", difficulty=2,
+    kind="python", files=("part3/ncu_counters.py",),
+    task="From the metrics of one profiled launch, as parse_ncu_csv returns them ({name: (value, unit)}), compute "
+         "the bytes the kernel moved through DRAM (dram__bytes.sum.per_second times gpu__time_duration.sum, each "
+         "in the unit ncu printed it in), to be compared with the op's cost model; the k largest warp stall "
+         "reasons, the hypothesis to test (leave out 'selected'); and, from the chapter's note, the share of "
+         "cycles in which a scheduler holding W warps, each issuing once every C cycles, issues an instruction. "
+         "The check feeds them made-up counters in the units ncu prints.",
+    hint="a bandwidth unit is byte/second with an optional decimal prefix K, M, G or T (1e3 ... 1e12), a duration "
+         "one of nsecond, usecond, msecond and second; the stall reason is the middle of the metric's name; "
+         "a scheduler issues at most one instruction per cycle",
+    check=_check_ncu_counters,
+    planted={"binary_prefix": "decimal", "selected_kept": "includes 'selected'", "no_cap": "at most one per cycle"},
+)
+
+# ------------------------------------------------------------------------------------------- streams.8
+def _pipeline_case(fn, args: tuple, want: float, why: str) -> None:
+    """pipeline_time(*args) against ``want``; on a mismatch, what the learner's timeline got wrong."""
+    where = compare.call_signature("pipeline_time", args, {})
+    try:
+        got = fn(*args)
+    except NotImplementedError as exc:
+        raise Failure(f"pipeline_time is not written yet ({exc})") from exc
+    chunks = args[3]
+    if (isinstance(got, (int, float)) and chunks > 1 and not math.isclose(got, want, rel_tol=1e-9)
+            and math.isclose(got, want * chunks, rel_tol=1e-9)):
+        raise Failure(f"{where} = {got:.6g}, expected {want:.6g}, {chunks} times too long: each chunk's stage "
+                      f"took the whole buffer's time. A chunk is 1/{chunks} of the buffer, so its upload takes "
+                      f"t_h / {chunks}", hint="chunk c's stages take t_h / C, t_k / C and t_d / C")
+    if isinstance(got, (int, float)) and not isinstance(got, bool) and not math.isclose(got, want, rel_tol=1e-9):
+        raise Failure(f"{where} = {got:.6g}, expected {want:.6g}: {why}")
+    compare.number(where, got, want)
+
+
+def _check_pipeline_time(run: Run) -> None:
+    mod = run.module()
+    with run.case("overlap_bound(): the sum of the stages over the slowest"):
+        fn = getattr(mod, "overlap_bound", None)
+        for args in ((8.0, 8.0, 8.0), (1.0, 10.0, 1.0), (2.0, 5.0, 3.0), (0.5, 0.25, 0.5)):
+            compare.functions("overlap_bound", fn, lambda h, k, d: (h + k + d) / max(h, k, d), [args])
+    fn = getattr(mod, "pipeline_time", None)
+    if not callable(fn):
+        raise Failure("pipeline_time is missing or not a function")
+    with run.case("one stream, or one chunk: nothing overlaps, the time is t_h + t_k + t_d",
+                  hint="a stream runs its work in order: on one stream chunk c + 1's upload waits for chunk c's "
+                       "download (the chapter's v1: chunking alone buys nothing)"):
+        for h, k, d, c, s in ((8.0, 8.0, 8.0, 4, 1), (8.0, 8.0, 8.0, 16, 1), (2.0, 5.0, 3.0, 7, 1),
+                              (1.0, 10.0, 1.0, 1, 4)):
+            _pipeline_case(fn, (h, k, d, c, s), h + k + d,
+                           "faster than t_h + t_k + t_d, yet on one stream nothing overlaps: chunk c + 1's upload "
+                           "is queued behind chunk c's download" if s == 1 else
+                           "one chunk passes through the three stages one after the other")
+    with run.case("3 streams or more: the chapter's T_C = (t_h + t_k + t_d) / C + (C - 1) / C max(t_h, t_k, t_d)",
+                  hint="each unit does one chunk's stage at a time: the first chunk passes through all three "
+                       "stages, then the slowest stage sets the pace, one chunk per max(t_h, t_k, t_d) / C"):
+        for h, k, d, c, s in ((8.0, 8.0, 8.0, 4, 4), (8.0, 8.0, 8.0, 16, 16), (2.0, 5.0, 3.0, 7, 7),
+                              (1.0, 10.0, 1.0, 4, 4), (8.0, 8.0, 8.0, 16, 3), (2.0, 5.0, 3.0, 10, 3),
+                              (6.0, 1.0, 2.0, 5, 8), (5.0, 2.0, 5.0, 9, 4)):
+            t_c = (h + k + d) / c + (c - 1) / c * max(h, k, d)
+            _pipeline_case(fn, (h, k, d, c, s), t_c,
+                           "each unit does one chunk's stage at a time (one H2D engine, one D2H engine, the SMs): "
+                           "no schedule beats T_C, and with 3 streams or more nothing makes it wait longer")
+    with run.case("2 streams, equal stages: (3C/2 + 1) chunk stages for an even number C of chunks",
+                  hint="each stream does its chunks' stages in order: chunk c + 2's upload waits for chunk c's "
+                       "download, so at most two chunks are in flight and at most two units busy"):
+        for t, c in ((8.0, 4), (8.0, 16), (3.0, 6)):
+            _pipeline_case(fn, (t, t, t, c, 2), (3 * c / 2 + 1) * t / c,
+                           "with two streams chunk c + 2's upload waits for chunk c's download on the same stream")
+    with run.case("2 streams, unequal stages, against the solution's timeline"):
+        ref = run.solution().pipeline_time
+        for args in ((2.0, 5.0, 3.0, 10, 2), (1.0, 10.0, 1.0, 8, 2), (6.0, 1.0, 2.0, 5, 2), (4.0, 1.0, 1.0, 7, 2)):
+            _pipeline_case(fn, args, ref(*args), "the timeline differs from the solution's")
+
+
+pipeline_time = Exercise(
+    id="part3.streams.8", title="The timeline of a chunked copy-compute-copy pipeline", difficulty=3,
+    kind="model", files=("part3/pipeline_time.py",),
+    task="Model the chapter's pipeline on a timeline: the upload of the whole buffer takes t_h, the kernel t_k and "
+         "the download t_d; the buffer is split into C equal chunks, chunk c goes to stream c mod S, and each "
+         "stream queues its chunk's upload, kernel and download. A stream runs its work in order, and each of "
+         "the three units (the H2D copy engine, the SMs, the D2H copy engine) does one chunk's stage at a time, "
+         "in the order the chunks were queued. When does the last download end? Compare with the chapter's bound "
+         "(the check holds the timeline to T_C from 3 streams up, and to the serial time on one stream), and "
+         "answer exercise 2's question: why do 3 streams do as well as 4, and 8 no better?",
+    hint="keep when each unit and each stream is free again; walk the chunks in order and, for each, its three "
+         "stages: a stage starts at max(its unit free, its stream free), takes t / C, and then both are busy "
+         "until it ends",
+    check=_check_pipeline_time,
+    planted={"no_stream_order": "one stream", "units_unlimited": "one chunk's stage at a time",
+             "whole_buffer_stages": "whole buffer"},
+)
+
 EXERCISES = [metrics, fused_intensity, gemm_intensity, scan_work, warp_scan, atomic_sum, matmul_cuda, validate,
-             hist_per_warp]
+             hist_per_warp, ncu_counters, pipeline_time]

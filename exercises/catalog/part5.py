@@ -8,7 +8,7 @@ import torch
 
 from exercises import compare
 from exercises.catalog.helpers import Output, close, inp, model, randn
-from exercises.engine import Exercise, Run
+from exercises.engine import Exercise, Failure, Run
 
 # ------------------------------------------------------------------------------------------- epilogue.1
 _MNS = [(4096, 4096, 2), (8192, 1024, 4), (16, 4096, 2)]
@@ -231,4 +231,196 @@ lora_extra_step = Exercise(
 )
 
 
-EXERCISES = [residual_epilogue, add_rmsnorm, swiglu, rope, zloss, gqa_bytes, flash, lora_extra_step]
+# ------------------------------------------------------------------------------------------- torch-compile.8
+def _explain(fn, *args):
+    """torch._dynamo.explain of fn on args, from a clean cache and without Dynamo's warnings in the report."""
+    import logging
+
+    log = logging.getLogger("torch._dynamo")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        torch._dynamo.reset()
+        return torch._dynamo.explain(fn)(*args)
+    finally:
+        log.setLevel(level)
+        torch._dynamo.reset()
+
+
+def _why_break(reason: str) -> str:
+    """What a graph break's reason means, in the chapter's words."""
+    if "item()" in reason:
+        return (".item() turns a tensor into a Python number on the host, which the trace does not have: keep the "
+                "value a tensor (torch.clamp, torch.where)")
+    if "nonzero" in reason or "ynamic shape" in reason:
+        return ("indexing with a boolean mask gives a tensor whose size depends on the values (aten.nonzero), a "
+                "data-dependent shape: keep every element and zero the unwanted ones with torch.where")
+    if "jump" in reason or "ata-dependent" in reason or "bool" in reason:
+        return ("a Python if on a tensor's value branches on data the trace does not have: write the branch as "
+                "arithmetic on tensors (torch.clamp, torch.where)")
+    return "whatever Dynamo cannot trace ends the graph"
+
+
+def _check_no_graph_break(run: Run) -> None:
+    mod = run.module()
+    g = torch.Generator().manual_seed(60)
+    x = torch.randn(1000, generator=g)
+    norm = torch.linalg.vector_norm(x.double()).item()
+    clip_cases = (("norm above max_norm", x, norm / 4), ("norm below max_norm", x, norm * 2),
+                  ("norm equal to max_norm", x, norm), ("all zeros", torch.zeros(100), 1.0),
+                  ("a 2-D tensor, norm above max_norm", torch.randn(30, 40, generator=g), 3.0))
+    mean_cases = (("half of them positive", x), ("one positive", torch.tensor([-1.0, 2.5, -3.0, 0.0])),
+                  ("none positive: nan", -x.abs()), ("a 2-D tensor", torch.randn(30, 40, generator=g)))
+
+    def clip_ref(t, max_norm):
+        n = torch.linalg.vector_norm(t.double())
+        return (t.double() * (max_norm / n if n > max_norm else 1.0)).float()
+
+    def clip_values(fn, what, t, max_norm):
+        call = f"clip_by_norm(x, {max_norm:.6g}) ({what}, |x| = {torch.linalg.vector_norm(t.double()).item():.6g})"
+        got = fn(t.clone(), max_norm)
+        if torch.is_tensor(got) and got.shape == t.shape:
+            got_norm = torch.linalg.vector_norm(got.double()).item()
+            want_norm = min(torch.linalg.vector_norm(t.double()).item(), max_norm)
+            if not math.isclose(got_norm, want_norm, rel_tol=1e-5, abs_tol=1e-6):
+                how = (": x came back unscaled" if torch.equal(got, t) else
+                       ": x was scaled up" if got_norm > want_norm else "")
+                raise Failure(f"{call} has norm {got_norm:.6g}, expected min(|x|, max_norm) = {want_norm:.6g}{how}. "
+                              f"The factor is min(1, max_norm / |x|)")
+        close(call, got, clip_ref(t, max_norm), 1e-5, 1e-6)
+
+    def mean_ref(t):
+        return t.double()[t > 0].mean().float()
+
+    def mean_values(fn, what, t):
+        call = f"positive_mean(x) ({what})"
+        got, want = fn(t.clone()), mean_ref(t)
+        if not torch.is_tensor(got) or got.numel() != 1:
+            raise Failure(f"{call} should be a tensor of one element, got {got!r}")
+        g, w = got.item(), want.item()
+        if math.isnan(w) and not math.isnan(g):
+            raise Failure(f"{call} = {g:.6g}, expected nan: no element is positive, and the mean of none is 0 / 0")
+        if not math.isnan(w) and not math.isclose(g, w, rel_tol=1e-5, abs_tol=1e-6):
+            over_all = torch.where(t > 0, t.double(), 0.0).mean().item()
+            how = (": that is the sum of the positive elements over all n elements; divide by the number of "
+                   "positive ones" if math.isclose(g, over_all, rel_tol=1e-5) else "")
+            raise Failure(f"{call} = {g:.6g}, expected {w:.6g}{how}")
+
+    for name, check_values, cases in (("clip_by_norm", clip_values, clip_cases),
+                                      ("positive_mean", mean_values, mean_cases)):
+        fn = getattr(mod, name, None)
+        if not callable(fn):
+            raise Failure(f"{name} is missing or not a function")
+        for what, *args in cases:
+            with run.case(f"{name}: the eager values, {what}"):
+                check_values(fn, what, *args)
+        with run.case(f"{name}: one graph, no graph break (torch._dynamo.explain)",
+                      hint="under torch.compile the tensors hold no values, only shapes and dtypes: whatever "
+                           "depends on the values (a Python if, .item(), a boolean index) must stay a tensor "
+                           "operation"):
+            ex = _explain(fn, *cases[0][1:])
+            if ex.graph_break_count or ex.graph_count != 1:
+                reason = str(ex.break_reasons[0].reason) if ex.break_reasons else "(no reason given)"
+                first = " ".join(reason.split())[:200]
+                raise Failure(f"{name} compiles to {ex.graph_count} graphs with {ex.graph_break_count} graph "
+                              f"break(s): {_why_break(reason)}. Dynamo says: {first}")
+        with run.case(f"{name}: torch.compile(fullgraph=True) gives the eager values"):
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+            for what, *args in cases:
+                check_values(compiled, what, *args)
+            torch._dynamo.reset()
+
+
+no_graph_break = Exercise(
+    id="part5.torch-compile.8", title="Two functions without a graph break", difficulty=2, kind="python",
+    files=("part5/no_graph_break.py",),
+    task="clip_by_norm_eager and positive_mean_eager are correct in eager mode, and each is two graphs under "
+         "torch.compile: a .item() that feeds a Python if, and a boolean mask whose result has a size that "
+         "depends on the data, end the graph there. Write clip_by_norm and positive_mean, with the same values, "
+         "so that Dynamo captures each in one graph (torch._dynamo.explain counts the graphs and names the "
+         "breaks): what the data decides must stay in tensors.",
+    hint="clip: multiply by torch.clamp(max_norm / norm, max=1.0), a factor that is 1 when the norm is small "
+         "enough; mean: sum torch.where(x > 0, x, 0.0) and divide by the number of positive elements, a tensor "
+         "too",
+    check=_check_no_graph_break,
+    planted={"tensor_if": "graph break", "clamp_min": "min(|x|, max_norm)", "mask_index": "data-dependent shape",
+             "mean_of_all": "positive ones"},
+)
+
+# ------------------------------------------------------------------------------------------- why-fusion.8
+def _backward_ref(dy, x, b, p, seed):
+    """dL/dx and dL/db of y = r + dropout_p(gelu(x + b)) in float64 by autograd, with the forward's keep bits
+    (element i = row * N + col kept when rand(seed, i) >= p), and the keep bits themselves."""
+    from snippets.common.dropout import keep_ref
+
+    keep = torch.from_numpy(keep_ref(seed, p, x.numel())).view(x.shape)
+    xd, bd = x.double().requires_grad_(), b.double().requires_grad_()
+    scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
+    y = torch.where(keep, torch.nn.functional.gelu(xd + bd) * scale, 0.0)
+    dx, db = torch.autograd.grad(y, (xd, bd), dy.double())
+    return dx.float(), db.float(), keep
+
+
+def _diagnose_dx(got, dy, x, b, p, keep, want) -> None:
+    """When dx is wrong, which of the backward's three factors is: the keep bits, the 1 / (1 - p), gelu'."""
+    if torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+        return
+    nonzero = got != 0
+    if not bool(nonzero.any()):
+        raise Failure(f"dx is 0 everywhere; expected, for instance, dx[0, 0] = {float(want[0, 0]):.6g} (is the "
+                      f"kernel written yet?)")
+    lost, extra = int((keep & ~nonzero).sum()), int((~keep & nonzero).sum())
+    if lost + extra > keep.numel() // 50:
+        raise Failure(f"dx is 0 at {lost} element(s) the forward kept and nonzero at {extra} it dropped (of "
+                      f"{keep.numel()}): the keep bits are not the forward's. Regenerate them with the forward's "
+                      f"counter, the element's flat index row * N + col, and the same seed and p",
+                      hint="offs = rows[:, None] * N + cols[None, :] is both the address and the Philox counter: "
+                           "tl.rand(seed, offs) >= p")
+    kept = keep & (want.abs() > 1e-6)
+    if bool(kept.any()) and 0 < p < 1 and torch.allclose(got[kept], want[kept] * (1 - p), rtol=1e-5, atol=1e-6):
+        raise Failure(f"dx is (1 - p) = {1 - p:g} times the expected value wherever the element was kept: the "
+                      f"forward scaled the kept elements by 1 / (1 - p), so the backward must too")
+    h = x.double() + b.double()
+    phi_only = torch.where(keep, dy.double() * 0.5 * (1 + torch.erf(h / math.sqrt(2))) / (1 - p), 0.0)
+    if torch.allclose(got.double(), phi_only, rtol=1e-5, atol=1e-6):
+        raise Failure("dx is dy * Phi(h) / (1 - p) where kept: gelu(h) = h Phi(h), so by the product rule "
+                      "gelu'(h) = Phi(h) + h phi(h), with phi(h) = exp(-h^2 / 2) / sqrt(2 pi)")
+
+
+def _check_fused_backward(run: Run) -> None:
+    mod = run.module()
+    for m, n, p, seed, blocks in ((3, 100, 0.3, 2024, (2, 64)), (5, 257, 0.5, 7, (2, 64)),
+                                  (4, 64, 0.1, 123, (4, 32)), (1, 1, 0.3, 9, (2, 64)),
+                                  (2, 300, 0.0, 5, (2, 128))):
+        with run.case(f"{m} x {n}, p = {p}, seed = {seed}, tiles of {blocks[0]} x {blocks[1]}"):
+            x, dy = randn(m, n, seed=70, scale=2.0), randn(m, n, seed=71)
+            b = randn(n, seed=72)
+            want, want_db, keep = _backward_ref(dy, x, b, p, seed)
+            dx = Output((m, n), run.device, name="dx")
+            db = mod.bias_gelu_dropout_backward(inp(dy, run.device), inp(x, run.device), inp(b, run.device), p,
+                                                seed, dx.tensor, block_m=blocks[0], block_n=blocks[1])
+            got = dx.check()
+            _diagnose_dx(got, dy, x, b, p, keep, want)
+            close("dx", got, want, 1e-5, 1e-6)
+            close("db (the column sum of dx)", db.cpu(), want_db, 1e-5, 1e-5)
+
+
+fused_backward = Exercise(
+    id="part5.why-fusion.8", title="The fused backward of bias, GELU and dropout", difficulty=3, kind="triton",
+    files=("part5/fused_backward.py",),
+    task="Write the kernel of the fused op's backward (the chapter's exercise 2) for the gradient that needs one: "
+         "dL/dx = dL/dy * k * gelu'(x + b) / (1 - p), where k is the forward's keep bit, regenerated from the "
+         "seed with the forward's counter, and gelu'(h) = Phi(h) + h phi(h) for the exact GELU h Phi(h). "
+         "(dL/dr is dL/dy itself, and dL/db the column sum of dL/dx, which the launcher takes.) Only the seed "
+         "and the inputs are needed: the forward saves no mask. The check compares with autograd through the "
+         "chapter's reference in float64.",
+    hint="offs = rows[:, None] * N + cols[None, :] is the address and the forward's Philox counter: keep = "
+         "tl.rand(seed, offs) >= p. With h = x + b in fp32, Phi(h) = 0.5 * (1 + tl.math.erf(h / sqrt(2))) and "
+         "phi(h) = tl.exp(-0.5 * h * h) / sqrt(2 pi); dx = tl.where(keep, dy * (Phi + h * phi) * scale, 0.0)",
+    check=_check_fused_backward,
+    planted={"tile_counter": "flat index", "no_scale": "1 / (1 - p)", "phi_only": "product rule"},
+)
+
+EXERCISES = [residual_epilogue, add_rmsnorm, swiglu, rope, zloss, gqa_bytes, flash, lora_extra_step,
+             no_graph_break, fused_backward]
