@@ -9,7 +9,7 @@ import random
 import torch
 
 from exercises import compare
-from exercises.catalog.helpers import Output, gen
+from exercises.catalog.helpers import Output, gen, require
 from exercises.engine import Exercise, Failure, Run
 from snippets.part6 import hopper as book_hopper
 from snippets.part6 import layout as book_layout
@@ -1198,5 +1198,135 @@ smem_layout = Exercise(
 )
 
 
+# ------------------------------------------------------------------------------------------- fp8-attention.6
+def _heads_data() -> list[tuple[str, torch.Tensor]]:
+    """(B, H, S, D) tensors whose heads differ in magnitude, with the awkward cases of the top binade."""
+    g = gen(68)
+    mags = torch.tensor([1e-3, 1.0, 37.0, 5e3]).reshape(1, 4, 1, 1)
+    outlier = torch.randn(2, 3, 40, 64, generator=g)
+    outlier[1, 2, 7, 5] = 900.0  # one head's amax set by one value
+    edges = torch.rand(1, 4, 8, 16, generator=g) * 100
+    edges[0, 0, 0, 0] = 448.0  # exactly the top: scale 1
+    edges[0, 1, 0, 0] = 224.0 * 2.0**-3  # the open end of a binade: 28 must map to 448 (scale 2^-4), not to 224
+    edges[0, 1].clamp_(max=28.0)
+    edges[0, 2, 0, 0] = 449.0  # just past the top: scale 2
+    edges[0, 3] *= 2.0**-20  # small values: scale 2^-k
+    zero_head = torch.randn(2, 2, 16, 64, generator=g)
+    zero_head[0, 1] = 0.0
+    return [
+        ("4 heads of magnitudes 1e-3 to 5e3, S = 50, D = 64", torch.randn(1, 4, 50, 64, generator=g) * mags),
+        ("randn, B = 2, H = 3, one outlier of 900 in head (1, 2)", outlier),
+        ("heads whose largest magnitude is exactly 448, exactly 28 = 224 / 8 (it must map to 448: the binade is "
+         "open at 224), just past 448, and tiny", edges),
+        ("a head of zeros (its scale must stay a finite power of two)", zero_head),
+        ("bf16 input, heads of magnitude 1 to 1000", (torch.randn(2, 2, 33, 128, generator=g)
+                                                      * torch.tensor([1.0, 1e3]).reshape(1, 2, 1, 1)).bfloat16()),
+    ]
+
+
+def _check_heads(name: str, x: torch.Tensor, out) -> tuple[torch.Tensor, torch.Tensor]:
+    """The learner's (x8, scale) for x: shapes and dtypes, one power of two per head that puts the head's amax
+    in (224, 448], and the codes of x / scale."""
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise Failure(f"{name} should return (x8, scale), got {type(out).__name__}")
+    x8, scale = out
+    b, h = x.shape[:2]
+    if not isinstance(scale, torch.Tensor) or tuple(scale.shape) != (b, h) or scale.dtype != torch.float32:
+        raise Failure(f"{name}: scale should be an fp32 tensor of shape ({b}, {h}), one per (batch, head), got "
+                      f"{getattr(scale, 'dtype', type(scale).__name__)} {tuple(getattr(scale, 'shape', ()))}")
+    if not isinstance(x8, torch.Tensor) or x8.dtype != torch.float8_e4m3fn or x8.shape != x.shape:
+        raise Failure(f"{name}: x8 should be a float8_e4m3fn tensor of shape {tuple(x.shape)}, got "
+                      f"{getattr(x8, 'dtype', type(x8).__name__)} {tuple(getattr(x8, 'shape', ()))}")
+    amax = x.double().abs().flatten(2).amax(dim=2)
+    for i in range(b):
+        for j in range(h):
+            s = float(scale[i, j])
+            if not (math.isfinite(s) and s > 0):
+                raise Failure(f"{name}: scale[{i}, {j}] = {s!r}: a scale must be a finite positive number")
+            mantissa, _ = math.frexp(s)
+            if mantissa != 0.5:
+                raise Failure(f"{name}: scale[{i}, {j}] = {s:.9g} is not a power of two: x8 * scale would need more "
+                              "bits than bf16 has, so the bf16 versions v0 and v1 could not compute on the very "
+                              "values the fp8 kernel sees (dequantising by a power of two is exact)")
+            top = float(amax[i, j]) / s
+            if amax[i, j] > 0 and not 224 < top <= 448:
+                where = ("past 448: the largest values saturate (or overflow) in e4m3" if top > 448 else
+                         "at or below 224: the head does not reach e4m3's top binade, (224, 448], and its small "
+                         "values lose bits, or flush to zero, for nothing")
+                raise Failure(f"{name}: head ({i}, {j}) has amax {float(amax[i, j]):.6g} and scale {s:.6g}: "
+                              f"amax / scale = {top:.6g}, {where}. Each head's scale is the smallest power of two "
+                              "at least amax / 448")
+    expected = (x.float() / scale.reshape(b, h, *([1] * (x.dim() - 2)))).to(torch.float8_e4m3fn)
+    _compare_fp8(f"{name}: x8 (the codes of x / scale)", x8, expected)
+    return x8, scale
+
+
+def _check_fp8_heads(run: Run) -> None:
+    mine = run.module()
+    require(mine, "quantize_heads", "quantize_attention_inputs")
+    for what, x in _heads_data():
+        with run.case(f"quantize_heads: {what}",
+                      hint="amax per (batch, head) over the other dimensions; scale = 2^ceil(log2(amax / 448)); "
+                           "x8 = (x / scale[b, h]) in fp32, cast to e4m3"):
+            x_before = x.clone()
+            _check_heads("quantize_heads(x)", x, mine.quantize_heads(x))
+            if not torch.equal(x, x_before):
+                raise Failure("quantize_heads changed its input")
+    g = gen(69)
+    shapes = ((1, 2, 40, 64), (2, 3, 17, 128))
+    for b, h, s, d in shapes:
+        with run.case(f"quantize_attention_inputs: B = {b}, H = {h}, S = {s}, D = {d}, q, k and v of different "
+                      "magnitudes",
+                      hint="q and k as quantize_heads gives them; V quantised the same way and then written "
+                           "transposed: v8.transpose(-1, -2).contiguous(), (B, H, D, S) with S contiguous"):
+            q = torch.randn(b, h, s, d, generator=g) * 3.0
+            k = torch.randn(b, h, s, d, generator=g) * 0.02
+            v = torch.randn(b, h, s, d, generator=g) * torch.arange(1, h + 1).reshape(1, h, 1, 1) * 10.0
+            out = mine.quantize_attention_inputs(q, k, v)
+            if not isinstance(out, (tuple, list)) or len(out) != 6:
+                raise Failure("quantize_attention_inputs should return six tensors: (q8, k8, vt8, q_scale, "
+                              "k_scale, v_scale)")
+            q8, k8, vt8, sq, sk, sv = out
+            _check_heads("q8, q_scale", q, (q8, sq))
+            _check_heads("k8, k_scale", k, (k8, sk))
+            if not isinstance(vt8, torch.Tensor) or tuple(vt8.shape) != (b, h, d, s):
+                raise Failure(f"vt8 should have shape (B, H, D, S) = {(b, h, d, s)}, V transposed per head, got "
+                              f"{tuple(getattr(vt8, 'shape', ()))}: fp8 wgmma reads the second product's B operand "
+                              "K-major, and in P V the reduction runs over the keys")
+            if not vt8.is_contiguous():
+                raise Failure(f"vt8 has the shape (B, H, D, S) but strides {vt8.stride()}: a transposed view of "
+                              "(B, H, S, D) memory, not V written transposed. The kernel reads the keys of a row "
+                              "of vt8 as contiguous bytes: .contiguous() (or write it transposed)")
+            _check_heads("vt8 transposed back, v_scale", v, (vt8.transpose(-1, -2), sv))
+
+
+fp8_heads = Exercise(
+    id="part6.fp8-attention.6",
+    title="Power-of-two scales per head, and V written transposed",
+    difficulty=2,
+    kind="model",
+    files=("part6/fp8_heads.py",),
+    task="Write the quantisation step of the FP8 forward. quantize_heads(x), for x of shape (B, H, ...): one fp32 "
+    "scale per (batch, head), the power of two that puts the head's largest magnitude in (224, 448], e4m3's top "
+    "binade, and the e4m3 codes of x / scale (x ~= x8 * scale[b, h]); a head of zeros keeps a finite power of "
+    "two. Then quantize_attention_inputs(q, k, v) -> (q8, k8, vt8, q_scale, k_scale, v_scale): each quantised "
+    "per head, V written transposed, (B, H, D, S) with the sequence contiguous. The check reads every scale "
+    "(a power of two, amax / scale in (224, 448]) and compares the codes bit for bit with torch's "
+    "float8_e4m3fn cast, on heads of different magnitudes, the edges of the binade, a head of zeros and bf16 "
+    "input.",
+    hint="amax = x.float().abs().flatten(2).amax(dim=2), clamped away from 0; scale = torch.exp2(torch.ceil("
+    "torch.log2(amax / 448))); divide by scale[:, :, None, ...] in fp32 and cast; vt8 = "
+    "v8.transpose(-1, -2).contiguous()",
+    check=_check_fp8_heads,
+    planted={
+        "amax_over_448": "not a power of two",
+        "floor": "past 448",
+        "per_tensor": "at or below 224",
+        "times_scale": "codes of x / scale",
+        "vt_view": "not V written transposed",
+    },
+)
+
+
 EXERCISES = [crd2idx, coalesce, swizzle, complement, fp8_scale, wgmma_desc, dq_frag, tv_copy, tv_mma_b,
-             fp8_blockscaled, quad_transpose, smem_layout]
+             fp8_blockscaled, quad_transpose, smem_layout, fp8_heads]
