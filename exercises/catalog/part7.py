@@ -805,5 +805,89 @@ moe_routing = Exercise(
     gpu="",
 )
 
+# ------------------------------------------------------------------------------- putting-it-together.8
+def _gpt_block(h: int, f: int, kv_dim: int, t: int = 1) -> torch.nn.Module:
+    """A GPT-style block's parameters as torch.nn modules on the meta device (no memory): one rank's
+    shard of t-way tensor parallelism, q, k, v and fc1 split by columns (outputs), out and fc2 by rows
+    (inputs; their biases, added after the all-reduce, whole on every rank), LayerNorms whole."""
+    nn = torch.nn
+    with torch.device("meta"):
+        return nn.ModuleDict({
+            "ln1": nn.LayerNorm(h), "ln2": nn.LayerNorm(h),
+            "q": nn.Linear(h, h // t), "k": nn.Linear(h, kv_dim // t), "v": nn.Linear(h, kv_dim // t),
+            "out": nn.Linear(h // t, h), "fc1": nn.Linear(h, f // t), "fc2": nn.Linear(f // t, h)})
+
+
+def _llama_block(h: int, f: int, kv_dim: int, t: int = 1) -> torch.nn.Module:
+    """The same for a Llama-style block: RMSNorms (a weight only), no biases, gate, up and down."""
+    nn = torch.nn
+    with torch.device("meta"):
+        return nn.ModuleDict({
+            "norm1": nn.RMSNorm(h), "norm2": nn.RMSNorm(h),
+            "q": nn.Linear(h, h // t, bias=False), "k": nn.Linear(h, kv_dim // t, bias=False),
+            "v": nn.Linear(h, kv_dim // t, bias=False), "out": nn.Linear(h // t, h, bias=False),
+            "gate": nn.Linear(h, f // t, bias=False), "up": nn.Linear(h, f // t, bias=False),
+            "down": nn.Linear(f // t, h, bias=False)})
+
+
+def _numel(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _check_block_params(run: Run) -> None:
+    mod = run.module()
+    require(mod, "gpt_block_params", "llama_block_params", "tp_block_params")
+    # (h, f, kv_dim): the chapter's two small blocks, GPT-2 small's, a block of width 4096 (its exercise 1)
+    gpt_mha = [(32, 128, 32), (48, 192, 48), (768, 3072, 768), (4096, 16384, 4096)]
+    with run.case("gpt_block_params() with f = 4h and K/V as wide as Q (12h^2 + 13h), against sum(p.numel()) "
+                  "of the block built with torch.nn",
+                  hint="attention: four h x h matrices and four biases of h; MLP: h x f and f x h with biases "
+                       "f and h; two LayerNorms, a weight and a bias each"):
+        compare.functions("gpt_block_params", mod.gpt_block_params,
+                          lambda h, f, kv: _numel(_gpt_block(h, f, kv)), gpt_mha)
+    gpt_gqa = [(64, 256, 16), (96, 200, 24), (4096, 11008, 1024)]
+    with run.case("gpt_block_params() with grouped K/V heads (kv_dim < h) and f != 4h",
+                  hint="k and v are h x kv_dim with biases of kv_dim; only q and the output projection are "
+                       "h x h"):
+        compare.functions("gpt_block_params", mod.gpt_block_params,
+                          lambda h, f, kv: _numel(_gpt_block(h, f, kv)), gpt_gqa)
+    llama = [(4096, 14336, 1024), (64, 172, 16), (32, 96, 32), (8192, 28672, 1024)]
+    with run.case("llama_block_params() for Llama 3 8B's and 70B's blocks and small ones, against torch.nn",
+                  hint="no biases; the SwiGLU MLP has three h x f matrices (gate, up, down); an RMSNorm has a "
+                       "weight only"):
+        compare.functions("llama_block_params", mod.llama_block_params,
+                          lambda h, f, kv: _numel(_llama_block(h, f, kv)), llama)
+    tp = [(h, f, kv, t, arch) for arch, shapes in (("gpt", gpt_mha[:3] + gpt_gqa[:1]), ("llama", llama[:3]))
+          for h, f, kv in shapes for t in (2, 4, 8) if h % t == 0 and f % t == 0 and kv % t == 0]
+    with run.case(f"tp_block_params() on {len(tp)} (shape, t, arch) sets, against one rank's shard built with "
+                  "torch.nn",
+                  hint="the matrices are split t ways; the column-split biases (q, k, v, the MLP's first) too; "
+                       "the row-split biases (out, fc2) and every norm are whole on every rank"):
+        compare.functions("tp_block_params", mod.tp_block_params,
+                          lambda h, f, kv, t, arch: _numel((_gpt_block if arch == "gpt" else _llama_block)
+                                                           (h, f, kv, t)), tp)
+
+
+block_params = Exercise(
+    id="part7.putting-it-together.8", title="The parameters of a block, whole and on one "
+                                            "tensor-parallel rank", difficulty=2, kind="model",
+    files=("part7/block_params.py",),
+    task="Count exactly, with h the width, f the MLP's width and kv_dim = n_kv h / a the width of "
+         "K and V: gpt_block_params (LayerNorms with a bias, a bias on every Linear, q, k, v and the "
+         "output projection, a GELU MLP of two matrices), llama_block_params (two RMSNorms with a "
+         "weight only, no biases, a SwiGLU MLP of three matrices), and tp_block_params(h, f, kv_dim, "
+         "t, arch), what one rank of t-way tensor parallelism holds of a block under Megatron's split. "
+         "The check counts the parameters of the same blocks, and of one rank's shard, built with "
+         "torch.nn on the meta device.",
+    hint="GPT: 2h^2 + 2h kv_dim + 2h + 2kv_dim + 2hf + f + h + 4h; Llama: 2h^2 + 2h kv_dim + 3hf + "
+         "2h. One rank: the matrices and the column-split biases over t, the row-split biases and "
+         "the norms whole",
+    check=_check_block_params,
+    planted={"kv_as_wide_as_q": "grouped K/V", "layernorm_weight_only": "12h^2 + 13h",
+             "swiglu_two_matrices": "llama_block_params(", "tp_everything_split": "tp_block_params(",
+             "tp_row_bias_split": "tp_block_params("},
+)
+
+
 EXERCISES = [ring_costs, zero_mem, buckets, tp_linear, one_f_one_b, any_p, ring,
-             all_gather_mm, moe_routing]
+             all_gather_mm, moe_routing, block_params]
