@@ -40,6 +40,7 @@ NEW_OP_MODULES = (
     "snippets.part4.layernorm_v5",
     "snippets.part5.lora_v4",
     "snippets.part8.decode_fp8",
+    "snippets.part3.wmma_v7",
 )
 
 

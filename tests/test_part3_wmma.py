@@ -17,13 +17,16 @@ from snippets._checks import triton_interpreting
 from snippets.common import gemm
 from snippets.part3 import sgemm
 from snippets.part3 import wmma as w
+from snippets.part3 import wmma_v7 as w7  # registers v7, in a module of its own
 
 HALF = (torch.float16, torch.bfloat16)
 WMMA_VERSIONS = {"v0": w.wmma_cublas, "v1": w.wmma_naive, "v2": w.wmma_smem, "v3": w.wmma_async,
-                 "v4": w.wmma_triton, "v5": w.wmma_triton_wide, "v6": w.wmma_mma}
+                 "v4": w.wmma_triton, "v5": w.wmma_triton_wide, "v6": w.wmma_mma,
+                 "v7": w7.wmma_mma_hoisted}
 TF32_VERSIONS = {"v0": w.tf32_cublas, "v1": w.tf32_wmma, "v2": w.tf32_triton, "v3": w.tf32_kmajor,
                  "v4": w.tf32_persistent}
-CUDA_HALF = {"v1": w.wmma_naive, "v2": w.wmma_smem, "v3": w.wmma_async, "v6": w.wmma_mma}
+CUDA_HALF = {"v1": w.wmma_naive, "v2": w.wmma_smem, "v3": w.wmma_async, "v6": w.wmma_mma,
+             "v7": w7.wmma_mma_hoisted}
 
 # (M, N, K) that v1 takes (all multiples of 16): one fragment, partial 32 x 32 blocks (M or N = 16 mod 32),
 # several K steps, and many blocks.
@@ -150,13 +153,15 @@ UNSUPPORTED = [
     ("v3", 5, 30, 8, "N = 30 is not a multiple of 8"),
     ("v6", 5, 8, 12, "K = 12 is not a multiple of 8"),
     ("v6", 5, 20, 8, "N = 20 is not a multiple of 8"),
+    ("v7", 5, 8, 12, "K = 12 is not a multiple of 8"),
+    ("v7", 5, 20, 8, "N = 20 is not a multiple of 8"),
     ("tf32", 3, 6, 4, "N = 6 is not a multiple of 4"),
     ("tf32", 3, 4, 10, "K = 10 is not a multiple of 4"),
 ]
 
 
 def _config(name):
-    return w.TF32_CONFIG if name == "tf32" else w.CONFIGS[name]
+    return w.TF32_CONFIG if name == "tf32" else w7.V7 if name == "v7" else w.CONFIGS[name]
 
 
 @pytest.mark.op("wmma_gemm")
@@ -170,7 +175,7 @@ def test_unsupported_sizes_refused(name, m, n, k, words):
 
 
 @pytest.mark.op("wmma_gemm")
-@pytest.mark.parametrize("name, align", [("v1", 32), ("v2", 16), ("v3", 16), ("v6", 16),
+@pytest.mark.parametrize("name, align", [("v1", 32), ("v2", 16), ("v3", 16), ("v6", 16), ("v7", 16),
                                          ("tf32", 16)])
 def test_misaligned_views_refused(name, align):
     """A contiguous view that starts a few elements into a buffer is not aligned for the kernel's loads."""
@@ -542,7 +547,7 @@ def test_versions_whole_tiles(version, dtype, m, n, k):
 @pytest.mark.gpu
 @pytest.mark.op("wmma_gemm")
 @pytest.mark.parametrize("dtype", HALF, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("version", ["v0", "v2", "v3", "v4", "v5", "v6"])
+@pytest.mark.parametrize("version", ["v0", "v2", "v3", "v4", "v5", "v6", "v7"])
 @pytest.mark.parametrize("m, n, k", RAGGED_SHAPES)
 def test_versions_ragged(version, dtype, m, n, k):
     a, b = _operands(m, n, k, "cuda", dtype, seed=_seed(m, n, k))
@@ -605,7 +610,7 @@ def test_gpu_unsupported_sizes_refused(name, m, n, k, words):
 @pytest.mark.gpu
 @pytest.mark.op("wmma_gemm")
 @pytest.mark.op("tf32_gemm")
-@pytest.mark.parametrize("name", ["v1", "v2", "v3", "v6", "tf32"])
+@pytest.mark.parametrize("name", ["v1", "v2", "v3", "v6", "v7", "tf32"])
 def test_gpu_misaligned_view_refused(name):
     fn = w.tf32_wmma if name == "tf32" else CUDA_HALF[name]
     dtype = torch.float32 if name == "tf32" else torch.float16
