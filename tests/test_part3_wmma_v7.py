@@ -146,6 +146,7 @@ def test_v7_loop_has_two_fifths_of_v6s_integer_instructions(loops):
     its instructions in all."""
     ints = {v: sum(loops[v][op] for op in INTEGER) for v in ("v6", "v7")}
     total = {v: sum(loops[v].values()) for v in ("v6", "v7")}
+    assert ints["v6"] > 2 * loops["v6"]["HMMA"], ints  # the chapter: more than two to one in v6
     assert ints["v7"] * 5 <= ints["v6"] * 2, ints
     assert total["v7"] <= 0.6 * total["v6"], total
 
