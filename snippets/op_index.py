@@ -41,6 +41,7 @@ NEW_OP_MODULES = (
     "snippets.part5.lora_v4",
     "snippets.part8.decode_fp8",
     "snippets.part3.wmma_v7",
+    "snippets.part3.sgemm_v15",
 )
 
 

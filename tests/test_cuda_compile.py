@@ -242,7 +242,8 @@ def test_cupy_stream_wraps_each_torch_stream_once(monkeypatch):
 # A list of macro calls, one kernel each: the file alone instantiates the first entries (its
 # default), Python passes the whole list. test_python_lists_compile compiles the whole list.
 LIST_DEFINES = {"SGEMM_TUNED_CONFIGS": "v11_tuned.cu alone instantiates v11's configuration only",
-                "SGEMM_STREAMK_CONFIGS": "v14_streamk.cu alone instantiates its first configuration only"}
+                "SGEMM_STREAMK_CONFIGS": "v14_streamk.cu alone instantiates its first configuration only",
+                "SGEMM_INTERIOR_CONFIGS": "v15_interior.cu alone instantiates one configuration only"}
 _LIST_ITEM = re.compile(r"\w+\([^()]*\)")
 _GUARD = re.compile(r"^[ \t]*#[ \t]*ifndef[ \t]+(\w+)[ \t]*\n(.*?)^[ \t]*#[ \t]*endif", re.M | re.S)
 _DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)(?![\w(])[ \t]*(.*)$", re.M)

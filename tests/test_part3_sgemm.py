@@ -15,12 +15,13 @@ import torch
 from conftest import poison_allocator
 from snippets.part3 import sgemm as sg
 from snippets.part3 import sgemm_v14 as sg14  # registers v14, in a module of its own
+from snippets.part3 import sgemm_v15 as sg15  # registers v15, in a module of its own
 
 VERSIONS = {
     "v0": sg.sgemm_cublas, "v1": sg.sgemm_naive, "v2": sg.sgemm_coalesced, "v3": sg.sgemm_smem,
     "v4": sg.sgemm_1d_tiling, "v5": sg.sgemm_2d_tiling, "v6": sg.sgemm_vectorized, "v7": sg.sgemm_warptile,
     "v8": sg.sgemm_double_buffer, "v11": sg.sgemm_tuned, "v12": sg.sgemm_autotuned, "v13": sg.sgemm_async,
-    "v14": sg14.sgemm_streamk,
+    "v14": sg14.sgemm_streamk, "v15": sg15.sgemm_interior,
 }
 # (M, N, K): the brief's edge cases; then shapes that cut the 128 x 128 x 8 tiles in every direction, row
 # lengths that are multiples of 4 (float4 paths with partial tiles) and ones that are not (scalar fallback),
@@ -100,8 +101,8 @@ def test_cpu_tensors_refused(version):
 @pytest.mark.op("sgemm")
 def test_configs_match_the_ladder():
     # v12 picks one of TUNED_CONFIGS per shape; v13 is sg.V13, the first of ASYNC_CONFIGS; v14 picks one of
-    # sgemm_v14.STREAMK_CONFIGS
-    assert set(sg.CONFIGS) == set(VERSIONS) - {"v0", "v12", "v13", "v14"}
+    # sgemm_v14.STREAMK_CONFIGS; v15 one of TUNED
+    assert set(sg.CONFIGS) == set(VERSIONS) - {"v0", "v12", "v13", "v14", "v15"}
     assert set(sg.sgemm.impls) == set(VERSIONS) | {"v9", "v10"}  # v9, v10: the CPU comparison
     per_thread = {name: cfg.results_per_thread for name, cfg in {**sg.CONFIGS, "v13": sg.V13}.items()}
     assert per_thread == {"v1": 1, "v2": 1, "v3": 1, "v4": 8, "v5": 64, "v6": 64, "v7": 64, "v8": 64, "v11": 128,
@@ -158,7 +159,7 @@ def test_versions_match_float64(version, m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.op("sgemm")
-@pytest.mark.parametrize("version", ["v6", "v7", "v8", "v11", "v12", "v13", "v14"])
+@pytest.mark.parametrize("version", ["v6", "v7", "v8", "v11", "v12", "v13", "v14", "v15"])
 def test_vector_paths_misaligned_views(version):
     """Operands whose base is not 16-byte aligned (a view one float into a buffer) take the scalar path of the
     float4 kernels even when the row lengths are multiples of 4."""
