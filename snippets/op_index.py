@@ -42,6 +42,7 @@ NEW_OP_MODULES = (
     "snippets.part8.decode_fp8",
     "snippets.part3.wmma_v7",
     "snippets.part3.sgemm_v15",
+    "snippets.part3.scan_v10",
 )
 
 

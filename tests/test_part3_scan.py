@@ -15,10 +15,11 @@ from conftest import poison_allocator
 from snippets import cuda
 from snippets.part3 import scan as sc
 from snippets.part3 import scan_v9 as sc9
+from snippets.part3 import scan_v10 as sc10  # registers v10, in a module of its own
 
 CUDA_FNS = {"v1": sc.scan_kogge_stone, "v2": sc.scan_brent_kung, "v3": sc.scan_reduce_then_scan,
             "v5": sc.scan_lookback, "v6": sc.scan_lookback_warp, "v7": sc.scan_lookback_v7,
-            "v8": sc.scan_lookback_v8, "v9": sc9.scan_lookback_v9}
+            "v8": sc.scan_lookback_v8, "v9": sc9.scan_lookback_v9, "v10": sc10.scan_lookback_v10}
 ALL_FNS = {"v0": sc.scan_torch, **CUDA_FNS, "v4": sc.scan_triton}
 SIZES = (1, 31, 32, 33, 1023, 1024, 1025, 4095, 4096, 4097, 100003)
 # 1024 * 1024 + 1: v1/v2 need three levels (1025 tile sums, then 2); 2**22 + 4097 crosses many 4096-tiles.
@@ -141,7 +142,7 @@ def test_gpu_relative_error_large_n(name):
 
 @pytest.mark.gpu
 @pytest.mark.op("scan")
-@pytest.mark.parametrize("name", ("v5", "v6", "v7", "v8", "v9"))
+@pytest.mark.parametrize("name", ("v5", "v6", "v7", "v8", "v9", "v10"))
 def test_gpu_lookback_repeatable(name):
     """The look-back orders tiles by an atomic counter; run it many times to shake out a race."""
     x = _small_ints(2**21, torch.int32, "cuda")
@@ -346,3 +347,55 @@ def test_gpu_v9_blocks_take_several_tiles_each():
     n = 3 * blocks * sc9.V9_TILE + 4093
     x = _small_ints(n, torch.int32, "cuda", seed=9)
     assert torch.equal(sc9.scan_lookback_v9(x), torch.cumsum(x.long(), 0).int())
+
+
+# ---------------------------------------------------------------- v10: five blocks an SM, streaming hints
+
+def test_v10_is_v8s_tile():
+    """v10 changes the launch bounds and the cache hints, not the tile."""
+    assert (sc10.V10_THREADS, sc10.V10_ITEMS, sc10.V10_TILE) == (sc.V8_THREADS, sc.V8_ITEMS, sc.V8_TILE)
+    assert sc.scan.impls["v10"].lang == "CUDA"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_v10_fits_five_blocks_and_streams(tmp_path):
+    """Compiled for sm_90: no spills, registers and shared memory that let V10_BLOCKS blocks of
+    V10_THREADS share an SM (65536 registers, 227 KiB), and evict-first vector loads and stores
+    (ld.global.cs / st.global.cs: LDG.E.EF / STG.E.EF in the SASS) in v10 and not in v8."""
+    import subprocess
+    from pathlib import Path
+
+    from test_cuda_compile import parse_ptxas
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "scan_v10.cubin"
+    cmd = [shutil.which("nvcc"), "-std=c++17", "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-I",
+           "csrc/common", *sc10.V10_OPTIONS, "csrc/" + sc10.V10_FILE, "-o", str(out)]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    f = parse_ptxas(proc.stderr + proc.stdout)["scan_lookback_v10_f32"]
+    assert f["spill_store_bytes"] == f["spill_load_bytes"] == 0
+    regs_per_warp = -(-f["registers"] * 32 // 256) * 256
+    assert sc10.V10_BLOCKS * (sc10.V10_THREADS // 32) * regs_per_warp <= 65536, f
+    assert sc10.V10_BLOCKS * (f["smem_bytes"] + 1024) <= 227 * 1024 + 1024, f
+    sass = sass_by_function(out)
+    for name in ("scan_lookback_v10_f32", "scan_lookback_v10_i32"):
+        assert "LDG.E.EF.128" in sass[name] and "STG.E.EF.128" in sass[name], name
+    assert "LDG.E.EF" not in sass["scan_lookback_v8_f32"] and "STG.E.EF" not in sass["scan_lookback_v8_f32"]
+
+
+@pytest.mark.gpu
+@pytest.mark.op("scan")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32], ids=["f32", "i32"])
+@pytest.mark.parametrize("n", [1, 8191, 8193, 3 * 8192 + 6, 2**22 + 3, 2**26])
+def test_gpu_v10_is_v8_bit_for_bit(dtype, n):
+    """The same tile and the same additions in the same order as v8: the same bits."""
+    g = torch.Generator(device="cuda").manual_seed(n)
+    x = (torch.randn(n, generator=g, device="cuda") * 100).to(dtype)
+    assert torch.equal(sc10.scan_lookback_v10(x), sc.scan_lookback_v8(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.op("scan")
+def test_gpu_v10_holds_five_blocks_an_sm():
+    fn = cuda.kernel(sc10.V10_FILE, "scan_lookback_v10_f32", sc10.V10_OPTIONS)
+    assert cuda.resident_blocks(fn, sc10.V10_THREADS) >= sc10.V10_BLOCKS
