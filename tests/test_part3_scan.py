@@ -385,13 +385,22 @@ def test_v10_fits_five_blocks_and_streams(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.op("scan")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int32], ids=["f32", "i32"])
 @pytest.mark.parametrize("n", [1, 8191, 8193, 3 * 8192 + 6, 2**22 + 3, 2**26])
-def test_gpu_v10_is_v8_bit_for_bit(dtype, n):
-    """The same tile and the same additions in the same order as v8: the same bits."""
+def test_gpu_v10_matches_v8(n):
+    """int32: the exact prefix sums, as v8's (the int32 and fp32 kernels are one template: a lost
+    or doubled tile shows here exactly). fp32: no further from the float64 scan than a few times
+    CUB's (torch.cumsum) error on the same input; the carries group the predecessors' sums by
+    timing, so the last bits may differ from v8's and from run to run."""
     g = torch.Generator(device="cuda").manual_seed(n)
-    x = (torch.randn(n, generator=g, device="cuda") * 100).to(dtype)
-    assert torch.equal(sc10.scan_lookback_v10(x), sc.scan_lookback_v8(x))
+    xi = torch.randint(-1000, 1000, (n,), generator=g, device="cuda", dtype=torch.int32)
+    assert torch.equal(sc10.scan_lookback_v10(xi), sc.scan_lookback_v8(xi))
+    assert torch.equal(sc10.scan_lookback_v10(xi), torch.cumsum(xi.long(), 0).int())
+    xf = torch.randn(n, generator=g, device="cuda")
+    ref = torch.cumsum(xf.double(), 0)
+    cub = (torch.cumsum(xf, 0).double() - ref).abs().max().item()
+    for fn in (sc10.scan_lookback_v10, sc.scan_lookback_v8):
+        err = (fn(xf).double() - ref).abs().max().item()
+        assert err <= 4 * cub + 1e-4, (fn.__name__, err, cub)
 
 
 @pytest.mark.gpu

@@ -11,7 +11,10 @@
 // - Streaming hints on the full tiles' loads and stores (STREAM: __ldcs / __stcs): each element is
 //   touched once, so it is the first to leave L2.
 //
-// The results are v8's, bit for bit: the same tile, the same additions in the same order.
+// Within a tile the additions are v8's, in v8's order. The carry, as in v8, is a sum of the
+// predecessors' published values back to the nearest inclusive prefix, and which predecessors had
+// published theirs when a tile looked back depends on timing: fp32 results can differ in their last
+// bits from run to run (int32 results are exact).
 // Launched by snippets/part3/scan_v10.py.
 #include "../part3/scan.cu"
 

@@ -6,8 +6,9 @@ A version of Part 3's ``scan`` op, registered from its own module.
       published early, a warp-wide look-back), launched with ``__launch_bounds__(256, 5)``: the
       register cap that lets five blocks share an SM, so that other tiles' loads and stores run
       while a block's warps wait at the barrier for its look-back. The full tiles' loads and stores
-      carry the evict-first hint (``__ldcs`` / ``__stcs``): each element is touched once. Same
-      additions in the same order as v8: the same bits.
+      carry the evict-first hint (``__ldcs`` / ``__stcs``): each element is touched once. Within a
+      tile the additions are v8's; the carry, as in v8, groups its predecessors' sums by timing, so
+      fp32 results may differ from run to run in the last bits (int32 results are exact).
 """
 
 from __future__ import annotations
