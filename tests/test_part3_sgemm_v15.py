@@ -1,5 +1,5 @@
-"""SGEMM v15 (snippets/part3/sgemm_v15.py, csrc/part3/sgemm/v15_interior.cu; INTERIOR in
-v11_tuned.cu): v12 with unchecked float4 loads on the whole tiles of interior blocks.
+"""SGEMM v15 (snippets/part3/sgemm_v15.py, csrc/sgemm/v15_interior.cu, v12's template copied):
+v12 with unchecked float4 loads on the whole tiles of interior blocks.
 
 On a CPU: the unchecked path's pointers reach exactly the float4s that v12's TileLoader::load reads,
 for every configuration, thread, copy and K-step; it is taken only where every one of them lies
@@ -119,14 +119,14 @@ def _operands(m, n, k, seed):
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (127, 129, 65), (256, 256, 256), (384, 520, 136),
                                      (1000, 1048, 1000), (257, 260, 4100)])
 def test_v15_is_v12_bit_for_bit(config, m, n, k):
-    """The same configuration of the template with INTERIOR on and off: the same float4s land in
-    the same shared-memory places and the FMAs run in the same order, so C is the same bits."""
+    """The same configuration of v12's template and of v15's copy: the same float4s land in the
+    same shared-memory places and the FMAs run in the same order, so C is the same bits."""
     a, b = _operands(m, n, k, seed=m * 131 + n * 7 + k)
     poison_allocator(m * n * 4, "cuda")
     c15 = s15.launch_interior(a, b, config)
     assert not c15.isnan().any(), "unwritten (NaN) outputs"
     c12 = torch.empty_like(c15)
-    v12 = sg.tuned_config(*config)  # the same configuration in v11_tuned.cu, INTERIOR off
+    v12 = sg.tuned_config(*config)  # the same configuration of v12's template in v11_tuned.cu
     fn = cuda.kernel(v12.path, v12.kernel, sg.CU_OPTIONS[v12.path])
     cuda.launch(fn, (-(-n // config[1]), -(-m // config[0])), config[5],
                 (a, b, c12, np.int32(m), np.int32(n), np.int32(k)))

@@ -1,4 +1,4 @@
-"""wmma_gemm v7 (snippets/part3/wmma_v7.py, csrc/part3/mma_v7.cu): v6's kernel with the address
+"""wmma_gemm v7 (snippets/part3/wmma_v7.py, csrc/wmma/mma_v7.cu): v6's kernel with the address
 arithmetic and bounds checks out of the K loop.
 
 On the CPU: every shared-memory address v7 derives once per thread (its copies and its ldmatrix
@@ -125,7 +125,7 @@ def loops(tmp_path_factory) -> dict[str, Counter]:
     root = Path(__file__).resolve().parent.parent
     out = tmp_path_factory.mktemp("v7") / "mma_v7.cubin"
     proc = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-cubin", "-arch=sm_90", "-I",
-                           "csrc/common", "csrc/part3/mma_v7.cu", "-o", str(out)],
+                           "csrc/common", "csrc/wmma/mma_v7.cu", "-o", str(out)],
                           cwd=root, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     sass = sass_by_function(out)

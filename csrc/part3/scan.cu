@@ -449,10 +449,7 @@ __device__ __forceinline__ T warp_lookback(volatile unsigned long long* flags, l
     }
 }
 
-// STREAM (v10, csrc/scan/scan_v10.cu): the full tiles' 16-byte loads and stores carry the
-// "evict first" hint (ld.global.cs / st.global.cs, __ldcs / __stcs): every element is read once
-// and written once, so neither needs to stay in L2, where the tiles' status words live.
-template <class T, int BLOCK_THREADS, int THREAD_ITEMS, bool STREAM = false>
+template <class T, int BLOCK_THREADS, int THREAD_ITEMS>
 __device__ void scan_lookback_v7(const T* __restrict__ x, T* __restrict__ out,
                                  unsigned long long* state, long long n) {
     static_assert(BLOCK_THREADS % 32 == 0 && BLOCK_THREADS / 32 <= 32,
@@ -481,8 +478,7 @@ __device__ void scan_lookback_v7(const T* __restrict__ x, T* __restrict__ out,
         const uint4* gv = reinterpret_cast<const uint4*>(x + gseg);
         uint4 v[THREAD_ITEMS / 4];
 #pragma unroll
-        for (int k = 0; k < THREAD_ITEMS / 4; ++k)  // all loads in flight
-            v[k] = STREAM ? __ldcs(gv + k * 32 + lane) : gv[k * 32 + lane];
+        for (int k = 0; k < THREAD_ITEMS / 4; ++k) v[k] = gv[k * 32 + lane];  // all loads in flight
 #pragma unroll
         for (int k = 0; k < THREAD_ITEMS / 4; ++k) {
             const int e = (k * 32 + lane) * 4;
@@ -545,13 +541,9 @@ __device__ void scan_lookback_v7(const T* __restrict__ x, T* __restrict__ out,
 #pragma unroll
         for (int k = 0; k < THREAD_ITEMS / 4; ++k) {
             const int e = (k * 32 + lane) * 4;
-            const uint4 v =
+            gv[k * 32 + lane] =
                 make_uint4(to_bits(s[PAD(e)] + carry), to_bits(s[PAD(e + 1)] + carry),
                            to_bits(s[PAD(e + 2)] + carry), to_bits(s[PAD(e + 3)] + carry));
-            if (STREAM)
-                __stcs(gv + k * 32 + lane, v);
-            else
-                gv[k * 32 + lane] = v;
         }
     } else {
 #pragma unroll

@@ -1,5 +1,5 @@
 """SGEMM v15: v12's template with unchecked loads on the tiles that need no check
-(``csrc/part3/sgemm/v15_interior.cu``, ``INTERIOR`` in ``csrc/part3/sgemm/v11_tuned.cu``).
+(``csrc/sgemm/v15_interior.cu``: v12's template copied, with the unchecked loads added).
 
 A version of Part 3's ``sgemm`` op, registered from its own module.
 
@@ -23,7 +23,7 @@ from snippets.common.gemm import check_operands
 from snippets.part3.sgemm import GRID_Y_MAX, TUNED, sgemm
 from snippets.registry import Impl
 
-V15_FILE = "part3/sgemm/v15_interior.cu"
+V15_FILE = "sgemm/v15_interior.cu"
 
 # --8<-- [start:configs]
 # v12's configurations (TUNED, as (bm, bn, bk, wm, wn, threads, group, pad)), one kernel each

@@ -1,10 +1,9 @@
 """wmma_gemm v7: v6's ``mma.sync`` kernel with its address arithmetic and bounds checks moved out
-of the K loop (``csrc/part3/mma_v7.cu``).
+of the K loop (``csrc/wmma/mma_v7.cu``).
 
 A version of Part 3's ``wmma_gemm`` op, registered from its own module so that the measured
 results of v1 to v6 keep their source hashes (they cover ``snippets/part3/wmma.py`` and
-``csrc/part3/wmma_gemm.cu``; this module and its kernel file are in v7's hash, with the file it
-includes).
+``csrc/part3/wmma_gemm.cu``, and every file of ``csrc/part3``: v7's kernel file lives outside it).
 
 - v7 CUDA, v6's tile (128 x 128, 4 warps of 64 x 64), stages (three, 64 deep), swizzle, ``ldmatrix``
       and ``mma.sync``, unchanged. What changes is everything else in the loop: a thread's
@@ -27,7 +26,7 @@ from snippets.common.gemm import HALF_TYPES, check_operands
 from snippets.part3.wmma import GRID_Y_MAX, SUFFIX, WmmaConfig, check_supported, wmma_gemm
 from snippets.registry import Impl
 
-V7_FILE = "part3/mma_v7.cu"
+V7_FILE = "wmma/mma_v7.cu"
 
 # --8<-- [start:config]
 # v6's launch, unchanged: a 128 x 128 tile of C per block of 4 warps, three stages of a 128 x 64

@@ -25,10 +25,8 @@
 // scattered stores over the banks (PAD = 4, as in v6); PAD = 0 saves the space where a BK = 16 tile
 // would not fit in 48 KB otherwise. GROUP > 0 reorders the blocks: consecutive block indices walk
 // down GROUP tile rows before moving one tile column to the right, so the blocks resident at one
-// time reuse a few panels of A and B from L2. INTERIOR (v15, csrc/part3/sgemm/v15_interior.cu)
-// adds the unchecked loads below; v11 and v12 leave it off.
-template <int BM, int BN, int BK, int WM, int WN, int MI, int NI, int NT, int GROUP, int PAD,
-          bool INTERIOR = false>
+// time reuse a few panels of A and B from L2.
+template <int BM, int BN, int BK, int WM, int WN, int MI, int NI, int NT, int GROUP, int PAD>
 __device__ __forceinline__ void sgemm_tuned(const float* __restrict__ A,
                                             const float* __restrict__ B, float* __restrict__ C,
                                             int M, int N, int K) {
@@ -61,38 +59,12 @@ __device__ __forceinline__ void sgemm_tuned(const float* __restrict__ A,
     float rA[TM], rB[TN];
     const int tiles = (K + BK - 1) / BK;
 
-    // --8<-- [start:interior]
-    // v15: a block whose tile lies inside C, with 16-byte aligned rows, loads every whole K-step of
-    // A and B with plain float4 loads, no check and no branch: thread tid's float4s of a step are
-    // NT / (BK / 4) rows of A (NT / (BN / 4) rows of B) apart, at a column that does not change, so
-    // one pointer per operand, planned here, steps by a constant. Other tiles (an edge block, a
-    // ragged last step, rows not 16-byte aligned) take TileLoader::load, as in v11 and v12.
-    const bool interior = INTERIOR && vecA && vecB && row0 + BM <= M && col0 + BN <= N;
-    const float* pa = A + (size_t)(row0 + tid / (BK / 4)) * K + (tid % (BK / 4)) * 4;
-    const float* pb = B + (size_t)(tid / (BN / 4)) * N + col0 + (tid % (BN / 4)) * 4;
-    const size_t step_a = (size_t)(NT / (BK / 4)) * K, step_b = (size_t)(NT / (BN / 4)) * N;
-    auto load = [&](int k0) {
-        if (interior && k0 + BK <= K) {
-            const float* qa = pa + k0;
-            const float* qb = pb + (size_t)k0 * N;
-#pragma unroll
-            for (int i = 0; i < ld.A4; ++i, qa += step_a)
-                ld.rA[i] = *reinterpret_cast<const float4*>(qa);
-#pragma unroll
-            for (int i = 0; i < ld.B4; ++i, qb += step_b)
-                ld.rB[i] = *reinterpret_cast<const float4*>(qb);
-        } else {
-            ld.load(A, B, M, N, K, row0, col0, k0, vecA, vecB, tid);
-        }
-    };
-    // --8<-- [end:interior]
-
-    load(0);
+    ld.load(A, B, M, N, K, row0, col0, 0, vecA, vecB, tid);
     ld.store(sAT[0], sB[0], tid);
     __syncthreads();
     for (int t = 0; t < tiles; ++t) {
         const int cur = t % 2;
-        if (t + 1 < tiles) load((t + 1) * BK);
+        if (t + 1 < tiles) ld.load(A, B, M, N, K, row0, col0, (t + 1) * BK, vecA, vecB, tid);
 #pragma unroll
         for (int k = 0; k < BK; ++k) {
 #pragma unroll
