@@ -628,5 +628,76 @@ pipeline_time = Exercise(
              "whole_buffer_stages": "whole buffer"},
 )
 
+# ------------------------------------------------------------------------------------------- tensor-cores.13
+def _v6_chunk(row: int, chunk: int, per_row: int) -> int:
+    """Where v6 stores chunk ``chunk`` of row ``row`` of a tile (csrc/part3/wmma_gemm.cu, swizzle)."""
+    return row * per_row + (chunk ^ (row % 8))
+
+
+def _call(fn, name: str, *args):
+    try:
+        return fn(*args)
+    except NotImplementedError as exc:
+        raise Failure(f"{name} is not written yet ({exc})") from exc
+
+
+def _check_hoisted_ldmatrix(run: Run) -> None:
+    mod = run.module()
+    for name in ("lane_c0", "a_offset", "b_offset"):
+        if not callable(getattr(mod, name, None)):
+            raise Failure(f"{name} is missing or not a function")
+    with run.case("lane_c0: one XOR term per lane for every step kk",
+                  hint="2 kk is even, so 2 kk + h = 2 kk ^ h for h = lane // 16; XOR is associative"):
+        for lane in range(32):
+            c0 = _call(mod.lane_c0, "lane_c0", lane)
+            for kk in range(4):
+                want = (2 * kk + lane // 16) ^ (lane % 8)
+                if (2 * kk) ^ c0 != want:
+                    raise Failure(f"lane {lane}, kk = {kk}: (2 kk) ^ lane_c0 = {(2 * kk) ^ c0}, but v6 reads chunk "
+                                  f"(2 kk + lane // 16) ^ (lane % 8) = {want}: lane_c0 must carry the lane's half "
+                                  f"(lane // 16) as well as its row's XOR term (lane % 8)")
+    with run.case("a_offset: every lane, slab and step of both warp rows, against v6's swizzle",
+                  hint="the base (wm0 + lane % 16) * CA does not change; slab i adds 16 i rows; the chunk is "
+                       "(2 kk) ^ c0, an XOR, not a sum"):
+        for wm0 in (0, 64):
+            for lane in range(32):
+                for i in range(4):
+                    for kk in range(4):
+                        got = _call(mod.a_offset, "a_offset", wm0, lane, i, kk)
+                        want = _v6_chunk(wm0 + 16 * i + lane % 16, 2 * kk + lane // 16, 8)
+                        if got != want:
+                            raise Failure(f"a_offset(wm0={wm0}, lane={lane}, i={i}, kk={kk}) = {got}, v6 reads "
+                                          f"chunk {want} (row {wm0 + 16 * i + lane % 16}, chunk "
+                                          f"{2 * kk + lane // 16} before the swizzle)")
+    with run.case("b_offset: 64 x 64 warp tiles (wn0 = 0, 64) and 64 x 32 ones (wn0 = 32, 96)",
+                  hint="the XOR permutes the 8 chunks of a 128-byte line: split (wn0 + 16 j) / 8 into the line, "
+                       "(wn0 / 8) & ~7, which the XOR leaves alone, and the chunk in it, which it permutes"):
+        for wn0, slabs in ((0, 4), (64, 4), (32, 2), (96, 2)):
+            for lane in range(32):
+                for j in range(slabs):
+                    for kk in range(4):
+                        got = _call(mod.b_offset, "b_offset", wn0, lane, j, kk)
+                        want = _v6_chunk(16 * kk + lane % 16, (wn0 + 16 * j) // 8 + lane // 16, 16)
+                        if got != want:
+                            tiles = "64 x 32 warp tiles (wn0 not a multiple of 64)" if wn0 % 64 else "64 x 64"
+                            raise Failure(f"b_offset(wn0={wn0}, lane={lane}, j={j}, kk={kk}) = {got}, v6 reads "
+                                          f"chunk {want}, with {tiles}: the XOR acts on the chunk within its "
+                                          f"128-byte line, so a part of wn0 / 8 below 8 must go inside it")
+
+
+hoisted_ldmatrix = Exercise(
+    id="part3.tensor-cores.13", title="v7's ldmatrix addresses, planned once per lane", difficulty=3,
+    kind="python", files=("part3/hoisted_ldmatrix.py",),
+    task="v6 computes every ldmatrix address from scratch: lane l reads row r of a tile at 16-byte chunk c, stored "
+         "at chunk r * per_row + (c ^ (r % 8)). v7 plans them once per lane: a base, constants, and one XOR with a "
+         "per-lane term c0. Write c0 and the planned A and B offsets so that they equal v6's for every warp, lane, "
+         "step and slab; b_offset must also hold for 64 x 32 warp tiles (exercise 12).",
+    hint="c0 = (lane // 16) ^ (lane % 8); A: (wm0 + lane % 16) * 8 + 128 i + ((2 kk) ^ c0); B: the row "
+         "(lane % 16) * 16 + 256 kk, the line (wn0 // 8) & ~7, and inside it ((wn0 // 8) & 7) ^ (2 j) ^ c0",
+    check=_check_hoisted_ldmatrix,
+    planted={"plus_not_xor": "a_offset(", "c0_without_half": "lane's half", "wn0_outside_xor": "64 x 32 warp tiles"},
+)
+
+
 EXERCISES = [metrics, fused_intensity, gemm_intensity, scan_work, warp_scan, atomic_sum, matmul_cuda, validate,
-             hist_per_warp, ncu_counters, pipeline_time]
+             hist_per_warp, ncu_counters, pipeline_time, hoisted_ldmatrix]
