@@ -1,12 +1,11 @@
 // SGEMM v15: v12's template (csrc/part3/sgemm/v11_tuned.cu, copied here whole so that v0 to
 // v14's measured results keep their source hashes: a Part 3 kernel's hash covers every file of
 // csrc/part3) with one change, the unchecked loads of the region "interior" below. v12's loop
-// spends
-// issue slots in every K-step of every block on its loads' bookkeeping (bounds compares, the
-// branch to the scalar fallback, the addresses recomputed from the thread index); in a loop that
-// is nearly all FFMAs, each slot another instruction takes is one an FFMA does not get. Those checks
-// are needed at the edges of C only. Launched by snippets/part3/sgemm_v15.py, which autotunes over
-// v12's configurations.
+// spends issue slots in every K-step of every block on its loads' bookkeeping (bounds compares,
+// the branch to the scalar fallback, the addresses recomputed from the thread index); in a loop
+// that is nearly all FFMAs, each slot another instruction takes is one an FFMA does not get.
+// Those checks are needed at the edges of C only. Launched by snippets/part3/sgemm_v15.py, which
+// autotunes over v12's configurations.
 #include "../part3/sgemm/common.cuh"
 
 // --8<-- [start:template]
