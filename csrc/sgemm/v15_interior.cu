@@ -46,11 +46,12 @@ __device__ __forceinline__ void sgemm_interior(const float* __restrict__ A,
     const int tiles = (K + BK - 1) / BK;
 
     // --8<-- [start:interior]
-    // What v15 adds: a block whose tile lies inside C, with 16-byte aligned rows, loads every whole
-    // K-step of A and B with plain float4 loads, no check and no branch. A thread's float4s of one
-    // step are NT / (BK / 4) rows of A (NT / (BN / 4) rows of B) apart, at a column that does not
-    // change, so one pointer per operand, planned here, steps by a constant. Other tiles (an edge
-    // block, a ragged last step, rows not 16-byte aligned) take TileLoader::load, as in v12.
+    // What v15 adds: a block whose tile lies inside C, with 16-byte aligned rows, loads
+    // every whole K-step of A and B with plain float4 loads, no check and no branch. A
+    // thread's float4s of one step are NT / (BK / 4) rows of A (NT / (BN / 4) rows of B)
+    // apart, at a column that does not change, so one pointer per operand, planned here,
+    // steps by a constant. Other tiles (an edge block, a ragged last step, rows not
+    // 16-byte aligned) take TileLoader::load, as in v12.
     const bool interior = vecA && vecB && row0 + BM <= M && col0 + BN <= N;
     const float* pa = A + (size_t)(row0 + tid / (BK / 4)) * K + (tid % (BK / 4)) * 4;
     const float* pb = B + (size_t)(tid / (BN / 4)) * N + col0 + (tid % (BN / 4)) * 4;
