@@ -362,17 +362,14 @@ def test_v10_fits_five_blocks_and_streams(tmp_path):
     """Compiled for sm_90: no spills, registers and shared memory that let V10_BLOCKS blocks of
     V10_THREADS share an SM (65536 registers, 227 KiB), and evict-first vector loads and stores
     (ld.global.cs / st.global.cs: LDG.E.EF / STG.E.EF in the SASS) in v10 and not in v8."""
-    import subprocess
     from pathlib import Path
 
     from test_cuda_compile import parse_ptxas
-    root = Path(__file__).resolve().parent.parent
     out = tmp_path / "scan_v10.cubin"
-    cmd = [shutil.which("nvcc"), "-std=c++17", "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-I",
-           "csrc/common", *sc10.V10_OPTIONS, "csrc/" + sc10.V10_FILE, "-o", str(out)]
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    f = parse_ptxas(proc.stderr + proc.stdout)["scan_lookback_v10_f32"]
+    report = nvcc_with_report([shutil.which("nvcc"), "-std=c++17", "-cubin", "-arch=sm_90", "-I",
+                               "csrc/common", *sc10.V10_OPTIONS, "csrc/" + sc10.V10_FILE,
+                               "-o", str(out)], Path(__file__).resolve().parent.parent)
+    f = parse_ptxas(report)["scan_lookback_v10_f32"]
     assert f["spill_store_bytes"] == f["spill_load_bytes"] == 0
     regs_per_warp = -(-f["registers"] * 32 // 256) * 256
     assert sc10.V10_BLOCKS * (sc10.V10_THREADS // 32) * regs_per_warp <= 65536, f

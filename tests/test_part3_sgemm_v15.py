@@ -11,7 +11,6 @@ float64. The tests every version takes are in tests/test_part3_sgemm.py."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -86,14 +85,13 @@ def test_configurations_are_v12s():
 def test_whole_list_compiles_without_spills(tmp_path):
     """v15_interior.cu with every configuration Python passes, for sm_90: one kernel each, named as
     the launcher names it, and none spills (v11's kernel of the included file compiles along)."""
+    from helpers import nvcc_with_report
     from test_cuda_compile import _nvcc_defines, parse_ptxas, spilling_functions
-    root = Path(__file__).resolve().parent.parent
-    cmd = [shutil.which("nvcc"), "-std=c++17", "-c", "-arch=sm_90", "-Xptxas", "-v", "-I",
-           "csrc/common", *_nvcc_defines(s15.V15_OPTIONS), "csrc/" + s15.V15_FILE,
-           "-o", str(tmp_path / "v15.o")]
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    functions = parse_ptxas(proc.stderr + proc.stdout)
+    report = nvcc_with_report([shutil.which("nvcc"), "-std=c++17", "-c", "-arch=sm_90", "-I",
+                               "csrc/common", *_nvcc_defines(s15.V15_OPTIONS),
+                               "csrc/" + s15.V15_FILE, "-o", str(tmp_path / "v15.o")],
+                              Path(__file__).resolve().parent.parent)
+    functions = parse_ptxas(report)
     kernels = {name for name, f in functions.items() if f["entry"] and name.startswith("sgemm_i_")}
     assert kernels == {s15.kernel_name(*c) for c in sg.TUNED}
     assert not spilling_functions(functions)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -119,15 +118,13 @@ def _k_loop(sass: str) -> Counter:
 def loops(tmp_path_factory) -> dict[str, Counter]:
     """The K loops of v6's and v7's fp16 kernels, compiled by this nvcc for sm_90 (mma_v7.cu
     includes wmma_gemm.cu, so one compile holds both)."""
-    from helpers import sass_by_function
+    from helpers import nvcc_with_report, sass_by_function
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
-    root = Path(__file__).resolve().parent.parent
     out = tmp_path_factory.mktemp("v7") / "mma_v7.cubin"
-    proc = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-cubin", "-arch=sm_90", "-I",
-                           "csrc/common", "csrc/wmma/mma_v7.cu", "-o", str(out)],
-                          cwd=root, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    nvcc_with_report([shutil.which("nvcc"), "-std=c++17", "-cubin", "-arch=sm_90", "-I",
+                      "csrc/common", "csrc/wmma/mma_v7.cu", "-o", str(out)],
+                     Path(__file__).resolve().parent.parent)
     sass = sass_by_function(out)
     return {v: _k_loop(sass[f"mma_{v}_f16"]) for v in ("v6", "v7")}
 
