@@ -14,9 +14,13 @@ it fast is *when* that happens and *in what units*:
   (``async_op=True``), and the backward carries on computing the gradients of earlier layers while
   the bucket travels. Buckets are launched in bucket order on every rank, because all ranks must
   call their collectives in the same order.
+- **Divide on the way in.** Each gradient is multiplied by 1/p as it is copied into its bucket,
+  so the all-reduce's sum is already the average: no pass over the buckets after the backward.
 - **The end of backward.** The first hook of a backward queues a callback on autograd's engine,
-  which runs once the whole backward has finished: it waits for the buckets, divides by the world
-  size and writes the averages back into ``.grad``. (torch's DDP does the same from C++.)
+  which runs once the whole backward has finished: it launches what is left, waits for the
+  buckets and writes the averages back into ``.grad``. On a GPU, a bucket launched during the
+  backward is written back on a side stream as soon as its all-reduce lands, so only the last
+  buckets' copies are left for the end. (torch's DDP does the rest of this from C++.)
 - **no_sync.** Inside ``with model.no_sync():`` the hooks do nothing and gradients accumulate
   locally; the first backward outside it all-reduces the accumulated sums. Gradient accumulation
   over k micro-batches thus costs one all-reduce, not k.
@@ -25,12 +29,11 @@ A parameter that received no gradient in a backward (unused on this rank) contri
 bucket, which is launched at the end of backward; the result is the average over the ranks that
 used it, and is written to ``.grad`` all the same.
 
-Differences from ``torch.nn.parallel.DistributedDataParallel``: torch's DDP divides each gradient
-by the world size *before* the all-reduce (here after: for p a power of two the two round alike,
-dividing by a power of two being exact), makes its first bucket small, can let ``.grad`` be a view
-into the bucket (``gradient_as_bucket_view``) instead of copying, rebuilds its buckets after the
-first step in the order in which gradients actually arrived, and handles sparse gradients,
-buffers, mixed devices and many more cases.
+Differences from ``torch.nn.parallel.DistributedDataParallel``: torch's DDP makes its first bucket
+small, can let ``.grad`` be a view into the bucket (``gradient_as_bucket_view``) instead of
+copying, writes every average back after the backward, rebuilds its buckets after the first step
+in the order in which gradients actually arrived, and handles sparse gradients, buffers, mixed
+devices and many more cases.
 """
 
 from __future__ import annotations
@@ -47,22 +50,29 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
 # --8<-- [start:buckets]
-def assign_buckets(params: list[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
-    """Indices into ``params`` grouped into buckets: taken in the *reverse* of the given order (the
-    order in which backward roughly produces the gradients), a new bucket starting when the next
-    parameter would take the current one past ``bucket_bytes`` or when the dtype changes. A
-    parameter larger than ``bucket_bytes`` gets a bucket of its own."""
+def assign_buckets(params: list[torch.Tensor], bucket_bytes: int,
+                   close: str = "before") -> list[list[int]]:
+    """Indices into ``params`` grouped into buckets, taken in the *reverse* of the given order (the
+    order in which backward roughly produces the gradients). A change of dtype starts a new bucket.
+    ``close="before"``: a new bucket starts when the next parameter would take the current one past
+    ``bucket_bytes`` (a parameter larger than that gets a bucket of its own). ``close="after"``
+    (torch's DDP's rule): a bucket is closed once it has reached ``bucket_bytes``, so it can pass
+    the cap by its last parameter, and small parameters ride along with the next large one."""
     if bucket_bytes <= 0:
         raise ValueError(f"assign_buckets: bucket_bytes must be positive, got {bucket_bytes}")
+    if close not in ("before", "after"):
+        raise ValueError(f"assign_buckets: close must be 'before' or 'after', got {close!r}")
     buckets: list[list[int]] = []
-    size, dtype = 0, None
+    size, dtype, full = 0, None, False
     for i in reversed(range(len(params))):
         nbytes = params[i].numel() * params[i].element_size()
-        if not buckets or size + nbytes > bucket_bytes or params[i].dtype != dtype:
+        past = full if close == "after" else size + nbytes > bucket_bytes
+        if not buckets or past or params[i].dtype != dtype:
             buckets.append([])
             size, dtype = 0, params[i].dtype
         buckets[-1].append(i)
         size += nbytes
+        full = size >= bucket_bytes
     return buckets
 
 
@@ -91,7 +101,8 @@ class BucketedDDP(nn.Module):
     finished: a launch before the last ``grad`` is communication overlapping computation.
     """
 
-    def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, group=None):
+    def __init__(self, module: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, group=None,
+                 close: str = "after"):
         super().__init__()
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("BucketedDDP: no process group: call dist.init_process_group first "
@@ -104,7 +115,10 @@ class BucketedDDP(nn.Module):
                 dist.broadcast(t, group=group, group_src=0)
         params = [p for p in module.parameters() if p.requires_grad]
         self.buckets = [self._bucket([params[i] for i in idx])
-                        for idx in assign_buckets(params, bucket_bytes)]
+                        for idx in assign_buckets(params, bucket_bytes, close)]
+        # on a GPU, buckets launched during the backward are averaged into .grad on this stream
+        cuda = bool(params) and params[0].device.type == "cuda"
+        self._side = torch.cuda.Stream(params[0].device) if cuda else None
         self.require_sync = True
         self.log: list[tuple[str, int]] = []
         self._next = 0              # the next bucket to launch: buckets go in order on every rank
@@ -138,11 +152,18 @@ class BucketedDDP(nn.Module):
             torch.autograd.Variable._execution_engine.queue_callback(self.finish)
         bucket = self.buckets[b]
         start = bucket.offsets[i]
-        bucket.flat[start:start + param.numel()].copy_(param.grad.reshape(-1))
+        # divide while copying: the all-reduce's sum is then the average
+        torch.mul(param.grad.reshape(-1), 1 / self.world_size,
+                  out=bucket.flat[start:start + param.numel()])
         bucket.arrived[i] = True
         self.log.append(("grad", b))
         while self._next < len(self.buckets) and self.buckets[self._next].full():
             self._launch(self._next)
+            if self._side is not None:
+                # the side stream waits for the all-reduce (the CPU and the backward do not) and
+                # writes the averages back while the backward goes on
+                with torch.cuda.stream(self._side):
+                    self._write_back(self.buckets[self._next - 1])
 
     def _launch(self, b: int) -> None:
         bucket = self.buckets[b]
@@ -150,10 +171,23 @@ class BucketedDDP(nn.Module):
         self.log.append(("launch", b))
         self._next = b + 1
 
+    @staticmethod
+    def _write_back(bucket: Bucket) -> None:
+        """Wait for the bucket's all-reduce (on NCCL: make the current stream wait) and copy the
+        averages into ``.grad``."""
+        bucket.work.wait()
+        for p, start in zip(bucket.params, bucket.offsets):
+            average = bucket.flat[start:start + p.numel()].view_as(p)
+            if p.grad is None:
+                p.grad = average.clone()
+            else:
+                p.grad.copy_(average)
+        bucket.work = None
+
     def finish(self) -> None:
         """Runs when the backward has finished (queued by the first hook): launch what is left (a
-        parameter that got no gradient gives zeros), wait for every bucket, average and write the
-        averages into ``.grad``. Does nothing if no synchronised backward is pending."""
+        parameter that got no gradient gives zeros) and write back every average not yet written.
+        Does nothing if no synchronised backward is pending."""
         if not self._pending:
             return
         for b in range(self._next, len(self.buckets)):
@@ -164,16 +198,11 @@ class BucketedDDP(nn.Module):
                     bucket.flat[start:start + p.numel()].zero_()
             self._launch(b)
         for bucket in self.buckets:
-            bucket.work.wait()
-            bucket.flat.div_(self.world_size)
-            for p, start in zip(bucket.params, bucket.offsets):
-                average = bucket.flat[start:start + p.numel()].view_as(p)
-                if p.grad is None:
-                    p.grad = average.clone()
-                else:
-                    p.grad.copy_(average)
-            bucket.work = None
+            if bucket.work is not None:
+                self._write_back(bucket)
             bucket.arrived = [False] * len(bucket.params)
+        if self._side is not None:      # the optimizer reads .grad on the current stream
+            torch.cuda.current_stream().wait_stream(self._side)
         self._next = 0
         self._pending = False
         self.log.append(("end", -1))
