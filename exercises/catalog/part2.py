@@ -318,5 +318,66 @@ chain_upto = Exercise(
     gpu="the run on a real GPU (CuPy), and the time of chain_upto against the given kernel at 16 slots",
 )
 
+# -------------------------------------------------------------------------------- managing-memory.6
+_MiB = 1 << 20
+_PINNED = [(256 * _MiB, 53e9, 1e-5), (_MiB, 53e9, 1e-5), (4096, 25e9, 5e-6), (1 << 30, 400e9, 2e-6)]
+# (nbytes, link, memcpy, chunk, overhead): copies of one chunk or less, then copies of many chunks
+# (the last one partial in the last two, with the CPU slower, then faster, than the link)
+_ONE_CHUNK = [(64 * 1024, 53e9, 20e9, 2 * _MiB, 1e-5), (2 * _MiB, 53e9, 20e9, 2 * _MiB, 1e-5),
+              (1000, 25e9, 8e9, 4096, 5e-6), (1, 25e9, 8e9, 4096, 0.0)]
+_MANY_CHUNKS = [(256 * _MiB, 53e9, 20e9, 2 * _MiB, 1e-5), (256 * _MiB, 53e9, 80e9, 2 * _MiB, 1e-5),
+                (5 * _MiB + 123, 25e9, 8e9, _MiB, 5e-6), (3 * _MiB, 25e9, 40e9, 2 * _MiB, 0.0)]
+# (..., pin_rate): every ratio of the pin's cost to the saving per copy is far from a whole number
+_PAY_OFF = [(1 << 30, 53e9, 16e9, 2 * _MiB, 1e-5, 3e9), (1 << 30, 53e9, 80e9, 2 * _MiB, 1e-5, 3e9),
+            (256 * _MiB, 53e9, 20e9, 2 * _MiB, 1e-5, 5e9), (1 << 30, 25e9, 10e9, _MiB, 5e-6, 1.5e9),
+            (64 * 1024, 53e9, 20e9, 2 * _MiB, 1e-5, 3e9), (_MiB, 25e9, 12e9, 256 * 1024, 8e-6, 2e9)]
+
+
+def _check_staging(run: Run) -> None:
+    mine, ref = run.module(), run.solution()
+    for name, what, cases, hint in (
+        ("pinned_time", "one DMA transfer and the fixed cost of the call", _PINNED,
+         "a pinned copy is the fixed cost of a call plus nbytes at the link's rate, in seconds"),
+        ("pageable_time", "copies of one chunk or less, where nothing can overlap", _ONE_CHUNK,
+         "with a single chunk the DMA engine can start only when the CPU has copied all of it: "
+         "the two stages follow each other, overhead + nbytes / memcpy + nbytes / link. Only a "
+         "second chunk can overlap"),
+        ("pageable_time", "copies of many chunks, some with a partial last chunk", _MANY_CHUNKS,
+         "the stages overlap: while the DMA engine moves chunk i, the CPU copies chunk i + 1. "
+         "Follow the chunks one by one: the CPU finishes chunk i at cpu += size / memcpy; its "
+         "DMA starts when both that copy and the previous DMA are done, dma = max(dma, cpu) + "
+         "size / link. The last chunk holds what is left"),
+        ("transfers_to_pay_off", "pinning once against k pageable copies", _PAY_OFF,
+         "each pinned copy saves pageable_time - pinned_time over a pageable one, and pinning "
+         "costs nbytes / pin_rate once: the smallest k with k * saving > pin cost. The pinned "
+         "copies cost time too: pinning is paid back by what each of them saves, not by what it "
+         "costs"),
+    ):
+        with run.case(f"{name}(): {what}", hint=hint):
+            compare.functions(name, getattr(mine, name, None), getattr(ref, name), cases)
+
+
+staging = Exercise(
+    id="part2.managing-memory.6",
+    title="Pageable against pinned: the staging pipeline, and when pinning pays",
+    difficulty=3, kind="model", files=("part2/staging.py",),
+    task="Model the two kinds of host-to-device copy, with the link's rate, the CPU's memcpy "
+         "rate, the chunk size and the fixed cost of a call as parameters. A copy from pinned "
+         "memory is one DMA transfer. A copy from pageable memory goes through the staging "
+         "buffer: the CPU copies chunk after chunk while the DMA engine moves the previous one. "
+         "Write the time of each, then the number of transfers of the same buffer after which "
+         "pinning it pays for itself. Why does a copy smaller than one chunk gain nothing from "
+         "the overlap? Why does pinning pay for itself after a few transfers when the CPU copies "
+         "more slowly than the link, but only after many more when it copies faster?",
+    hint="pinned: overhead + nbytes / link. Pageable: a two-stage pipeline over the chunks (CPU "
+         "memcpy, then DMA), so the slower stage sets the pace, and the first chunk's other stage "
+         "is not hidden. Pinning pays back through what each copy saves, not through what it "
+         "costs",
+    check=_check_staging,
+    planted={"serial_staging": "pageable_time(268435456,",
+             "slower_stage_only": "pageable_time(65536,",
+             "divides_by_pinned_time": "transfers_to_pay_off(1073741824,"},
+)
+
 EXERCISES = [sectors, conflicts, padding, matrix_add_strided, transpose, vector_add_shared, halo,
-             chain_upto]
+             chain_upto, staging]

@@ -1,6 +1,7 @@
 """Part 8's exercises: inference. Models of a decode step's bytes, the paged cache's bookkeeping,
-the split-KV merge, int4 packing, the speculative acceptance rule and a continuous-batching
-scheduler, all checked on a CPU against the book's own functions (snippets/part8/)."""
+the split-KV merge, int4 packing, the speculative acceptance rule, a continuous-batching
+scheduler and the model's head as an ONNX graph (run by onnxruntime), all checked on a CPU
+against the book's own functions (snippets/part8/)."""
 
 from __future__ import annotations
 
@@ -630,5 +631,150 @@ scheduler = Exercise(
                                  "emits", "admit_skips_ahead": "the book's scheduler emits"},
 )
 
+
+# -------------------------------------------------------------------------------- leaving-python.6
+def _onnx_error(exc: BaseException) -> str:
+    """onnx's or onnxruntime's message on one line, without the source paths and C++ signatures."""
+    import re
+
+    text = " ".join(str(exc).split()).split(" ==> Context:")[0]
+    return re.sub(r"/onnxruntime_src/\S+ (?:[\w:<>]+ )?[\w:<>]+\([^)]*\) ", "", text)[:500]
+
+
+def _session(graph, optimised: bool):
+    """An onnxruntime session on the CPU: the graph as written (every graph optimisation off), or
+    as onnxruntime serves it by default (all of them on, fusions included)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4                      # its errors come back as exceptions
+    if not optimised:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    what = "optimised" if optimised else "as written, optimisations off"
+    try:
+        return ort.InferenceSession(graph.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"]), what
+    except Exception as exc:  # noqa: BLE001 (the learner's graph: the message says why)
+        raise Failure(f"onnxruntime ({what}) cannot load the graph: {_onnx_error(exc)}") from exc
+
+
+def _run_head(session, what: str, x: torch.Tensor) -> torch.Tensor:
+    try:
+        return torch.from_numpy(session.run(["logits"], {"x": x.numpy()})[0])
+    except Exception as exc:  # noqa: BLE001
+        raise Failure(f"onnxruntime ({what}) fails on a batch of {x.shape[0]}: "
+                      f"{_onnx_error(exc)}") from exc
+
+
+def _dims(info) -> list:
+    """A graph input's or output's declared dimensions: a number where fixed, else its name."""
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+            for d in info.type.tensor_type.shape.dim]
+
+
+def _check_onnx_head(run: Run) -> None:
+    from snippets.part8 import capstone as cp
+    from snippets.part8.export_onnx import OPSET, missing
+
+    if missing() is not None:
+        raise Failure(f"{missing()}: this exercise builds its graph with onnx and runs it with "
+                      "onnxruntime", hint='both are in the test extra: pip install -e ".[test]"')
+    import onnx
+
+    mod = run.module()
+    require(mod, "head_graph")
+    dim, vocab = cp.TINY.dim, cp.TINY.vocab
+    models = [(cp.Llama(cp.TINY, seed=0), cp.EPS), (cp.Llama(cp.TINY, seed=1), 1e-3)]
+
+    def book(m, eps, x):                     # the capstone's own head: its norm, its LM head
+        return cp.OPS["torch"]["norm"](x, m.norm, eps) @ m.lm_head.T
+
+    with run.case(f"head_graph() of the capstone's tiny model (dim {dim}, vocab {vocab}): a "
+                  f"ModelProto at opset {OPSET} that onnx.checker accepts, shape inference "
+                  "included",
+                  hint=f"opset {OPSET}'s ReduceMean takes its axes as an attribute (opset 18 made "
+                       "them an input); MatMul is x @ B, and lm_head is (vocab, dim) like a "
+                       "Linear's weight: store its transpose"):
+        graphs = [mod.head_graph(m.norm, m.lm_head, eps) for m, eps in models]
+        for graph in graphs:
+            if not isinstance(graph, onnx.ModelProto):
+                raise Failure(f"head_graph returned a {type(graph).__name__}, not an "
+                              "onnx.ModelProto (helper.make_model makes one)")
+            opsets = {o.domain or "ai.onnx": o.version for o in graph.opset_import}
+            if opsets.get("ai.onnx") != OPSET:
+                raise Failure(f"the model imports opset {opsets.get('ai.onnx')} of the default "
+                              f"domain, the book's is OPSET = {OPSET}")
+            try:
+                onnx.checker.check_model(graph, full_check=True)
+            except Exception as exc:  # noqa: BLE001
+                raise Failure(f"onnx.checker rejects the graph: {_onnx_error(exc)}") from exc
+    graph = graphs[0].graph
+    with run.case(f"the graph's boundary: x (batch, {dim}) in, logits (batch, {vocab}) out, "
+                  "float32, the batch symbolic, the weights initializers",
+                  hint="in make_tensor_value_info a string names a symbolic dimension and a "
+                       "number fixes it: ['batch', dim]; a weight goes in the graph's initializer "
+                       "list, not its inputs"):
+        stored = {t.name for t in graph.initializer}
+        inputs = [i for i in graph.input if i.name not in stored]
+        if [i.name for i in inputs] != ["x"] or [o.name for o in graph.output] != ["logits"]:
+            raise Failure(f"the graph's inputs are {[i.name for i in inputs]} and its outputs "
+                          f"{[o.name for o in graph.output]}; expected ['x'] and ['logits'] (the "
+                          "weights are stored in the file as initializers)")
+        for info, size in ((inputs[0], dim), (graph.output[0], vocab)):
+            kind = info.type.tensor_type.elem_type
+            if kind != onnx.TensorProto.FLOAT:
+                name = onnx.TensorProto.DataType.Name(kind)
+                raise Failure(f"{info.name} has element type {name}, expected FLOAT (float32)")
+            dims = _dims(info)
+            if len(dims) != 2 or dims[1] != size:
+                raise Failure(f"{info.name} is declared with shape {dims}, expected "
+                              f"['batch', {size}]")
+            if isinstance(dims[0], int):
+                raise Failure(f"dimension 0 of {info.name} is fixed at {dims[0]}: the graph runs "
+                              "for that batch only; a name (dim_param) makes it symbolic")
+    g = torch.Generator().manual_seed(66)
+    with run.case(f"as written (onnxruntime, optimisations off): batches of 1, 3 and {dim} rows "
+                  "of size 1, the logits within 1e-5 of the capstone's norm and LM head",
+                  hint="ReduceMean with keepdims=1 leaves (batch, 1), which broadcasts against "
+                       "(batch, dim); keepdims=0 leaves (batch,), which broadcasts against the "
+                       "last axis, the wrong one"):
+        written = [_session(gr, optimised=False) for gr in graphs]
+        for b in (1, 3, dim):
+            x = torch.randn(b, dim, generator=g)
+            close("logits", _run_head(*written[0], x), book(models[0][0], cp.EPS, x), 0, 1e-5)
+    with run.case("as written: rows of size 1e-3 with eps 1e-6, and of size 0.03 with eps 1e-3 "
+                  "(another model): their mean square comparable with eps",
+                  hint="eps is added to the mean square inside the square root: Add, then Sqrt"):
+        for (m, eps), (session, what), scale in zip(models, written, (1e-3, 0.03)):
+            x = torch.randn(5, dim, generator=g) * scale
+            close("logits", _run_head(session, what, x), book(m, eps, x), 0, 1e-5)
+    with run.case("as onnxruntime serves it (all graph optimisations on): the same logits",
+                  hint="the optimiser may replace the norm's nodes by one fused kernel: a graph is "
+                       "right by what its operators mean, which the run as written checks"):
+        for (m, eps), graph_, scale in zip(models, graphs, (1.0, 0.03)):
+            session, what = _session(graph_, optimised=True)
+            x = torch.randn(7, dim, generator=g) * scale
+            close("logits", _run_head(session, what, x), book(m, eps, x), 0, 1e-5)
+
+
+onnx_head = Exercise(
+    id="part8.leaving-python.6", title="The model's head as an ONNX graph, written by hand",
+    difficulty=3, kind="python", files=("part8/onnx_head.py",),
+    task="Write the capstone's head, rmsnorm(x, model.norm) @ model.lm_head.T, as an ONNX graph "
+         "with onnx.helper: input x, float32 (batch, dim) with a symbolic batch, output logits "
+         "(batch, vocab), the weights as initializers, opset 17, RMSNorm from the operators the "
+         "exporter writes for it (Pow, ReduceMean, Add, Sqrt, Div, Mul). The check runs it with "
+         "onnxruntime, as written and optimised, against the capstone's norm and LM head within "
+         "1e-5.",
+    hint="const(name, value) makes an initializer; nodes are helper.make_node(op, inputs, "
+         "outputs, **attributes), wired by tensor names; ReduceMean(axes=[-1], keepdims=1); store "
+         "lm_head.T for MatMul; helper.make_graph(nodes, name, [x], [logits], initializer=...) and "
+         "helper.make_model(graph, opset_imports=[helper.make_opsetid('', OPSET)])",
+    check=_check_onnx_head,
+    planted={"fixed_batch": "is fixed at", "lm_head_not_transposed": "matrix multiplication",
+             "axes_as_input": "ReduceMean", "keepdims_dropped": "fails on a batch of 3",
+             "eps_outside_sqrt": "comparable with eps"},
+)
+
 EXERCISES = [block_waste, decode_bytes, split_merge, int4_pack, int4_magic, spec_verify, paged_fork,
-             scheduler, split_norm]
+             scheduler, split_norm, onnx_head]
