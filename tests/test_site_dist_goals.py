@@ -1,7 +1,8 @@
 """The goal lines of Part 7's scaling table (snippets/site/distributed.py) when the machine
 measured has fewer GPUs than the goals are set for: the verdict is given for the world size
 measured, says so, and says the goal's own world size is not measured yet; at that world size the
-line is the plain verdict. The committed results carry a verdict for every goal they measure.
+line is the plain verdict. A stale run's numbers show, but its verdicts read stale. The committed
+results carry a verdict (or a stale mark) for every goal they measure.
 
 The pipeline's table: 1F1B's goal, its measured bubble within 10% of (p - 1) / (m + p - 1) on
 either side, met or not met on hand-made records; no recorded run renders as not measured yet."""
@@ -58,6 +59,23 @@ def test_four_gpus_give_the_plain_verdict(tmp_path):
     assert "not measured yet." not in text.split("Not measured yet")[0]
 
 
+def test_a_stale_run_judges_nothing(tmp_path):
+    """The same filed run, once its code's hash no longer matches: the value stays, the verdict
+    becomes stale (saying what it was), for the plain and the fewer-GPUs forms alike."""
+    for world, book_tps in ((4, 35000.0), (2, 18600.0)):
+        (tmp_path / f"w{world}").mkdir()
+        fresh_text = _file_scaling(tmp_path / f"w{world}", world, book_tps, 0.41)
+        path = tmp_path / f"w{world}" / "r" / "distributed" / f"nvidia-h200-x{world}.json"
+        data = json.loads(path.read_text())
+        data["runs"]["scaling"]["source_hash"] = "0" * 16
+        path.write_text(json.dumps(data))
+        text = render_dist(["scaling"], tmp_path / f"w{world}" / "r")
+        assert "**met" in fresh_text and "**stale**" not in fresh_text
+        assert "**stale** (" in text and not re.search(r"\*\*(not )?met", text)
+        where = "" if world == 4 else " on 2 GPUs"
+        assert f"41.0%, **stale** (met{where} when measured)" in text
+
+
 def test_committed_results_state_every_goal():
     results = REPO_ROOT / "benchmarks" / "results"
     machines = dr.load(results / "distributed")
@@ -66,7 +84,7 @@ def test_committed_results_state_every_goal():
                       (["tp_overlap"], "tp_overlap"), (["pipeline"], "pipeline")):
         if any(run in m["runs"] for m in machines):
             text = render_dist(what, results)
-            assert re.search(r"\*\*(not )?met\b", text), what
+            assert re.search(r"\*\*((not )?met\b|stale\*\*)", text), what
 
 
 def _file_pipeline(tmp_path, world: int, one_f_one_b: float, gpipe: float = 0.2) -> str:

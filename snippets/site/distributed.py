@@ -25,6 +25,7 @@ Every table says which world sizes have no measurement yet, and marks a stale ru
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,10 @@ def render_topology(results_dir: Path) -> str:
     return "\n\n".join(out)
 
 
+# a goal's verdict in a table's text: **met**, **not met**, **met on 2 GPUs**, ...
+STALE_VERDICT = re.compile(r"\*\*((?:not )?met(?: on \d+ GPUs)?)\*\*")
+
+
 def _render(results_dir: Path, run: str, what: str, body) -> str:
     """One table per machine that has ``run``: ``body(machine, entry)`` gives its lines (none when
     the machine has nothing for this directive), under the machine's heading; then the world sizes
@@ -100,6 +105,8 @@ def _render(results_dir: Path, run: str, what: str, body) -> str:
         lines = body(m, m["runs"][run])
         if not lines:
             continue
+        if not fresh(run, m["runs"][run]):   # a stale run's numbers show, but judge nothing
+            lines = [STALE_VERDICT.sub(r"**stale** (\1 when measured)", line) for line in lines]
         head, note = _heading(m, run, what)
         notes.append(note)
         out.append("\n".join([head, "", *lines]))
