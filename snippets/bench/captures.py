@@ -118,6 +118,9 @@ PRODUCERS: dict[str, Producer] = {
     "torch_profiler": Producer(PROFILES, impls=_profiler_workload),
     "sanitizer_memcheck": Producer(PROFILES, files=("csrc/part3/planted_bugs.cu",)),
     "sanitizer_racecheck": Producer(PROFILES, files=("csrc/part3/planted_bugs.cu",)),
+    # its own script: adding it to capture_profiles.sh would have staled every capture that script wrote
+    "cuda_gdb_oob": Producer(("scripts/capture_cuda_gdb.sh", "scripts/cuda_gdb_oob.gdb"),
+                             files=("csrc/part3/planted_bugs.cu",)),
     "stream_overlap": Producer(STREAMS),
     "launch_latency": Producer(STREAMS),
     "triton_metadata": Producer(("scripts/capture_triton.py",), modules=TRITON_METADATA_MODULES),
