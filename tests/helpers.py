@@ -294,3 +294,38 @@ def assert_graph_version_refuses_loose_decoders(fn) -> None:
     for k, v in ((fixed.k.clone(), fixed.v), (fixed.k, fixed.v.clone())):
         with pytest.raises(ValueError, match="own cache storage"):
             fn(fixed, tok, k, v)
+
+
+def run_cute_host_program(src, build_dir) -> str:
+    """Build a host-only C++ program against CuTe's headers (unpacked from the nvidia-cutlass wheel
+    by the CuTe GEMM's helper) and return what it prints. The binary is cached in ``build_dir`` by
+    the hash of the source and of the include path, and published atomically (parallel workers may
+    build the same file). Skips when nvcc or the headers are missing."""
+    import hashlib
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from snippets.part6.cute_gemm import cutlass_include
+    from snippets.registry import REPO_ROOT
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip(f"nvcc is not on PATH, so {Path(src).name} (CuTe's C++) cannot be built")
+    try:
+        include = cutlass_include()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    src, build_dir = Path(src), Path(build_dir)
+    digest = hashlib.sha256(src.read_bytes() + str(include).encode()).hexdigest()[:12]
+    exe = build_dir / f"{src.stem}-{digest}"
+    if not exe.is_file():
+        build_dir.mkdir(parents=True, exist_ok=True)
+        tmp = exe.with_name(f"{exe.name}.{os.getpid()}")
+        cmd = [nvcc, "-std=c++17", f"-I{include}", "-o", str(tmp), str(src.relative_to(REPO_ROOT))]
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}"
+        os.replace(tmp, exe)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout

@@ -26,15 +26,12 @@ CuTe's headers come from the ``nvidia-cutlass`` wheel, as for tests/test_part6_l
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import run_cute_host_program
 
 from snippets.part6.layout import (
     Layout,
@@ -205,37 +202,10 @@ def check(text: str) -> None:
 # ------------------------------------------------------------------ building and running it
 
 
-def cutlass_include() -> Path:
-    """CuTe's headers, unpacked from the nvidia-cutlass wheel into build/ by the CuTe GEMM's own
-    helper (a wheel in build/, or at $KM_CUTLASS_WHEEL, or one pip downloads); skip without."""
-    from snippets.part6.cute_gemm import cutlass_include as unpack
-
-    try:
-        return unpack()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-
-
 @pytest.fixture(scope="module")
 def printed() -> str:
     """What the program prints, built once per version of its source and of the headers."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not on PATH, so csrc/cute/tensor_tour.cu cannot be built")
-    include = cutlass_include()
-    digest = hashlib.sha256(SRC.read_bytes() + str(include).encode()).hexdigest()[:12]
-    exe = BUILD / f"tensor_tour-{digest}"
-    if not exe.is_file():
-        BUILD.mkdir(parents=True, exist_ok=True)
-        tmp = exe.with_name(f"{exe.name}.{os.getpid()}")
-        cmd = [nvcc, "-std=c++17", f"-I{include}", "-o", str(tmp),
-               str(SRC.relative_to(REPO_ROOT))]
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}"
-        os.replace(tmp, exe)  # atomically: another process may be building the same file
-    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    return run_cute_host_program(SRC, BUILD)
 
 
 def test_shown_output_follows_the_algebra():

@@ -18,13 +18,11 @@ result is not ``a o b``; the book refuses them (``test_cute_accepts_some_non_com
 
 from __future__ import annotations
 
-import hashlib
 import random
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import run_cute_host_program
 
 from snippets.part6.layout import (
     Layout,
@@ -652,35 +650,10 @@ def test_random_left_inverse(tl):
 # ------------------------------------------------------------------ oracle 2: CuTe's C++
 
 
-def cutlass_include() -> Path:
-    """CuTe's headers, unpacked from the nvidia-cutlass wheel into build/ by the CuTe GEMM's own
-    helper (a wheel in build/, or at $KM_CUTLASS_WHEEL, or one pip downloads); skip without."""
-    from snippets.part6.cute_gemm import cutlass_include as unpack
-
-    try:
-        return unpack()
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-
-
 @pytest.fixture(scope="module")
 def cute_lines() -> list[str]:
     """The lines csrc/part6/layout_oracle.cu prints, built once per version of its source."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not on PATH, so CuTe's C++ cannot be built")
-    include = cutlass_include()
-    digest = hashlib.sha256(ORACLE_SRC.read_bytes()).hexdigest()[:12]
-    exe = BUILD / "part6" / f"layout_oracle-{digest}"
-    if not exe.is_file():
-        exe.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [nvcc, "-std=c++17", f"-I{include}", "-o", str(exe),
-               str(ORACLE_SRC.relative_to(REPO_ROOT))]
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
-        assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}"
-    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.splitlines()
+    return run_cute_host_program(ORACLE_SRC, BUILD / "part6").splitlines()
 
 
 def parse(text: str):
