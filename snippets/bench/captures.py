@@ -125,6 +125,8 @@ PRODUCERS: dict[str, Producer] = {
     "launch_latency": Producer(STREAMS),
     "triton_metadata": Producer(("scripts/capture_triton.py",), modules=TRITON_METADATA_MODULES),
     "dropout_memory": Producer(("scripts/capture_dropout_memory.py",)),
+    # one training step, allocation by allocation (Part 2: torch.cuda.memory._record_memory_history)
+    "memory_timeline": Producer(("scripts/capture_memory_timeline.py",)),
     "autotune_matmul": Producer(("scripts/capture_autotune.py",)),
     "matmul_shapes": Producer(("scripts/capture_matmul_shapes.py",)),
     "linear_ce_chunks": Producer(("scripts/capture_linear_ce_chunks.py",)),
