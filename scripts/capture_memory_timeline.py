@@ -180,12 +180,16 @@ def sparkline(values: list[int] | list[float], width: int = 60, lo: float = 0.0,
     return "".join(out)
 
 
-def ruler(n: int, bounds: list[int], labels: str, width: int = 60) -> str:
-    """Under each column of ``sparkline`` (of ``n`` values), the label of the phase of its first
-    value: phase ``i`` spans ``[bounds[i], bounds[i + 1])``; a blank outside every phase."""
+def ruler(n: int, bounds: list[int], labels: str, width: int = 60,
+          values: list[int] | list[float] | None = None) -> str:
+    """Under each column of ``sparkline`` (of ``n`` values), the label of a phase: phase ``i`` spans
+    ``[bounds[i], bounds[i + 1])``; a blank outside every phase. The value labelled is the column's
+    first, or with ``values`` its largest, the one the bar above shows, so that a column which
+    straddles two phases is labelled with the phase of its peak."""
     out = []
-    for s, _ in columns(n, width):
-        i = bisect_right(bounds, s) - 1
+    for s, e in columns(n, width):
+        at = s if values is None else max(range(s, e), key=lambda k: values[k])
+        i = bisect_right(bounds, at) - 1
         out.append(labels[i] if 0 <= i < min(len(labels), len(bounds) - 1) else " ")
     return "".join(out)
 
@@ -319,7 +323,8 @@ def report(run: Run, width: int = 60) -> list[str]:
         f"Allocated over step 3's {len(series)} trace events, replayed (▁ = 0 to █ = "
         f"{top / MIB:.0f} MiB, a column's max):",
         "  " + sparkline(series, width, 0, top),
-        "  " + ruler(len(series), [b - first for b in split.bounds], LABELS, width),
+        "  " + ruler(len(series), [b - first for b in split.bounds], LABELS, width,
+                      series),
         "  " + "  ".join(f"{c} {p}" for c, p in zip(LABELS, PHASES)),
         "",
         "The trace phase by phase (ms: between boundaries, from the events' time_us"

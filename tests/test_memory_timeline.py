@@ -171,6 +171,10 @@ def test_ruler_labels_each_column_with_its_phase():
     assert tl.ruler(10, [0, 3, 7, 9, 10], "FBOZ") == "FFFBBBBOOZ"
     assert tl.ruler(10, [0, 3, 7, 9, 10], "FBOZ", width=5) == "FFBBO"
     assert tl.ruler(6, [2, 4, 5], "FBOZ") == "  FFB "  # before the first bound, after the last
+    # a column straddling the forward and the backward is labelled where its bar's peak is
+    peak_in_b = [1, 2, 9, 3, 4, 5]                  # two columns of three; the first peaks at 2
+    assert tl.ruler(6, [0, 2, 4, 6], "FBO", width=2) == "FB"
+    assert tl.ruler(6, [0, 2, 4, 6], "FBO", width=2, values=peak_in_b) == "BO"
 
 
 # ------------------------------------------------------------------------------ tables
