@@ -139,6 +139,58 @@ buckets = Exercise(
 )
 
 
+# ---------------------------------------------------------------------------------- data-parallel.9
+def _check_torch_buckets(run: Run) -> None:
+    import torch.distributed as dist
+
+    from snippets.part7.ddp import assign_buckets
+
+    fn = getattr(run.module(), "torch_buckets", None)
+    if not callable(fn):
+        raise Failure("torch_buckets is missing or not a function")
+
+    def compare(cases, theirs) -> None:
+        for params, cap in cases:
+            want, got = theirs(params, cap), fn(params, cap)
+            if not isinstance(got, list) or [list(b) for b in got] != want:
+                raise Failure(f"torch_buckets(params {_describe(params)}, bucket_bytes={cap}) = "
+                              f"{got}, expected {want}")
+
+    same = [torch.zeros(n) for n in (10, 20, 30, 5, 5, 100)]        # 40, 80, 120, 20, 20, 400 B
+    fixed = [(same, 128), (same, 120), (same, 400), (same, 1), (same, 10**6)]
+    with run.case("six float32 parameters, caps that some buckets reach exactly",
+                  hint="close a bucket once its bytes have reached the cap (>=), not before a "
+                       "parameter would pass it; the parameter that reaches it stays in"):
+        compare(fixed, lambda params, cap: assign_buckets(params, cap, "after"))
+
+    def torchs(params, cap):
+        got, _ = dist._compute_bucket_assignment_by_size(params[::-1], [cap], [False] * len(params))
+        return [[len(params) - 1 - i for i in b] for b in got]
+
+    rng = random.Random(91)
+    cases = [([torch.zeros(rng.choice([1, 3, 16, 64, 100, 256, 1000]))
+               for _ in range(rng.randint(1, 30))], rng.choice([4, 64, 400, 1024, 4096]))
+             for _ in range(200)]
+    with run.case(f"{len(cases)} random float32 models, against torch's own assignment function",
+                  hint="the last parameter comes first: the backward produces its gradient first"):
+        compare(cases, torchs)
+
+
+torch_buckets = Exercise(
+    id="part7.data-parallel.9", title="torch's bucket rule", difficulty=2,
+    kind="python", files=("part7/torch_buckets.py",),
+    task="Write torch_buckets(params, bucket_bytes) for parameters of one dtype: indices in the "
+         "reverse of the given order; a parameter joins the current bucket, and the bucket is "
+         "closed once its bytes have reached bucket_bytes, so it may pass the cap by its last "
+         "parameter (torch's DDP's rule).",
+    hint="keep the current bucket's bytes; open a new bucket when they have reached the cap, "
+         "before adding the next parameter",
+    check=_check_torch_buckets,
+    planted={"forward_order": "torch_buckets(", "strictly_past": "torch_buckets(",
+             "closes_before": "torch_buckets("},
+)
+
+
 # -------------------------------------------------------------------------------- tensor-parallel.8
 def _check_tp(run: Run) -> None:
     import torch.nn.functional as F
@@ -889,5 +941,5 @@ block_params = Exercise(
 )
 
 
-EXERCISES = [ring_costs, zero_mem, buckets, tp_linear, one_f_one_b, any_p, ring,
+EXERCISES = [ring_costs, zero_mem, buckets, torch_buckets, tp_linear, one_f_one_b, any_p, ring,
              all_gather_mm, moe_routing, block_params]
