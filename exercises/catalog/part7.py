@@ -82,8 +82,10 @@ zero_mem = Exercise(
 
 
 # ---------------------------------------------------------------------------------- data-parallel.7
-def _random_params(rng: random.Random, n: int) -> list[torch.Tensor]:
-    dtypes = [torch.float32] * 6 + [torch.bfloat16, torch.float64]
+MIXED_DTYPES = [torch.float32] * 6 + [torch.bfloat16, torch.float64]
+
+
+def _random_params(rng: random.Random, n: int, dtypes=MIXED_DTYPES) -> list[torch.Tensor]:
     return [torch.zeros(rng.choice([1, 3, 16, 64, 100, 256, 1000]), dtype=rng.choice(dtypes))
             for _ in range(n)]
 
@@ -93,16 +95,19 @@ def _describe(params: list[torch.Tensor]) -> str:
                            f"{str(p.dtype).removeprefix('torch.')}" for p in params) + "]"
 
 
-def _compare_buckets(fn, cases) -> None:
+def _compare_buckets(fn, cases, reference=None, name: str = "assign_buckets") -> None:
+    """``fn(params, cap)`` against ``reference`` (default: the book's assign_buckets) on every
+    case, the failure naming the learner's function ``name``."""
     from snippets.part7.ddp import assign_buckets
 
+    reference = reference or assign_buckets
     if not callable(fn):
-        raise Failure("assign_buckets is missing or not a function")
+        raise Failure(f"{name} is missing or not a function")
     for params, cap in cases:
-        want = assign_buckets(params, cap)
+        want = reference(params, cap)
         got = fn(params, cap)
         if not isinstance(got, list) or [list(b) for b in got] != want:
-            raise Failure(f"assign_buckets(params {_describe(params)}, bucket_bytes={cap}) = "
+            raise Failure(f"{name}(params {_describe(params)}, bucket_bytes={cap}) = "
                           f"{got}, expected {want}")
 
 
@@ -146,34 +151,24 @@ def _check_torch_buckets(run: Run) -> None:
     from snippets.part7.ddp import assign_buckets
 
     fn = getattr(run.module(), "torch_buckets", None)
-    if not callable(fn):
-        raise Failure("torch_buckets is missing or not a function")
-
-    def compare(cases, theirs) -> None:
-        for params, cap in cases:
-            want, got = theirs(params, cap), fn(params, cap)
-            if not isinstance(got, list) or [list(b) for b in got] != want:
-                raise Failure(f"torch_buckets(params {_describe(params)}, bucket_bytes={cap}) = "
-                              f"{got}, expected {want}")
-
     same = [torch.zeros(n) for n in (10, 20, 30, 5, 5, 100)]        # 40, 80, 120, 20, 20, 400 B
     fixed = [(same, 128), (same, 120), (same, 400), (same, 1), (same, 10**6)]
     with run.case("six float32 parameters, caps that some buckets reach exactly",
                   hint="close a bucket once its bytes have reached the cap (>=), not before a "
                        "parameter would pass it; the parameter that reaches it stays in"):
-        compare(fixed, lambda params, cap: assign_buckets(params, cap, "after"))
+        _compare_buckets(fn, fixed, lambda params, cap: assign_buckets(params, cap, "after"),
+                         "torch_buckets")
 
     def torchs(params, cap):
         got, _ = dist._compute_bucket_assignment_by_size(params[::-1], [cap], [False] * len(params))
         return [[len(params) - 1 - i for i in b] for b in got]
 
     rng = random.Random(91)
-    cases = [([torch.zeros(rng.choice([1, 3, 16, 64, 100, 256, 1000]))
-               for _ in range(rng.randint(1, 30))], rng.choice([4, 64, 400, 1024, 4096]))
-             for _ in range(200)]
+    cases = [(_random_params(rng, rng.randint(1, 30), [torch.float32]),
+              rng.choice([4, 64, 400, 1024, 4096])) for _ in range(200)]
     with run.case(f"{len(cases)} random float32 models, against torch's own assignment function",
                   hint="the last parameter comes first: the backward produces its gradient first"):
-        compare(cases, torchs)
+        _compare_buckets(fn, cases, torchs, "torch_buckets")
 
 
 torch_buckets = Exercise(

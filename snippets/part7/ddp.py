@@ -63,16 +63,15 @@ def assign_buckets(params: list[torch.Tensor], bucket_bytes: int,
     if close not in ("before", "after"):
         raise ValueError(f"assign_buckets: close must be 'before' or 'after', got {close!r}")
     buckets: list[list[int]] = []
-    size, dtype, full = 0, None, False
+    size, dtype = 0, None
     for i in reversed(range(len(params))):
         nbytes = params[i].numel() * params[i].element_size()
-        past = full if close == "after" else size + nbytes > bucket_bytes
+        past = size >= bucket_bytes if close == "after" else size + nbytes > bucket_bytes
         if not buckets or past or params[i].dtype != dtype:
             buckets.append([])
             size, dtype = 0, params[i].dtype
         buckets[-1].append(i)
         size += nbytes
-        full = size >= bucket_bytes
     return buckets
 
 

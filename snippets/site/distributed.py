@@ -56,12 +56,11 @@ def _machines(results_dir: Path) -> list[dict[str, Any]]:
     return load(Path(results_dir) / "distributed")
 
 
-def _heading(m: dict[str, Any], run: str, what: str) -> tuple[str, str]:
+def _heading(m: dict[str, Any], run: str, what: str, stale: bool) -> tuple[str, str]:
     """The line above a machine's table (directive ``what``) and its provenance footnote."""
     e = m["runs"][run]
     p = e["provenance"]
     label = f"dist-{what}-{slug(m['gpu'])}-x{m['world_size']}"
-    stale = not fresh(run, e)
     state = (" **Stale**: the code that produced it has changed since; re-run "
              "`scripts/part7_gpus.sh`." if stale else "")
     note = (f"[^{label}]: Measured by `python -m {e['module']}` under `scripts/part7_gpus.sh` on "
@@ -105,9 +104,10 @@ def _render(results_dir: Path, run: str, what: str, body) -> str:
         lines = body(m, m["runs"][run])
         if not lines:
             continue
-        if not fresh(run, m["runs"][run]):   # a stale run's numbers show, but judge nothing
+        stale = not fresh(run, m["runs"][run])
+        if stale:   # a stale run's numbers show, but judge nothing
             lines = [STALE_VERDICT.sub(r"**stale** (\1 when measured)", line) for line in lines]
-        head, note = _heading(m, run, what)
+        head, note = _heading(m, run, what, stale)
         notes.append(note)
         out.append("\n".join([head, "", *lines]))
     missing = _missing(machines, run)
