@@ -108,6 +108,15 @@ def reference(dtype, steps: int = STEPS, micro: int = 1):
     return losses, [p.detach() for p in model.parameters()]
 
 
+def assert_float64_steps_equal_torchs(r: dict, rank: int) -> None:
+    """One rank's float64 runs (plain, and two micro-batches with no_sync): BucketedDDP's losses
+    and parameters equal torch's DDP's bit for bit."""
+    for ours, theirs in ((("ours", torch.float64), ("torch", torch.float64)),
+                         ("no_sync", "torch no_sync")):
+        assert r[ours][0] == r[theirs][0], (rank, ours)
+        assert all(torch.equal(a, b) for a, b in zip(r[ours][1], r[theirs][1])), (rank, ours)
+
+
 def assert_same_run(results, ref, tol):
     """Every rank ended with the reference's parameters, and the mean of the ranks' losses is the
     reference's loss at every step."""
@@ -158,11 +167,8 @@ def test_on_two_ranks_ours_and_torchs_ddp_agree_bit_for_bit(world):
     p, results = world
     if p != 2:
         pytest.skip("a sum of more than two values depends on the order of the additions")
-    for r in results:
-        for ours, theirs in ((("ours", torch.float64), ("torch", torch.float64)),
-                             ("no_sync", "torch no_sync")):
-            assert r[ours][0] == r[theirs][0]
-            assert all(torch.equal(a, b) for a, b in zip(r[ours][1], r[theirs][1]))
+    for rank, r in enumerate(results):
+        assert_float64_steps_equal_torchs(r, rank)
 
 
 def test_construction_broadcasts_rank0s_weights(world):

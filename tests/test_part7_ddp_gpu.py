@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_part7_ddp import TOL, train
+from test_part7_ddp import TOL, assert_float64_steps_equal_torchs, train
 
 from snippets.part7.launch import run_world
 
@@ -14,10 +14,8 @@ from snippets.part7.launch import run_world
 def ddp_gpu_world(rank: int, world: int) -> dict:
     device = f"cuda:{rank}"
     torch.backends.cuda.matmul.allow_tf32 = False
-    out = {key: train(rank, world, dtype, wrapper, device=device)
-           for key in (("ours", torch.float64), ("torch", torch.float64),
-                       ("ours", torch.float32), ("torch", torch.float32))
-           for wrapper, dtype in [key]}
+    out = {(wrapper, dtype): train(rank, world, dtype, wrapper, device=device)
+           for dtype in (torch.float64, torch.float32) for wrapper in ("ours", "torch")}
     out["no_sync"] = train(rank, world, torch.float64, "ours", steps=4, micro=2, device=device)
     out["torch no_sync"] = train(rank, world, torch.float64, "torch", steps=4, micro=2,
                                  device=device)
@@ -33,10 +31,7 @@ def test_bucketed_ddp_on_nccl_equals_torchs_ddp():
     results = run_world(ddp_gpu_world, min(2, torch.cuda.device_count()), backend="nccl",
                         timeout_s=240)
     for rank, r in enumerate(results):
-        for ours, theirs in ((("ours", torch.float64), ("torch", torch.float64)),
-                             ("no_sync", "torch no_sync")):
-            assert r[ours][0] == r[theirs][0]
-            assert all(torch.equal(a, b) for a, b in zip(r[ours][1], r[theirs][1])), rank
+        assert_float64_steps_equal_torchs(r, rank)
         for a, b in zip(r["ours", torch.float32][1], r["torch", torch.float32][1]):
             torch.testing.assert_close(a, b, atol=TOL[torch.float32], rtol=0)
         log = r["ours", torch.float64][2]
