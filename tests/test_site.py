@@ -366,10 +366,22 @@ def test_goal_memory_term(tmp_path):
     assert rows[1].endswith("**not met** |")
 
 
+def test_goal_rate_term(tmp_path):
+    # fake_results: version k takes 1 / (k + 1) ms; the rate is the op's bytes over that time
+    fake_results(tmp_path, "reduce_sum")
+    results = json.loads(next(tmp_path.glob("*.json")).read_text())
+    rate = next(r["value"] for r in results["ops"]["reduce_sum"]["records"] if r["impl"] == "v3")
+    rows = _goal_rows(site.render_page(f"<!-- bench:goal reduce_sum v3 rate:{rate * 0.99:.6f} "
+                                       f"rate:{rate * 1.01:.6f} -->\n", "p.md", tmp_path))
+    assert len(rows) == 2 and f"{rate:,.1f} GB/s" in rows[0]
+    assert rows[0].endswith("**met** |") and rows[1].endswith("**not met** |")
+    assert "at least" in rows[0] and "GB/s" in rows[0].split(" | ")[0]
+
+
 def test_goal_refuses_malformed_directives(tmp_path):
     for text, match in (("reduce_sum v3", "at least one term"), ("nope v1 v0:1", "unknown op"),
                         ("reduce_sum v99 v0:1", "no version v99"), ("reduce_sum v3 v99:1", "no version v99"),
-                        ("reduce_sum v3 faster", "is not vK:R"), ("pointer_chase v1 ceiling:0.5", "no ceiling")):
+                        ("reduce_sum v3 faster", "is not vK:R"), ("reduce_sum v3 rate:fast", "is not vK:R"), ("pointer_chase v1 ceiling:0.5", "no ceiling")):
         with pytest.raises(ValueError, match=match):
             site.render_page(f"<!-- bench:goal {text} -->\n", "p.md", tmp_path)
 

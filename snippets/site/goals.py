@@ -10,14 +10,15 @@ from snippets.site.fmt import _cname, _fmt_ms, _gib, _slug, short_size
 from snippets.site.tables import _footnote_as, _headline_dtype, gpu_short
 
 
-GOAL_TERM = re.compile(r"^(?:(v\d+)|ceiling|memory-(v\d+)):(\d+(?:\.\d+)?)$")
+GOAL_TERM = re.compile(r"^(?:(v\d+)|(ceiling)|memory-(v\d+)|(rate)):(\d+(?:\.\d+)?)$")
 
 
 def parse_goal(pos: list[str], ops: dict[str, Op]) -> tuple[Op, str, list[tuple[str, str | None, float]]]:
     """``OP VER TERM...`` -> (op, version, [(kind, other version or None, threshold)]), kind one of "speed",
-    "ceiling", "memory"; unknown ops, versions and malformed terms raise ``ValueError``."""
+    "ceiling", "memory", "rate"; unknown ops, versions and malformed terms raise ``ValueError``."""
     if len(pos) < 3:
-        raise ValueError("bench:goal needs OP VERSION and at least one term (vK:R, ceiling:F, memory-vK:F)")
+        raise ValueError("bench:goal needs OP VERSION and at least one term (vK:R, ceiling:F, memory-vK:F, "
+                         "rate:X)")
     op_name, ver, *terms = pos
     if op_name not in ops:
         raise ValueError(f"bench:goal names unknown op {op_name!r}; known: {sorted(ops)}")
@@ -26,12 +27,13 @@ def parse_goal(pos: list[str], ops: dict[str, Op]) -> tuple[Op, str, list[tuple[
     for tok in terms:
         m = GOAL_TERM.match(tok)
         if not m:
-            raise ValueError(f"bench:goal term {tok!r} is not vK:R, ceiling:F or memory-vK:F")
-        other = m.group(1) or m.group(2)
-        kind = "speed" if m.group(1) else "memory" if m.group(2) else "ceiling"
+            raise ValueError(f"bench:goal term {tok!r} is not vK:R, ceiling:F, memory-vK:F or rate:X")
+        other = m.group(1) or m.group(3)
+        kind = ("speed" if m.group(1) else "ceiling" if m.group(2) else "memory" if m.group(3)
+                else "rate")
         if kind == "ceiling" and not op.ceiling:
             raise ValueError(f"bench:goal: {op_name} has no ceiling to be a fraction of")
-        parsed.append((kind, other, float(m.group(3))))
+        parsed.append((kind, other, float(m.group(5))))
     for v in [*([] if ver == "best" else [ver]), *(o for _, o, _ in parsed if o)]:
         if v not in op.impls:
             raise ValueError(f"bench:goal: {op_name} has no version {v}; it has {sorted(op.impls)}")
@@ -56,6 +58,8 @@ def _goal_row(op: Op, ver: str, term: tuple[str, str | None, float], recs: dict[
                 else f"{who} at least as fast as {other} ({op.impls[other].desc})")
     elif kind == "ceiling":
         goal = f"{who} at least {100 * x:g}% of the {_cname(ceiling['name'] if ceiling else op.ceiling)} ceiling"
+    elif kind == "rate":
+        goal = f"{who} at least {x:,g} {op.metric}"
     else:
         goal = f"{who} holds at most {x:g}x the peak memory of {other} ({op.impls[other].desc})"
     needed = [ver] + ([other] if other else [])
@@ -69,6 +73,8 @@ def _goal_row(op: Op, ver: str, term: tuple[str, str | None, float], recs: dict[
     elif kind == "ceiling":
         value = r["fraction_of_ceiling"]
         measured, met = f"{100 * value:.1f}% ({r['value']:,.1f} {op.metric})", value >= x
+    elif kind == "rate":
+        measured, met = f"{r['value']:,.1f} {op.metric}", r["value"] >= x
     else:
         mine, theirs = r["peak_extra_bytes"], recs[other]["peak_extra_bytes"]
         value = mine / theirs if theirs else float("inf") if mine else 0.0
