@@ -98,23 +98,23 @@ __device__ __forceinline__ void issue_slice_desc(float (&t)[W / 2], uint64_t da,
     wgmma_commit();
 }
 
-// v6: mbarrier.try_wait in a loop written in PTX: a try that succeeds costs the try and one branch
-// (fp8_gemm.cu's mbar_wait also converts the predicate and, on every retry, reads the clock and
-// compares 64-bit times). Only a retry counts, for the trap that replaces a hang.
+// v6: mbarrier.try_wait in a loop (each try may suspend the thread for a while), with a count of
+// tries for the trap that replaces a hang; fp8_gemm.cu's mbar_wait reads the clock and compares
+// 64-bit times on every retry, which the consumers' issue slots pay for.
 constexpr uint32_t WAIT_LIMIT_TRIES = 1u << 26;
 __device__ __forceinline__ void mbar_wait_tries(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred p;\n.reg .u32 n;\nmov.u32 n, 0;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@p bra DONE_%=;\n"
-        "add.u32 n, n, 1;\n"
-        "setp.lt.u32 p, n, %2;\n"
-        "@p bra WAIT_%=;\n"
-        "trap;\n"
-        "DONE_%=:\n}\n"
-        ::"r"(bar), "r"(parity), "n"(WAIT_LIMIT_TRIES)
-        : "memory");
+    for (uint32_t tries = 0;; ++tries) {
+        uint32_t done;
+        asm volatile(
+            "{\n.reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+        if (done) return;
+        if (tries == WAIT_LIMIT_TRIES) __trap();
+    }
 }
 
 // The promotion of fp8_gemm.cu's loop: acc += t, times the rows' block scales when BLOCKWISE
