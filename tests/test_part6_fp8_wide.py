@@ -1,4 +1,4 @@
-"""The FP8 GEMMs with wider tiles (csrc/fp8/fp8_gemm_wide.cu: fp8_gemm v4, v5 and v6,
+"""The FP8 GEMMs with wider tiles (csrc/fp8/fp8_gemm_wide.cu: fp8_gemm v4 and v5,
 fp8_gemm_blockscaled v5).
 
 On a CPU: the file compiles for sm_90a with the launcher's own command, without spills, ptxas
@@ -39,9 +39,7 @@ requires_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 # kernel -> (config, slice width W, temporaries, BLOCKWISE)
 KERNELS = {"fp8_gemm_tensor_wide": (w.WIDE_CONFIG, 128, 1, False),
            "fp8_gemm_block_wide": (w.WIDE_CONFIG, 128, 1, True),
-           "fp8_gemm_tensor_sliced": (w.SLICED_CONFIG, 96, 2, False),
-           "fp8_gemm_tensor_lean": (w.SLICED_CONFIG, 96, 2, False)}
-LEAN = {"fp8_gemm_tensor_lean"}  # v6: v5 with fewer instructions
+           "fp8_gemm_tensor_sliced": (w.SLICED_CONFIG, 96, 2, False)}
 
 
 @pytest.fixture(scope="module")
@@ -94,21 +92,6 @@ def test_sass_has_two_promoted_slices_and_v5s_overlap(built):
         assert "STG.E.128" in code and "UTMALDG.2D" in code and "SYNCS.PHASECHK" in code
         assert "USETMAXREG.DEALLOC" in code and "USETMAXREG.TRY_ALLOC" in code
         assert "HGMMA" not in code and "HMMA" not in code
-        # v5's waits read the clock on every retry (for the trap after a time limit); v6's count
-        assert ("SR_CLOCKLO" in code) == (name not in LEAN), name
-
-
-@pytest.mark.op("fp8_gemm")
-@requires_nvcc
-def test_v6_issues_fewer_instructions_than_v5(built):
-    """v6 is v5 with the same wgmmas, waits and adds, and less else: fewer instructions in all (its
-    descriptors are additions to two base descriptors, its waits count tries)."""
-    sass = sass_by_function(built[0])
-    count = {name: len(re.findall(r"^\s+/\*[0-9a-f]+\*/\s", sass[name], re.M))
-             for name in (w.SLICED_KERNEL, w.LEAN_KERNEL)}
-    assert count[w.LEAN_KERNEL] < count[w.SLICED_KERNEL], count
-    for name in count:
-        assert len(re.findall(r"QGMMA\.64x96x32", sass[name])) == 8
 
 
 @pytest.mark.op("fp8_gemm")
@@ -118,16 +101,13 @@ def test_configs_match_the_files_instances():
     fp8_gemm_sliced<BLOCKWISE, W, TEMPS> with a tile of 2W columns, and the file asserts the stage
     counts (as many stages as 227 KB holds) that the configs use."""
     text = CU.read_text()
-    found = {name: (bw == "true", int(width), int(temps), lean == "true")
-             for name, bw, width, temps, lean in re.findall(
-                 r"^F8W_KERNEL\((\w+), (true|false), (\d+), (\d+), (true|false)\)", text, re.M)}
-    assert found == {name: (bw, width, temps, name in LEAN)
-                     for name, (_, width, temps, bw) in KERNELS.items()}
+    found = {name: (bw == "true", int(width), int(temps)) for name, bw, width, temps in re.findall(
+        r"^F8W_KERNEL\((\w+), (true|false), (\d+), (\d+)\)", text, re.M)}
+    assert found == {name: (bw, width, temps) for name, (_, width, temps, bw) in KERNELS.items()}
     for name, (cfg, width, temps, blockwise) in KERNELS.items():
         assert cfg.block_n == 2 * width and cfg.block_m == 128 and cfg.block_k == f.BLOCK
         if temps == 2:
-            assert name in (w.SLICED_KERNEL, w.LEAN_KERNEL) and cfg is w.SLICED_CONFIG
-            assert not blockwise
+            assert name == w.SLICED_KERNEL and cfg is w.SLICED_CONFIG and not blockwise
         else:
             assert name == w.WIDE_KERNELS[blockwise] and cfg is w.WIDE_CONFIG
     stages = dict(re.findall(r"STAGES<(\d+)> == (\d+)", text))
@@ -197,11 +177,10 @@ def test_refuse_bad_input_before_launch(case):
 @pytest.mark.op("fp8_gemm")
 @pytest.mark.op("fp8_gemm_blockscaled")
 def test_registration():
-    v4, v5, v6 = (f.fp8_gemm.impls[v] for v in ("v4", "v5", "v6"))
-    b5 = f.fp8_gemm_blockscaled.impls["v5"]
-    assert (v4.fn, v5.fn, v6.fn, b5.fn) == (w.fp8_gemm_wide, w.fp8_gemm_sliced, w.fp8_gemm_lean,
-                                            w.fp8_gemm_blockscaled_wide)
-    for impl in (v4, v5, v6, b5):
+    v4, v5, b5 = f.fp8_gemm.impls["v4"], f.fp8_gemm.impls["v5"], f.fp8_gemm_blockscaled.impls["v5"]
+    assert (v4.fn, v5.fn, b5.fn) == (w.fp8_gemm_wide, w.fp8_gemm_sliced,
+                                     w.fp8_gemm_blockscaled_wide)
+    for impl in (v4, v5, b5):
         assert impl.lang == "CUDA" and impl.origin == "book" and impl.requires is f.needs_fp8_sm90
         files = [Path(s) for s in impl.sources if isinstance(s, (str, Path))]
         assert CU in files and REPO_ROOT / "csrc" / f.CU_FILE in files  # and what it includes
@@ -232,8 +211,6 @@ def test_same_bits_as_the_128_column_tiles(m, n, k):
     assert torch.equal(w.fp8_gemm_wide(a, b, sa, sb), c3)
     poison_allocator(m * n * 2, DEVICE)
     assert torch.equal(w.fp8_gemm_sliced(a, b, sa, sb), c3)
-    poison_allocator(m * n * 2, DEVICE)
-    assert torch.equal(w.fp8_gemm_lean(a, b, sa, sb), c3)
     if n % 128 == 0 and k % 128 == 0:  # the block scales' shapes
         a, asc, b, bsc = _blockscaled(m, n, k, seed=m + n + k)
         poison_allocator(m * n * 2, DEVICE)
@@ -248,7 +225,7 @@ def test_padded_rows_and_repeatability():
     a, b, sa, sb = _per_tensor(300, 264, 512, seed=3)
     wide = torch.zeros((300, 640), dtype=torch.uint8, device=DEVICE)
     wide[:, :512] = a.view(torch.uint8)
-    for fn in (w.fp8_gemm_wide, w.fp8_gemm_sliced, w.fp8_gemm_lean):
+    for fn in (w.fp8_gemm_wide, w.fp8_gemm_sliced):
         c = fn(wide.view(E4M3)[:, :512], b, sa, sb)
         assert torch.equal(c, fn(a, b, sa, sb))
         assert torch.equal(c, f.fp8_gemm_cuda(a, b, sa, sb))
@@ -263,7 +240,7 @@ def test_per_tensor_headline_error(size):
     a, b, sa, sb = _per_tensor(size, size, size, seed=size)
     exact = f.fp8_gemm_ref(a, b, sa.double(), sb.double())
     bar = f.scaled_error(f.fp8_gemm_ref(a, b, sa, sb).to(torch.bfloat16), exact)
-    for fn in (w.fp8_gemm_wide, w.fp8_gemm_sliced, w.fp8_gemm_lean):
+    for fn in (w.fp8_gemm_wide, w.fp8_gemm_sliced):
         assert f.scaled_error(fn(a, b, sa, sb), exact) <= 2 * bar, fn.__name__
 
 
