@@ -381,7 +381,8 @@ def test_goal_rate_term(tmp_path):
 def test_goal_refuses_malformed_directives(tmp_path):
     for text, match in (("reduce_sum v3", "at least one term"), ("nope v1 v0:1", "unknown op"),
                         ("reduce_sum v99 v0:1", "no version v99"), ("reduce_sum v3 v99:1", "no version v99"),
-                        ("reduce_sum v3 faster", "is not vK:R"), ("reduce_sum v3 rate:fast", "is not vK:R"), ("pointer_chase v1 ceiling:0.5", "no ceiling")):
+                        ("reduce_sum v3 faster", "is not vK:R"), ("reduce_sum v3 rate:fast", "is not vK:R"),
+                        ("pointer_chase v1 ceiling:0.5", "no ceiling")):
         with pytest.raises(ValueError, match=match):
             site.render_page(f"<!-- bench:goal {text} -->\n", "p.md", tmp_path)
 

@@ -10,7 +10,10 @@ from snippets.site.fmt import _cname, _fmt_ms, _gib, _slug, short_size
 from snippets.site.tables import _footnote_as, _headline_dtype, gpu_short
 
 
-GOAL_TERM = re.compile(r"^(?:(v\d+)|(ceiling)|memory-(v\d+)|(rate)):(\d+(?:\.\d+)?)$")
+# one named group per kind of term (speed's and memory's hold the other version), then the threshold
+GOAL_TERM = re.compile(r"^(?:(?P<speed>v\d+)|(?P<ceiling>ceiling)|memory-(?P<memory>v\d+)|(?P<rate>rate))"
+                       r":(?P<x>\d+(?:\.\d+)?)$")
+GOAL_KINDS = ("speed", "ceiling", "memory", "rate")
 
 
 def parse_goal(pos: list[str], ops: dict[str, Op]) -> tuple[Op, str, list[tuple[str, str | None, float]]]:
@@ -28,12 +31,11 @@ def parse_goal(pos: list[str], ops: dict[str, Op]) -> tuple[Op, str, list[tuple[
         m = GOAL_TERM.match(tok)
         if not m:
             raise ValueError(f"bench:goal term {tok!r} is not vK:R, ceiling:F, memory-vK:F or rate:X")
-        other = m.group(1) or m.group(3)
-        kind = ("speed" if m.group(1) else "ceiling" if m.group(2) else "memory" if m.group(3)
-                else "rate")
+        kind = next(k for k in GOAL_KINDS if m.group(k))
+        other = m.group("speed") or m.group("memory")
         if kind == "ceiling" and not op.ceiling:
             raise ValueError(f"bench:goal: {op_name} has no ceiling to be a fraction of")
-        parsed.append((kind, other, float(m.group(5))))
+        parsed.append((kind, other, float(m.group("x"))))
     for v in [*([] if ver == "best" else [ver]), *(o for _, o, _ in parsed if o)]:
         if v not in op.impls:
             raise ValueError(f"bench:goal: {op_name} has no version {v}; it has {sorted(op.impls)}")
