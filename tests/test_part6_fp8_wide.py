@@ -1,4 +1,4 @@
-"""The FP8 GEMMs with wider tiles (csrc/fp8/fp8_gemm_wide.cu: fp8_gemm v4 and v5,
+"""The FP8 GEMMs with wider tiles (csrc/fp8/fp8_gemm_wide.cu: fp8_gemm v4, v5 and v6,
 fp8_gemm_blockscaled v5).
 
 On a CPU: the file compiles for sm_90a with the launcher's own command, without spills, ptxas
@@ -39,7 +39,9 @@ requires_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 # kernel -> (config, slice width W, temporaries, BLOCKWISE)
 KERNELS = {"fp8_gemm_tensor_wide": (w.WIDE_CONFIG, 128, 1, False),
            "fp8_gemm_block_wide": (w.WIDE_CONFIG, 128, 1, True),
-           "fp8_gemm_tensor_sliced": (w.SLICED_CONFIG, 96, 2, False)}
+           "fp8_gemm_tensor_sliced": (w.SLICED_CONFIG, 96, 2, False),
+           "fp8_gemm_tensor_lean": (w.SLICED_CONFIG, 96, 2, False)}
+LEAN = {"fp8_gemm_tensor_lean"}  # v6: v5 with fewer instructions
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +94,36 @@ def test_sass_has_two_promoted_slices_and_v5s_overlap(built):
         assert "STG.E.128" in code and "UTMALDG.2D" in code and "SYNCS.PHASECHK" in code
         assert "USETMAXREG.DEALLOC" in code and "USETMAXREG.TRY_ALLOC" in code
         assert "HGMMA" not in code and "HMMA" not in code
+        # v5's waits read the clock on every retry (for the trap after a time limit); v6's count
+        assert ("SR_CLOCKLO" in code) == (name not in LEAN), name
+
+
+def k_loop(code: str) -> list[str]:
+    """The consumers' K-loop of one function's SASS: the instructions from the target of the
+    backward branch that closes the loop around the QGMMAs to that branch (the wait's retry path
+    included, the epilogue and the trap paths not)."""
+    ins = [(int(a, 16), text) for a, text in re.findall(r"^\s+/\*([0-9a-f]+)\*/\s+([^;]*);", code,
+                                                        re.M)]
+    qgmma = [a for a, text in ins if "QGMMA" in text]
+    for a, text in ins:
+        target = re.search(r"BRA (0x[0-9a-f]+)", text)
+        if a > qgmma[-1] and target and int(target[1], 16) <= qgmma[0]:
+            return [t for x, t in ins if int(target[1], 16) <= x <= a]
+    raise AssertionError("no loop around the QGMMAs")
+
+
+@pytest.mark.op("fp8_gemm")
+@requires_nvcc
+def test_v6_issues_fewer_instructions_per_k_block_than_v5(built):
+    """v6 is v5 with the same wgmmas, waits and adds, and less else: its K-loop is shorter (its
+    descriptors are additions to two base descriptors, its waits a bare try-and-branch)."""
+    sass = sass_by_function(built[0])
+    loops = {name: k_loop(sass[name]) for name in (w.SLICED_KERNEL, w.LEAN_KERNEL)}
+    for name, loop in loops.items():
+        assert sum("QGMMA.64x96x32" in t for t in loop) == 8, name
+        assert sum(t.startswith("FADD") for t in loop) == 96, name  # 2 slices x 48 registers
+    lean, sliced = len(loops[w.LEAN_KERNEL]), len(loops[w.SLICED_KERNEL])
+    assert lean < 0.85 * sliced, (lean, sliced)
 
 
 @pytest.mark.op("fp8_gemm")
@@ -101,13 +133,16 @@ def test_configs_match_the_files_instances():
     fp8_gemm_sliced<BLOCKWISE, W, TEMPS> with a tile of 2W columns, and the file asserts the stage
     counts (as many stages as 227 KB holds) that the configs use."""
     text = CU.read_text()
-    found = {name: (bw == "true", int(width), int(temps)) for name, bw, width, temps in re.findall(
-        r"^F8W_KERNEL\((\w+), (true|false), (\d+), (\d+)\)", text, re.M)}
-    assert found == {name: (bw, width, temps) for name, (_, width, temps, bw) in KERNELS.items()}
+    found = {name: (bw == "true", int(width), int(temps), lean == "true")
+             for name, bw, width, temps, lean in re.findall(
+                 r"^F8W_KERNEL\((\w+), (true|false), (\d+), (\d+), (true|false)\)", text, re.M)}
+    assert found == {name: (bw, width, temps, name in LEAN)
+                     for name, (_, width, temps, bw) in KERNELS.items()}
     for name, (cfg, width, temps, blockwise) in KERNELS.items():
         assert cfg.block_n == 2 * width and cfg.block_m == 128 and cfg.block_k == f.BLOCK
         if temps == 2:
-            assert name == w.SLICED_KERNEL and cfg is w.SLICED_CONFIG and not blockwise
+            assert name in (w.SLICED_KERNEL, w.LEAN_KERNEL) and cfg is w.SLICED_CONFIG
+            assert not blockwise
         else:
             assert name == w.WIDE_KERNELS[blockwise] and cfg is w.WIDE_CONFIG
     stages = dict(re.findall(r"STAGES<(\d+)> == (\d+)", text))
@@ -177,10 +212,11 @@ def test_refuse_bad_input_before_launch(case):
 @pytest.mark.op("fp8_gemm")
 @pytest.mark.op("fp8_gemm_blockscaled")
 def test_registration():
-    v4, v5, b5 = f.fp8_gemm.impls["v4"], f.fp8_gemm.impls["v5"], f.fp8_gemm_blockscaled.impls["v5"]
-    assert (v4.fn, v5.fn, b5.fn) == (w.fp8_gemm_wide, w.fp8_gemm_sliced,
-                                     w.fp8_gemm_blockscaled_wide)
-    for impl in (v4, v5, b5):
+    v4, v5, v6 = (f.fp8_gemm.impls[v] for v in ("v4", "v5", "v6"))
+    b5 = f.fp8_gemm_blockscaled.impls["v5"]
+    assert (v4.fn, v5.fn, v6.fn, b5.fn) == (w.fp8_gemm_wide, w.fp8_gemm_sliced, w.fp8_gemm_lean,
+                                            w.fp8_gemm_blockscaled_wide)
+    for impl in (v4, v5, v6, b5):
         assert impl.lang == "CUDA" and impl.origin == "book" and impl.requires is f.needs_fp8_sm90
         files = [Path(s) for s in impl.sources if isinstance(s, (str, Path))]
         assert CU in files and REPO_ROOT / "csrc" / f.CU_FILE in files  # and what it includes
@@ -211,6 +247,8 @@ def test_same_bits_as_the_128_column_tiles(m, n, k):
     assert torch.equal(w.fp8_gemm_wide(a, b, sa, sb), c3)
     poison_allocator(m * n * 2, DEVICE)
     assert torch.equal(w.fp8_gemm_sliced(a, b, sa, sb), c3)
+    poison_allocator(m * n * 2, DEVICE)
+    assert torch.equal(w.fp8_gemm_lean(a, b, sa, sb), c3)
     if n % 128 == 0 and k % 128 == 0:  # the block scales' shapes
         a, asc, b, bsc = _blockscaled(m, n, k, seed=m + n + k)
         poison_allocator(m * n * 2, DEVICE)
@@ -225,7 +263,7 @@ def test_padded_rows_and_repeatability():
     a, b, sa, sb = _per_tensor(300, 264, 512, seed=3)
     wide = torch.zeros((300, 640), dtype=torch.uint8, device=DEVICE)
     wide[:, :512] = a.view(torch.uint8)
-    for fn in (w.fp8_gemm_wide, w.fp8_gemm_sliced):
+    for fn in (w.fp8_gemm_wide, w.fp8_gemm_sliced, w.fp8_gemm_lean):
         c = fn(wide.view(E4M3)[:, :512], b, sa, sb)
         assert torch.equal(c, fn(a, b, sa, sb))
         assert torch.equal(c, f.fp8_gemm_cuda(a, b, sa, sb))
@@ -240,7 +278,7 @@ def test_per_tensor_headline_error(size):
     a, b, sa, sb = _per_tensor(size, size, size, seed=size)
     exact = f.fp8_gemm_ref(a, b, sa.double(), sb.double())
     bar = f.scaled_error(f.fp8_gemm_ref(a, b, sa, sb).to(torch.bfloat16), exact)
-    for fn in (w.fp8_gemm_wide, w.fp8_gemm_sliced):
+    for fn in (w.fp8_gemm_wide, w.fp8_gemm_sliced, w.fp8_gemm_lean):
         assert f.scaled_error(fn(a, b, sa, sb), exact) <= 2 * bar, fn.__name__
 
 

@@ -85,6 +85,38 @@ __device__ __forceinline__ void issue_slice(float (&t)[W / 2], uint32_t a, uint3
     wgmma_commit();
 }
 
+// v6: the same 4 wgmmas from descriptors made by addition. The start address is a descriptor's
+// low 14 bits, in 16-byte units, and every shared-memory address of the kernel fits them (under
+// 227 KB), so desc(a + off) == desc(a) + off / 16: one add instead of rebuilding each descriptor.
+template <int W>
+__device__ __forceinline__ void issue_slice_desc(float (&t)[W / 2], uint64_t da, uint64_t db) {
+    wgmma_fence();
+    fence_regs(t);
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_K / WGMMA_K; ++kk)
+        wgmma_m64n96k32_e4m3(t, da + kk * (WGMMA_K / 16), db + kk * (WGMMA_K / 16), kk > 0);
+    wgmma_commit();
+}
+
+// v6: mbarrier.try_wait in a loop written in PTX: a try that succeeds costs the try and one branch
+// (fp8_gemm.cu's mbar_wait also converts the predicate and, on every retry, reads the clock and
+// compares 64-bit times). Only a retry counts, for the trap that replaces a hang.
+constexpr uint32_t WAIT_LIMIT_TRIES = 1u << 26;
+__device__ __forceinline__ void mbar_wait_tries(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred p;\n.reg .u32 n;\nmov.u32 n, 0;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@p bra DONE_%=;\n"
+        "add.u32 n, n, 1;\n"
+        "setp.lt.u32 p, n, %2;\n"
+        "@p bra WAIT_%=;\n"
+        "trap;\n"
+        "DONE_%=:\n}\n"
+        ::"r"(bar), "r"(parity), "n"(WAIT_LIMIT_TRIES)
+        : "memory");
+}
+
 // The promotion of fp8_gemm.cu's loop: acc += t, times the rows' block scales when BLOCKWISE
 template <bool BLOCKWISE, int R>
 __device__ __forceinline__ void promote(float (&acc)[R], float (&t)[R], float s0, float s1) {
@@ -163,7 +195,7 @@ __device__ __forceinline__ void store_slice(const float (&d)[R], float scale, __
 // --8<-- [start:body]
 // fp8_gemm.cu's body with a 128 x 2W tile and TEMPS temporaries. Shared memory: STAGES<W> x (A's
 // 128 x 128 bytes, then B's 2W x 128), then the full and empty mbarriers.
-template <bool BLOCKWISE, int W, int TEMPS>
+template <bool BLOCKWISE, int W, int TEMPS, bool LEAN = false>
 __device__ __forceinline__ void fp8_gemm_sliced(const uint8_t* tmaps, __nv_bfloat16* C, int M,
                                                 int N, int K, long long ldc, const float* a_s,
                                                 const float* b_s, long long s_am, long long s_ak,
@@ -172,6 +204,7 @@ __device__ __forceinline__ void fp8_gemm_sliced(const uint8_t* tmaps, __nv_bfloa
     constexpr uint32_t STAGE = STAGE_BYTES<W>;
     static_assert((W == 128 || W == 96) && (TEMPS == 1 || TEMPS == 2), "the two instances");
     static_assert(!BLOCKWISE || W == SCALE_BLOCK, "a slice is one scale block of B");
+    static_assert(!LEAN || (TEMPS == 2 && W == 96 && !BLOCKWISE), "v6 is v5 made lean");
     static_assert((W * ROW_BYTES) % SWIZZLE_REPEAT == 0, "slices start on the swizzle's repeat");
     extern __shared__ uint8_t smem[];
     const uint32_t base = align_up(smem_u32(smem), SWIZZLE_REPEAT);
@@ -198,7 +231,10 @@ __device__ __forceinline__ void fp8_gemm_sliced(const uint8_t* tmaps, __nv_bfloa
                 tile_coords(tile, tiles_m, tiles_n, pm, pn);
                 for (int kb = 0; kb < k_blocks; ++kb, ++it) {
                     const uint32_t s = it % NST, a = base + s * STAGE;
-                    if (it >= NST) mbar_wait(empty + 8 * s, (it / NST - 1) & 1);
+                    if (it >= NST) {
+                        if constexpr (LEAN) mbar_wait_tries(empty + 8 * s, (it / NST - 1) & 1);
+                        else mbar_wait(empty + 8 * s, (it / NST - 1) & 1);
+                    }
                     mbar_arrive_expect_tx(full + 8 * s, STAGE);
                     tma_load_2d(a, tmaps, full + 8 * s, kb * BLOCK_K, pm * BLOCK_M);
                     tma_load_2d(a + A_BYTES, tmaps + TMAP_BYTES, full + 8 * s, kb * BLOCK_K,
@@ -213,6 +249,8 @@ __device__ __forceinline__ void fp8_gemm_sliced(const uint8_t* tmaps, __nv_bfloa
     const int t = threadIdx.x % WG_THREADS, warp = t / 32;
     const int scale_rows_b = (N + SCALE_BLOCK - 1) / SCALE_BLOCK;  // B's scale blocks along N
     float acc[SLICES][R], tmp[TEMPS][R];
+    // v6: stage 0's descriptors of this consumer's rows of A and of B's first slice
+    const uint64_t da0 = make_desc(base + c * 64 * ROW_BYTES), db0 = make_desc(base + A_BYTES);
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         tile_coords(tile, tiles_m, tiles_n, pm, pn);
         const int row0 = pm * BLOCK_M + c * 64, col0 = pn * BN;
@@ -234,9 +272,18 @@ __device__ __forceinline__ void fp8_gemm_sliced(const uint8_t* tmaps, __nv_bfloa
                 for (int p = 0; p < SLICES; ++p)
                     sb[p] = __ldg(b_s + min(2 * pn + p, scale_rows_b - 1) * s_bn + kb * s_bk);
             }
-            mbar_wait(full + 8 * s, (it / NST) & 1);
+            if constexpr (LEAN) mbar_wait_tries(full + 8 * s, (it / NST) & 1);
+            else mbar_wait(full + 8 * s, (it / NST) & 1);
             const uint32_t a_rows = a + c * 64 * ROW_BYTES, b_rows = a + A_BYTES;
-            if constexpr (TEMPS == 1) {  // v4: each slice's wgmmas, their wait, their addition
+            if constexpr (LEAN) {  // v6: v5's order, descriptors made by addition
+                const uint64_t da = da0 + s * (STAGE / 16), db = db0 + s * (STAGE / 16);
+                issue_slice_desc<W>(tmp[0], da, db);
+                issue_slice_desc<W>(tmp[TEMPS - 1], da, db + W * ROW_BYTES / 16);
+                wgmma_wait<1>();
+                promote<BLOCKWISE>(acc[0], tmp[0], 1.f, 1.f);
+                wgmma_wait<0>();
+                promote<BLOCKWISE>(acc[1], tmp[TEMPS - 1], 1.f, 1.f);
+            } else if constexpr (TEMPS == 1) {  // v4: each slice's wgmmas, their wait, their addition
 #pragma unroll
                 for (int p = 0; p < SLICES; ++p) {
                     issue_slice<W>(tmp[0], a_rows, b_rows + p * W * ROW_BYTES);
@@ -267,20 +314,21 @@ __device__ __forceinline__ void fp8_gemm_sliced(const uint8_t* tmaps, __nv_bfloa
 // One signature for the three (the per-tensor ones ignore the scale strides): a_s and b_s are one
 // fp32 value each per tensor, or a_scales (M x K/128) and b_scales (ceil(N/128) x K/128).
 #if F8_SM90A
-#define F8W_BODY(BLOCKWISE, W, TEMPS) \
-    f8w::fp8_gemm_sliced<BLOCKWISE, W, TEMPS>(tmaps, C, M, N, K, ldc, a_s, b_s, s_am, s_ak, s_bn, \
-                                              s_bk);
+#define F8W_BODY(BLOCKWISE, W, TEMPS, LEAN) \
+    f8w::fp8_gemm_sliced<BLOCKWISE, W, TEMPS, LEAN>(tmaps, C, M, N, K, ldc, a_s, b_s, s_am, s_ak, \
+                                                    s_bn, s_bk);
 #else
-#define F8W_BODY(BLOCKWISE, W, TEMPS) __trap();
+#define F8W_BODY(BLOCKWISE, W, TEMPS, LEAN) __trap();
 #endif
-#define F8W_KERNEL(NAME, BLOCKWISE, W, TEMPS)                                                      \
+#define F8W_KERNEL(NAME, BLOCKWISE, W, TEMPS, LEAN)                                                \
     extern "C" __global__ void __launch_bounds__(f8::THREADS, 1)                                   \
         NAME(const uint8_t* __restrict__ tmaps, __nv_bfloat16* __restrict__ C, int M, int N,       \
              int K, long long ldc, const float* __restrict__ a_s, const float* __restrict__ b_s,   \
              long long s_am, long long s_ak, long long s_bn, long long s_bk) {                     \
-        F8W_BODY(BLOCKWISE, W, TEMPS)                                                              \
+        F8W_BODY(BLOCKWISE, W, TEMPS, LEAN)                                                        \
     }
-F8W_KERNEL(fp8_gemm_tensor_wide, false, 128, 1)   // fp8_gemm v4: 128 x 256, one temporary
-F8W_KERNEL(fp8_gemm_block_wide, true, 128, 1)     // fp8_gemm_blockscaled v5: the same, scaled
-F8W_KERNEL(fp8_gemm_tensor_sliced, false, 96, 2)  // fp8_gemm v5: 128 x 192, two temporaries
+F8W_KERNEL(fp8_gemm_tensor_wide, false, 128, 1, false)   // fp8_gemm v4: 128 x 256, one temporary
+F8W_KERNEL(fp8_gemm_block_wide, true, 128, 1, false)     // fp8_gemm_blockscaled v5: the same, scaled
+F8W_KERNEL(fp8_gemm_tensor_sliced, false, 96, 2, false)  // fp8_gemm v5: 128 x 192, two temporaries
+F8W_KERNEL(fp8_gemm_tensor_lean, false, 96, 2, true)     // fp8_gemm v6: v5, fewer instructions
 // --8<-- [end:kernels]
