@@ -46,12 +46,13 @@ def _check(c, ref, k, label):
 @pytest.mark.op("fp8_gemm")
 @pytest.mark.op("fp8_gemm_blockscaled")
 def test_registration():
-    # v2, v3: CUDA (tests/test_part6_fp8_cuda.py); v4-v6 and blockscaled v5 are registered by their
-    # own module (tests/test_part6_fp8_wide.py), imported here so the lists do not depend on test order
+    # v2, v3: CUDA (tests/test_part6_fp8_cuda.py); v4-v6 and blockscaled v5 and v6 are registered
+    # by their own module (tests/test_part6_fp8_wide.py), imported here so the lists do not depend
+    # on test order
     import snippets.part6.fp8_gemm_wide  # noqa: F401
 
     assert list(f.fp8_gemm.impls) == ["v0", "v1", "v2", "v3", "v4", "v5", "v6"]
-    assert list(f.fp8_gemm_blockscaled.impls) == ["v0", "v1", "v2", "v3", "v4", "v5"]
+    assert list(f.fp8_gemm_blockscaled.impls) == ["v0", "v1", "v2", "v3", "v4", "v5", "v6"]
     assert f.fp8_gemm.impls["v0"].origin == f.fp8_gemm_blockscaled.impls["v2"].origin == "library"
     assert f.fp8_gemm.ceiling == f.fp8_gemm_blockscaled.ceiling == f.CEILING
     assert f.CEILING in CEILINGS and f.CEILING in CEILING_MEASURES

@@ -5,9 +5,11 @@ On a CPU: the file compiles for sm_90a with the launcher's own command, without 
 warnings or serialised wgmmas; its SASS has, per 128-deep K-block, two slices of four QGMMA each
 starting from zero (m64n128k32 for v4, m64n96k32 for v5), v4 waiting for all of its wgmmas before
 each slice's promotion and v5 waiting once with one group still in flight (the overlap that defines
-it); the promotion's adds, 16-byte stores, TMA and setmaxnreg. The launcher's configs match the
-file's instances and stage counts, the registers and shared memory fit, the balanced grid covers
-every tile, and bad input is refused before any launch with the function's name.
+it); the promotion's adds, 16-byte stores, TMA and setmaxnreg; v6's K-loop shorter than v5's,
+its waits without clock reads, its descriptors by addition equal to rebuilt ones at every address
+it uses. The launcher's configs match the file's instances and stage counts, the registers and
+shared memory fit, the balanced grid covers every tile, and bad input is refused before any launch
+with the function's name.
 On a GPU (marked ``gpu``): C equals v3's (per tensor) or v4's (block-scaled) bit for bit at ragged
 shapes, odd N, padded rows and more tiles than SMs (the same promoted sums in the same order), the
 float64 references at the headlines within 2x the fp32-accumulated reference's error, and per-block
@@ -15,6 +17,7 @@ scales that differ by powers of two."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 from pathlib import Path
@@ -30,7 +33,12 @@ from conftest import DEVICE, poison_allocator
 from snippets.part6 import fp8_gemm as f
 from snippets.part6 import fp8_gemm_wide as w
 from snippets.part6.fp8 import E4M3
-from snippets.part6.hopper import SMEM_LIMIT_SM90
+from snippets.part6.hopper import (
+    SMEM_LIMIT_SM90,
+    SMEM_WINDOW,
+    matrix_descriptor_encode,
+    wgmma_descriptor,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CU = REPO_ROOT / "csrc" / w.WIDE_CU_FILE
@@ -40,8 +48,9 @@ requires_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 KERNELS = {"fp8_gemm_tensor_wide": (w.WIDE_CONFIG, 128, 1, False),
            "fp8_gemm_block_wide": (w.WIDE_CONFIG, 128, 1, True),
            "fp8_gemm_tensor_sliced": (w.SLICED_CONFIG, 96, 2, False),
-           "fp8_gemm_tensor_lean": (w.SLICED_CONFIG, 96, 2, False)}
-LEAN = {"fp8_gemm_tensor_lean"}  # v6: v5 with fewer instructions
+           "fp8_gemm_tensor_lean": (w.SLICED_CONFIG, 96, 2, False),
+           "fp8_gemm_block_lean": (w.WIDE_CONFIG, 128, 1, True)}
+LEAN = set(w.LEAN_KERNELS.values())  # v6 of both ops: fewer instructions around the same wgmmas
 
 
 @pytest.fixture(scope="module")
@@ -113,17 +122,51 @@ def k_loop(code: str) -> list[str]:
 
 
 @pytest.mark.op("fp8_gemm")
+@pytest.mark.op("fp8_gemm_blockscaled")
 @requires_nvcc
-def test_v6_issues_fewer_instructions_per_k_block_than_v5(built):
+@pytest.mark.parametrize("blockwise", [False, True])
+def test_v6_issues_fewer_instructions_per_k_block_than_v5(built, blockwise):
     """v6 is v5 with the same wgmmas, waits and adds, and less else: its K-loop is shorter (its
     descriptors are additions to two base descriptors, its waits a bare try-and-branch)."""
     sass = sass_by_function(built[0])
-    loops = {name: k_loop(sass[name]) for name in (w.SLICED_KERNEL, w.LEAN_KERNEL)}
+    v5 = w.WIDE_KERNELS[True] if blockwise else w.SLICED_KERNEL
+    v6 = w.LEAN_KERNELS[blockwise]
+    loops = {name: k_loop(sass[name]) for name in (v5, v6)}
+    width = KERNELS[v6][1]
     for name, loop in loops.items():
-        assert sum("QGMMA.64x96x32" in t for t in loop) == 8, name
-        assert sum(t.startswith("FADD") for t in loop) == 96, name  # 2 slices x 48 registers
-    lean, sliced = len(loops[w.LEAN_KERNEL]), len(loops[w.SLICED_KERNEL])
-    assert lean < 0.85 * sliced, (lean, sliced)
+        assert sum(f"QGMMA.64x{width}x32" in t for t in loop) == 8, name
+        adds = sum(t.startswith("FFMA" if blockwise else "FADD") for t in loop)
+        assert adds == 2 * width // 2, name  # 2 slices, W / 2 registers each
+    assert len(loops[v6]) < 0.9 * len(loops[v5]), {k: len(v) for k, v in loops.items()}
+
+
+@pytest.mark.op("fp8_gemm")
+@pytest.mark.op("fp8_gemm_blockscaled")
+@pytest.mark.parametrize("cfg", [w.SLICED_CONFIG, w.WIDE_CONFIG], ids=["v6", "blockscaled_v6"])
+def test_v6s_descriptors_by_addition_are_the_rebuilt_ones(cfg):
+    """v6 builds two descriptors once and adds offsets in 16-byte units; that equals rebuilding
+    each from its address while every address stays inside the 2^18-byte window the 14-bit field
+    encodes. Every operand address of v6 (consumer rows, stage, slice, K step), for every start of
+    the dynamic shared memory a block can have, gives the same descriptor both ways; one window
+    further, the addition would carry into the leading-byte-offset field and differ."""
+    width, k_steps, row_bytes = cfg.block_n // 2, f.BLOCK // 32, f.BLOCK
+
+    def desc(addr):  # fp8_gemm.cu's make_desc: LBO 16, SBO 1024 (the swizzle's repeat), 128B
+        return wgmma_descriptor(addr, 16, 1024, "128B")
+
+    a0, b0 = 64 * row_bytes, cfg.block_m * row_bytes  # consumer 1's rows of A; B's first slice
+    starts = range(0, SMEM_LIMIT_SM90 - cfg.smem_bytes + 1024, 1024)  # aligned tile starts
+    pairs = 0
+    for base, s, c, p, kk in itertools.product(starts, range(cfg.stages), range(2), range(2),
+                                               range(k_steps)):
+        a = c * a0 + s * cfg.stage_bytes + kk * 32  # the kernel's offsets from stage 0's
+        b = b0 + s * cfg.stage_bytes + p * width * row_bytes + kk * 32
+        assert desc(base + a) == desc(base + c * a0) + (a - c * a0) // 16
+        assert desc(base + b) == desc(base + b0) + (b - b0) // 16
+        pairs += 2
+    assert pairs > 1000
+    top = SMEM_WINDOW - 16  # past the window, the addition carries out of the 14-bit field
+    assert desc(top) + 1 != (desc(top) & ~0x3FFF) | matrix_descriptor_encode(top + 16)
 
 
 @pytest.mark.op("fp8_gemm")
@@ -141,10 +184,11 @@ def test_configs_match_the_files_instances():
     for name, (cfg, width, temps, blockwise) in KERNELS.items():
         assert cfg.block_n == 2 * width and cfg.block_m == 128 and cfg.block_k == f.BLOCK
         if temps == 2:
-            assert name in (w.SLICED_KERNEL, w.LEAN_KERNEL) and cfg is w.SLICED_CONFIG
+            assert name in (w.SLICED_KERNEL, w.LEAN_KERNELS[False]) and cfg is w.SLICED_CONFIG
             assert not blockwise
         else:
-            assert name == w.WIDE_KERNELS[blockwise] and cfg is w.WIDE_CONFIG
+            assert name in (w.WIDE_KERNELS[blockwise], w.LEAN_KERNELS[True])
+            assert cfg is w.WIDE_CONFIG
     stages = dict(re.findall(r"STAGES<(\d+)> == (\d+)", text))
     assert {int(k): int(v) for k, v in stages.items()} == {128: w.WIDE_CONFIG.stages,
                                                           96: w.SLICED_CONFIG.stages}
@@ -196,12 +240,14 @@ def _bad_cases():
         (w.fp8_gemm_wide, (a[:0], b, sa, sb), ValueError, "empty"),
         (w.fp8_gemm_blockscaled_wide, (a2.bfloat16(), asc, b2, bsc), TypeError, "float8_e4m3fn"),
         (w.fp8_gemm_blockscaled_wide, (a2, asc, b2, bsc), ValueError, "must be on a cuda device"),
+        (w.fp8_gemm_lean, (a.half(), b, sa, sb), TypeError, "float8_e4m3fn"),
+        (w.fp8_gemm_blockscaled_lean, (a2, asc, b2, bsc), ValueError, "must be on a cuda device"),
     ]
 
 
 @pytest.mark.op("fp8_gemm")
 @pytest.mark.op("fp8_gemm_blockscaled")
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(8))
 def test_refuse_bad_input_before_launch(case):
     fn, args, exc, match = _bad_cases()[case]
     with pytest.raises(exc, match=match) as info:
@@ -213,10 +259,11 @@ def test_refuse_bad_input_before_launch(case):
 @pytest.mark.op("fp8_gemm_blockscaled")
 def test_registration():
     v4, v5, v6 = (f.fp8_gemm.impls[v] for v in ("v4", "v5", "v6"))
-    b5 = f.fp8_gemm_blockscaled.impls["v5"]
-    assert (v4.fn, v5.fn, v6.fn, b5.fn) == (w.fp8_gemm_wide, w.fp8_gemm_sliced, w.fp8_gemm_lean,
-                                            w.fp8_gemm_blockscaled_wide)
-    for impl in (v4, v5, v6, b5):
+    b5, b6 = (f.fp8_gemm_blockscaled.impls[v] for v in ("v5", "v6"))
+    assert (v4.fn, v5.fn, v6.fn, b5.fn, b6.fn) == (
+        w.fp8_gemm_wide, w.fp8_gemm_sliced, w.fp8_gemm_lean, w.fp8_gemm_blockscaled_wide,
+        w.fp8_gemm_blockscaled_lean)
+    for impl in (v4, v5, v6, b5, b6):
         assert impl.lang == "CUDA" and impl.origin == "book" and impl.requires is f.needs_fp8_sm90
         files = [Path(s) for s in impl.sources if isinstance(s, (str, Path))]
         assert CU in files and REPO_ROOT / "csrc" / f.CU_FILE in files  # and what it includes
@@ -251,9 +298,10 @@ def test_same_bits_as_the_128_column_tiles(m, n, k):
     assert torch.equal(w.fp8_gemm_lean(a, b, sa, sb), c3)
     if n % 128 == 0 and k % 128 == 0:  # the block scales' shapes
         a, asc, b, bsc = _blockscaled(m, n, k, seed=m + n + k)
-        poison_allocator(m * n * 2, DEVICE)
-        assert torch.equal(w.fp8_gemm_blockscaled_wide(a, asc, b, bsc),
-                           f.fp8_gemm_blockscaled_cuda16(a, asc, b, bsc))
+        c4 = f.fp8_gemm_blockscaled_cuda16(a, asc, b, bsc)
+        for fn in (w.fp8_gemm_blockscaled_wide, w.fp8_gemm_blockscaled_lean):
+            poison_allocator(m * n * 2, DEVICE)
+            assert torch.equal(fn(a, asc, b, bsc), c4), fn.__name__
 
 
 @pytest.mark.gpu
@@ -289,7 +337,8 @@ def test_blockscaled_headline_error_and_scales_per_block():
     a, asc, b, bsc = _blockscaled(4096, 7168, 16384, seed=11)
     exact = f.fp8_gemm_blockscaled_ref(a, asc.double(), b, bsc.double())
     bar = f.scaled_error(f.fp8_gemm_blockscaled_ref(a, asc, b, bsc).to(torch.bfloat16), exact)
-    assert f.scaled_error(w.fp8_gemm_blockscaled_wide(a, asc, b, bsc), exact) <= 2 * bar
+    for fn in (w.fp8_gemm_blockscaled_wide, w.fp8_gemm_blockscaled_lean):
+        assert f.scaled_error(fn(a, asc, b, bsc), exact) <= 2 * bar, fn.__name__
     # scales times powers of two, different for every block, A's also M-major: the two slices of a
     # tile must each take their own row of B's scales
     a, asc, b, bsc = _blockscaled(300, 512, 1024, seed=9)
@@ -297,8 +346,9 @@ def test_blockscaled_headline_error_and_scales_per_block():
     asc = asc * 2.0 ** torch.randint(-8, 9, asc.shape, generator=g).to(asc.device)
     bsc = bsc * 2.0 ** torch.randint(-8, 9, bsc.shape, generator=g).to(bsc.device)
     for scales in (asc, asc.t().contiguous().t()):
-        assert torch.equal(w.fp8_gemm_blockscaled_wide(a, scales, b, bsc),
-                           f.fp8_gemm_blockscaled_cuda16(a, scales, b, bsc))
+        c4 = f.fp8_gemm_blockscaled_cuda16(a, scales, b, bsc)
+        for fn in (w.fp8_gemm_blockscaled_wide, w.fp8_gemm_blockscaled_lean):
+            assert torch.equal(fn(a, scales, b, bsc), c4), fn.__name__
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-// FP8 GEMMs for sm_90a with wider tiles (Part 6, "FP8 GEMMs"): fp8_gemm v4 and v5,
+// FP8 GEMMs for sm_90a with wider tiles (Part 6, "FP8 GEMMs"): fp8_gemm v4, v5 and v6,
 // fp8_gemm_blockscaled v5. fp8_gemm.cu's kernels, whose 128 x 128 tile was set by the registers the
 // promotion needs, with the tile's columns split into two slices that are promoted one at a time.
 //
@@ -17,6 +17,8 @@
 //   fp8_gemm_tensor_sliced (v5): W = 96, two temporaries, 96 + 2 x 48 = 192 registers. The second
 //     slice's wgmmas are issued before the first slice is added, so the consumer adds while its
 //     own wgmmas run; only the second slice's addition waits.
+//   fp8_gemm_tensor_lean (v6): v5 with less work around the same wgmmas and adds: descriptors made
+//     by addition and a leaner mbarrier wait (the lean region).
 // BLOCKWISE needs W = 128: a slice then lies in one 128 x 128 scale block of B and has one scale.
 //
 // Everything else (TMA, mbarriers, descriptors, the persistent grouped order, setmaxnreg) is
@@ -85,38 +87,6 @@ __device__ __forceinline__ void issue_slice(float (&t)[W / 2], uint32_t a, uint3
     wgmma_commit();
 }
 
-// v6: the same 4 wgmmas from descriptors made by addition. The start address is a descriptor's
-// low 14 bits, in 16-byte units, and every shared-memory address of the kernel fits them (under
-// 227 KB), so desc(a + off) == desc(a) + off / 16: one add instead of rebuilding each descriptor.
-template <int W>
-__device__ __forceinline__ void issue_slice_desc(float (&t)[W / 2], uint64_t da, uint64_t db) {
-    wgmma_fence();
-    fence_regs(t);
-#pragma unroll
-    for (int kk = 0; kk < BLOCK_K / WGMMA_K; ++kk)
-        wgmma_m64n96k32_e4m3(t, da + kk * (WGMMA_K / 16), db + kk * (WGMMA_K / 16), kk > 0);
-    wgmma_commit();
-}
-
-// v6: mbarrier.try_wait in a loop written in PTX: a try that succeeds costs the try and one branch
-// (fp8_gemm.cu's mbar_wait also converts the predicate and, on every retry, reads the clock and
-// compares 64-bit times). Only a retry counts, for the trap that replaces a hang.
-constexpr uint32_t WAIT_LIMIT_TRIES = 1u << 26;
-__device__ __forceinline__ void mbar_wait_tries(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred p;\n.reg .u32 n;\nmov.u32 n, 0;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@p bra DONE_%=;\n"
-        "add.u32 n, n, 1;\n"
-        "setp.lt.u32 p, n, %2;\n"
-        "@p bra WAIT_%=;\n"
-        "trap;\n"
-        "DONE_%=:\n}\n"
-        ::"r"(bar), "r"(parity), "n"(WAIT_LIMIT_TRIES)
-        : "memory");
-}
-
 // The promotion of fp8_gemm.cu's loop: acc += t, times the rows' block scales when BLOCKWISE
 template <bool BLOCKWISE, int R>
 __device__ __forceinline__ void promote(float (&acc)[R], float (&t)[R], float s0, float s1) {
@@ -135,6 +105,48 @@ __device__ __forceinline__ void promote(float (&acc)[R], float (&t)[R], float s0
     }
 }
 // --8<-- [end:slice]
+
+// --8<-- [start:lean]
+// v6's two changes to what a consumer executes per K-block besides its wgmmas and adds.
+// 1. Descriptors by addition. make_desc keeps the start address in the low 14 bits, in 16-byte
+//    units, and every shared-memory address of a block is below 2^18 bytes, so
+//    make_desc(a + off) == make_desc(a) + off / 16 (no carry out of the field). A consumer builds
+//    two descriptors once (stage 0's A rows and B's first slice); each K-block adds the stage's
+//    and the K step's offsets to them instead of rebuilding 16 descriptors from addresses.
+template <int W>
+__device__ __forceinline__ void issue_slice_desc(float (&t)[W / 2], uint64_t da, uint64_t db) {
+    wgmma_fence();
+    fence_regs(t);
+#pragma unroll
+    for (int kk = 0; kk < BLOCK_K / WGMMA_K; ++kk) {
+        const uint64_t step = kk * (WGMMA_K / 16);  // K step's offset, in 16-byte units
+        if constexpr (W == 128) wgmma_m64n128k32_e4m3(t, da + step, db + step, kk > 0);
+        else wgmma_m64n96k32_e4m3(t, da + step, db + step, kk > 0);
+    }
+    wgmma_commit();
+}
+
+// 2. The wait as one PTX loop. A try that succeeds costs the try and one branch; fp8_gemm.cu's
+//    mbar_wait also turns the predicate into an integer and, on every retry, reads the clock and
+//    compares 64-bit times for its trap. Here only a retry counts toward the trap that replaces a
+//    hang (a try that fails has already waited up to a system-dependent time limit, so 2^26 of
+//    them are far longer than any stage takes).
+constexpr uint32_t WAIT_LIMIT_TRIES = 1u << 26;
+__device__ __forceinline__ void mbar_wait_tries(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred p;\n.reg .u32 n;\nmov.u32 n, 0;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@p bra DONE_%=;\n"
+        "add.u32 n, n, 1;\n"
+        "setp.lt.u32 p, n, %2;\n"
+        "@p bra WAIT_%=;\n"
+        "trap;\n"
+        "DONE_%=:\n}\n"
+        ::"r"(bar), "r"(parity), "n"(WAIT_LIMIT_TRIES)
+        : "memory");
+}
+// --8<-- [end:lean]
 
 // --8<-- [start:store]
 // fp8_gemm.cu's store_tile16 (and its fallback store_tile, where C's rows are not 16-byte aligned)
@@ -204,7 +216,6 @@ __device__ __forceinline__ void fp8_gemm_sliced(const uint8_t* tmaps, __nv_bfloa
     constexpr uint32_t STAGE = STAGE_BYTES<W>;
     static_assert((W == 128 || W == 96) && (TEMPS == 1 || TEMPS == 2), "the two instances");
     static_assert(!BLOCKWISE || W == SCALE_BLOCK, "a slice is one scale block of B");
-    static_assert(!LEAN || (TEMPS == 2 && W == 96 && !BLOCKWISE), "v6 is v5 made lean");
     static_assert((W * ROW_BYTES) % SWIZZLE_REPEAT == 0, "slices start on the swizzle's repeat");
     extern __shared__ uint8_t smem[];
     const uint32_t base = align_up(smem_u32(smem), SWIZZLE_REPEAT);
@@ -249,7 +260,7 @@ __device__ __forceinline__ void fp8_gemm_sliced(const uint8_t* tmaps, __nv_bfloa
     const int t = threadIdx.x % WG_THREADS, warp = t / 32;
     const int scale_rows_b = (N + SCALE_BLOCK - 1) / SCALE_BLOCK;  // B's scale blocks along N
     float acc[SLICES][R], tmp[TEMPS][R];
-    // v6: stage 0's descriptors of this consumer's rows of A and of B's first slice
+    // LEAN (v6): stage 0's descriptors of this consumer's rows of A and of B's first slice
     const uint64_t da0 = make_desc(base + c * 64 * ROW_BYTES), db0 = make_desc(base + A_BYTES);
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         tile_coords(tile, tiles_m, tiles_n, pm, pn);
@@ -275,24 +286,24 @@ __device__ __forceinline__ void fp8_gemm_sliced(const uint8_t* tmaps, __nv_bfloa
             if constexpr (LEAN) mbar_wait_tries(full + 8 * s, (it / NST) & 1);
             else mbar_wait(full + 8 * s, (it / NST) & 1);
             const uint32_t a_rows = a + c * 64 * ROW_BYTES, b_rows = a + A_BYTES;
-            if constexpr (LEAN) {  // v6: v5's order, descriptors made by addition
-                const uint64_t da = da0 + s * (STAGE / 16), db = db0 + s * (STAGE / 16);
-                issue_slice_desc<W>(tmp[0], da, db);
-                issue_slice_desc<W>(tmp[TEMPS - 1], da, db + W * ROW_BYTES / 16);
-                wgmma_wait<1>();
-                promote<BLOCKWISE>(acc[0], tmp[0], 1.f, 1.f);
-                wgmma_wait<0>();
-                promote<BLOCKWISE>(acc[1], tmp[TEMPS - 1], 1.f, 1.f);
-            } else if constexpr (TEMPS == 1) {  // v4: each slice's wgmmas, their wait, their addition
+            // slice p's 4 wgmmas into t, from descriptors rebuilt from addresses or (LEAN, v6)
+            // made by adding this stage's and slice's offsets to stage 0's
+            auto issue = [&](float (&t)[R], int p) {
+                if constexpr (LEAN)
+                    issue_slice_desc<W>(t, da0 + s * (STAGE / 16),
+                                        db0 + s * (STAGE / 16) + p * (W * ROW_BYTES / 16));
+                else issue_slice<W>(t, a_rows, b_rows + p * W * ROW_BYTES);
+            };
+            if constexpr (TEMPS == 1) {  // v4: per slice, its wgmmas, their wait, the add
 #pragma unroll
                 for (int p = 0; p < SLICES; ++p) {
-                    issue_slice<W>(tmp[0], a_rows, b_rows + p * W * ROW_BYTES);
+                    issue(tmp[0], p);
                     wgmma_wait<0>();
                     promote<BLOCKWISE>(acc[p], tmp[0], sa0 * sb[p], sa1 * sb[p]);
                 }
             } else {  // v5: slice 1's wgmmas are issued before slice 0 is added
-                issue_slice<W>(tmp[0], a_rows, b_rows);
-                issue_slice<W>(tmp[1], a_rows, b_rows + W * ROW_BYTES);
+                issue(tmp[0], 0);
+                issue(tmp[1], 1);
                 wgmma_wait<1>();  // slice 0's group is done; slice 1's may still run
                 promote<BLOCKWISE>(acc[0], tmp[0], sa0 * sb[0], sa1 * sb[0]);
                 wgmma_wait<0>();
@@ -328,7 +339,8 @@ __device__ __forceinline__ void fp8_gemm_sliced(const uint8_t* tmaps, __nv_bfloa
         F8W_BODY(BLOCKWISE, W, TEMPS, LEAN)                                                        \
     }
 F8W_KERNEL(fp8_gemm_tensor_wide, false, 128, 1, false)   // fp8_gemm v4: 128 x 256, one temporary
-F8W_KERNEL(fp8_gemm_block_wide, true, 128, 1, false)     // fp8_gemm_blockscaled v5: the same, scaled
+F8W_KERNEL(fp8_gemm_block_wide, true, 128, 1, false)     // fp8_gemm_blockscaled v5: v4, scaled
 F8W_KERNEL(fp8_gemm_tensor_sliced, false, 96, 2, false)  // fp8_gemm v5: 128 x 192, two temporaries
 F8W_KERNEL(fp8_gemm_tensor_lean, false, 96, 2, true)     // fp8_gemm v6: v5, fewer instructions
+F8W_KERNEL(fp8_gemm_block_lean, true, 128, 1, true)      // fp8_gemm_blockscaled v6: its v5, lean
 // --8<-- [end:kernels]

@@ -1,4 +1,4 @@
-"""fp8_gemm v4 and v5, fp8_gemm_blockscaled v5: the CUDA FP8 GEMMs with wider tiles whose
+"""fp8_gemm v4, v5 and v6, fp8_gemm_blockscaled v5 and v6: the CUDA FP8 GEMMs with wider tiles whose
 columns are promoted one slice at a time (``csrc/fp8/fp8_gemm_wide.cu``).
 
 Registered from their own module, so that the measured results of the versions before them keep
@@ -15,9 +15,10 @@ their source hashes (those cover ``snippets/part6/fp8_gemm.py`` and ``csrc/fp8/f
       registers): the second slice's wgmmas are issued before the first slice is added, so a
       consumer adds while its own wgmmas run. Per tensor only: a 96-column slice straddles two of
       B's 128 x 128 scale blocks.
-- fp8_gemm v6, CUDA: v5 with fewer instructions around the wgmmas: each descriptor made by adding
-      an offset to one of two base descriptors instead of rebuilt from its address, and mbarrier
-      waits that count their tries instead of reading the clock on every retry.
+- fp8_gemm v6 / fp8_gemm_blockscaled v6, CUDA: v5 / blockscaled v5 with fewer instructions
+      around the same wgmmas and adds: each descriptor made by adding an offset to one of two base
+      descriptors instead of rebuilt from its address, and mbarrier waits that are a bare PTX
+      try-and-branch loop (only a retry counts toward the trap) instead of reading the clock.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ WIDE_KERNELS = {False: "fp8_gemm_tensor_wide", True: "fp8_gemm_block_wide"}  # b
 # v5: W = 96 (128 x 192 tiles, 40 KB stages, 5), two temporaries
 SLICED_CONFIG = CudaConfig(block_n=192, stages=5)
 SLICED_KERNEL = "fp8_gemm_tensor_sliced"
-LEAN_KERNEL = "fp8_gemm_tensor_lean"  # v6: v5's config
+# v6 and blockscaled v6: v5's and blockscaled v5's configs, descriptors by addition, lean waits
+LEAN_KERNELS = {False: "fp8_gemm_tensor_lean", True: "fp8_gemm_block_lean"}  # by BLOCKWISE
 
 
 def slice_registers(cfg: CudaConfig, temporaries: int) -> int:
@@ -109,21 +111,30 @@ def fp8_gemm_sliced(a, b, a_s, b_s):
 
 
 def fp8_gemm_lean(a, b, a_s, b_s):
-    """fp8_gemm v6: v5 with its wgmma descriptors made by addition and its mbarrier waits counting
-    tries instead of reading the clock: the same sums, fewer instructions per K-block."""
-    return tensor_scaled("fp8_gemm_lean", LEAN_KERNEL, SLICED_CONFIG, a, b, a_s, b_s)
+    """fp8_gemm v6: v5 with its wgmma descriptors made by addition and its mbarrier waits a bare
+    try-and-branch loop: the same sums, fewer instructions per K-block."""
+    return tensor_scaled("fp8_gemm_lean", LEAN_KERNELS[False], SLICED_CONFIG, a, b, a_s, b_s)
+
+
+def block_scaled(name: str, kernel: str, a, a_scales, b, b_scales) -> torch.Tensor:
+    """The block-scaled versions' checks and launch (128 x 256 tiles)."""
+    refuse_grad(name, a, a_scales, b, b_scales, instead="fp8_gemm_blockscaled_ref")
+    m, n, k = check_fp8_operands(name, a, b, "cuda")
+    check_block_scales(name, m, n, k, a_scales, b_scales, a.device)
+    strides = (*a_scales.stride(), *b_scales.stride())
+    return launch_wide(name, kernel, WIDE_CONFIG, a, b,
+                       (a_scales, b_scales, *(np.int64(s) for s in strides)))
 
 
 def fp8_gemm_blockscaled_wide(a, a_scales, b, b_scales):
     """fp8_gemm_blockscaled v5: v4 with 128 x 256 tiles; each half of a tile has its own scale of
     B (one per 128 x 128 block), read with A's before each K-block's wait."""
-    name = "fp8_gemm_blockscaled_wide"
-    refuse_grad(name, a, a_scales, b, b_scales, instead="fp8_gemm_blockscaled_ref")
-    m, n, k = check_fp8_operands(name, a, b, "cuda")
-    check_block_scales(name, m, n, k, a_scales, b_scales, a.device)
-    strides = (*a_scales.stride(), *b_scales.stride())
-    return launch_wide(name, WIDE_KERNELS[True], WIDE_CONFIG, a, b,
-                       (a_scales, b_scales, *(np.int64(s) for s in strides)))
+    return block_scaled("fp8_gemm_blockscaled_wide", WIDE_KERNELS[True], a, a_scales, b, b_scales)
+
+
+def fp8_gemm_blockscaled_lean(a, a_scales, b, b_scales):
+    """fp8_gemm_blockscaled v6: its v5 with fp8_gemm v6's descriptors and waits."""
+    return block_scaled("fp8_gemm_blockscaled_lean", LEAN_KERNELS[True], a, a_scales, b, b_scales)
 # --8<-- [end:launch]
 
 
@@ -137,12 +148,16 @@ fp8_gemm.add(Impl("v5", fp8_gemm_sliced, "CUDA",
                   "128 x 192 tiles, a slice promoted while the next one's wgmmas run",
                   (*WIDE_SOURCES, tensor_scaled, check_tensor_scales), requires=needs_fp8_sm90))
 fp8_gemm.add(Impl("v6", fp8_gemm_lean, "CUDA",
-                  "like v5, descriptors by addition, waits without clock reads",
+                  "like v5, descriptors by addition, bare try-and-branch waits",
                   (*WIDE_SOURCES, tensor_scaled, check_tensor_scales), requires=needs_fp8_sm90))
 fp8_gemm_blockscaled.add(Impl(
     "v5", fp8_gemm_blockscaled_wide, "CUDA", "like v4, 128 x 256 tiles as two promoted slices",
-    (*WIDE_SOURCES, check_block_scales), requires=needs_fp8_sm90))
+    (*WIDE_SOURCES, block_scaled, check_block_scales), requires=needs_fp8_sm90))
+fp8_gemm_blockscaled.add(Impl(
+    "v6", fp8_gemm_blockscaled_lean, "CUDA", "like v5, fp8_gemm v6's descriptors and waits",
+    (*WIDE_SOURCES, block_scaled, check_block_scales), requires=needs_fp8_sm90))
 
-__all__ = ["LEAN_KERNEL", "SLICED_CONFIG", "SLICED_KERNEL", "WIDE_CONFIG", "WIDE_CUBIN",
-           "WIDE_CU_FILE", "WIDE_KERNELS", "fp8_gemm_blockscaled_wide", "fp8_gemm_lean",
-           "fp8_gemm_sliced", "fp8_gemm_wide", "launch_wide", "slice_registers", "tensor_scaled"]
+__all__ = ["LEAN_KERNELS", "SLICED_CONFIG", "SLICED_KERNEL", "WIDE_CONFIG", "WIDE_CUBIN",
+           "WIDE_CU_FILE", "WIDE_KERNELS", "block_scaled", "fp8_gemm_blockscaled_lean",
+           "fp8_gemm_blockscaled_wide", "fp8_gemm_lean", "fp8_gemm_sliced", "fp8_gemm_wide",
+           "launch_wide", "slice_registers", "tensor_scaled"]
