@@ -378,6 +378,31 @@ def test_goal_rate_term(tmp_path):
     assert "at least" in rows[0] and "GB/s" in rows[0].split(" | ")[0]
 
 
+def test_goal_versus_term(tmp_path):
+    """``OP.vK:R`` / ``OP.best:R``: at least R times another op's rate at the same size on the same GPU (the FP8
+    GEMM against the book's best bf16 GEMM: fp8 records in e4m3, the bf16 op's in its own headline dtype)."""
+    fake_results(tmp_path, "fp8_gemm")
+    fake_results(tmp_path, "hopper_gemm", stale=("v1",))
+    results = json.loads(next(tmp_path.glob("*.json")).read_text())["ops"]
+    mine = next(r for r in results["fp8_gemm"]["records"] if r["impl"] == "v6")
+    theirs = {r["impl"]: r for r in results["hopper_gemm"]["records"]}
+    best = min((r["ms"], v) for v, r in theirs.items() if OPS["hopper_gemm"].impls[v].origin == "book")[1]
+    ratio = mine["value"] / theirs[best]["value"]
+    rows = _goal_rows(site.render_page(f"<!-- bench:goal fp8_gemm v6 hopper_gemm.best:{ratio * 0.99:.6f} "
+                                       f"hopper_gemm.best:{ratio * 1.01:.6f} -->\n", "p.md", tmp_path))
+    assert len(rows) == 2 and rows[0].endswith("**met** |") and rows[1].endswith("**not met** |")
+    assert f"{ratio:.3g}x" in rows[0] and f"against {best}'s" in rows[0] and "`hopper_gemm` its book best" in rows[0]
+    v2 = theirs["v2"]["value"]
+    two = _goal_rows(site.render_page(f"<!-- bench:goal fp8_gemm v6 hopper_gemm.v2:{mine['value'] / v2 * 0.99:.6f} "
+                                      "hopper_gemm.v1:0.1 -->\n", "p.md", tmp_path))
+    assert two[0].endswith("**met** |") and "stale (hopper_gemm.v1 changed since)" in two[1]
+    for text, match in (("fp8_gemm v6 nope.v1:2", "unknown op 'nope'"),
+                        ("fp8_gemm v6 hopper_gemm.v99:2", "no version v99"),
+                        ("fp8_gemm v6 reduce_sum.v1:2", "not both rates in one metric")):
+        with pytest.raises(ValueError, match=match):
+            site.render_page(f"<!-- bench:goal {text} -->\n", "p.md", tmp_path)
+
+
 def test_goal_refuses_malformed_directives(tmp_path):
     for text, match in (("reduce_sum v3", "at least one term"), ("nope v1 v0:1", "unknown op"),
                         ("reduce_sum v99 v0:1", "no version v99"), ("reduce_sum v3 v99:1", "no version v99"),

@@ -38,7 +38,9 @@ A chapter asks for them with HTML comments on a line of their own, so the raw Ma
                                                  and GPU: vK:R (at least R times as fast as version vK at the
                                                  headline), ceiling:F (at least F of the op's ceiling),
                                                  memory-vK:F (at most F times vK's peak memory beyond the
-                                                 inputs), rate:X (at least X in the op's metric, e.g. TFLOP/s);
+                                                 inputs), rate:X (at least X in the op's metric, e.g. TFLOP/s),
+                                                 OP.vK:R or OP.best:R (at least R times another op's rate at
+                                                 the same size on the same GPU);
                                                  dtype=D for another timed dtype, size=KEY for a
                                                  sweep size (its size key, e.g. size=k=4096,m=4096,n=4096).
                                                  Each row says met, not met, stale or not measured.

@@ -10,18 +10,20 @@ from snippets.site.fmt import _cname, _fmt_ms, _gib, _slug, short_size
 from snippets.site.tables import _footnote_as, _headline_dtype, gpu_short
 
 
-# one named group per kind of term (speed's and memory's hold the other version), then the threshold
-GOAL_TERM = re.compile(r"^(?:(?P<speed>v\d+)|(?P<ceiling>ceiling)|memory-(?P<memory>v\d+)|(?P<rate>rate))"
-                       r":(?P<x>\d+(?:\.\d+)?)$")
-GOAL_KINDS = ("speed", "ceiling", "memory", "rate")
+# one named group per kind of term (speed's and memory's hold the other version, versus's another op's
+# version as OP.vK or OP.best), then the threshold
+GOAL_TERM = re.compile(r"^(?:(?P<speed>v\d+)|(?P<ceiling>ceiling)|memory-(?P<memory>v\d+)|(?P<rate>rate)"
+                       r"|(?P<versus>[a-z][a-z0-9_]*\.(?:v\d+|best))):(?P<x>\d+(?:\.\d+)?)$")
+GOAL_KINDS = ("speed", "ceiling", "memory", "rate", "versus")
+TERM_FORMS = "vK:R, ceiling:F, memory-vK:F, rate:X or OP.vK:R"
 
 
 def parse_goal(pos: list[str], ops: dict[str, Op]) -> tuple[Op, str, list[tuple[str, str | None, float]]]:
-    """``OP VER TERM...`` -> (op, version, [(kind, other version or None, threshold)]), kind one of "speed",
-    "ceiling", "memory", "rate"; unknown ops, versions and malformed terms raise ``ValueError``."""
+    """``OP VER TERM...`` -> (op, version, [(kind, other version or None, threshold)]), kind one of
+    ``GOAL_KINDS``; a ``versus`` term's other version is ``"OP.vK"`` or ``"OP.best"``. Unknown ops, versions and
+    malformed terms raise ``ValueError``."""
     if len(pos) < 3:
-        raise ValueError("bench:goal needs OP VERSION and at least one term (vK:R, ceiling:F, memory-vK:F, "
-                         "rate:X)")
+        raise ValueError(f"bench:goal needs OP VERSION and at least one term ({TERM_FORMS})")
     op_name, ver, *terms = pos
     if op_name not in ops:
         raise ValueError(f"bench:goal names unknown op {op_name!r}; known: {sorted(ops)}")
@@ -30,16 +32,47 @@ def parse_goal(pos: list[str], ops: dict[str, Op]) -> tuple[Op, str, list[tuple[
     for tok in terms:
         m = GOAL_TERM.match(tok)
         if not m:
-            raise ValueError(f"bench:goal term {tok!r} is not vK:R, ceiling:F, memory-vK:F or rate:X")
+            raise ValueError(f"bench:goal term {tok!r} is not {TERM_FORMS}")
         kind = next(k for k in GOAL_KINDS if m.group(k))
-        other = m.group("speed") or m.group("memory")
+        other = m.group("speed") or m.group("memory") or m.group("versus")
         if kind == "ceiling" and not op.ceiling:
             raise ValueError(f"bench:goal: {op_name} has no ceiling to be a fraction of")
+        if kind == "versus":
+            _check_versus(op, other, ops)
+            parsed.append((kind, other, float(m.group("x"))))
+            continue
         parsed.append((kind, other, float(m.group("x"))))
-    for v in [*([] if ver == "best" else [ver]), *(o for _, o, _ in parsed if o)]:
+    for v in [*([] if ver == "best" else [ver]), *(o for k, o, _ in parsed if o and k != "versus")]:
         if v not in op.impls:
             raise ValueError(f"bench:goal: {op_name} has no version {v}; it has {sorted(op.impls)}")
     return op, ver, parsed
+
+
+def _check_versus(op: Op, other: str, ops: dict[str, Op]) -> None:
+    """A ``versus`` term compares two ops' rates: the other op must exist, have the version, and share the
+    metric (a rate, higher is better)."""
+    name, ver = other.split(".")
+    if name not in ops:
+        raise ValueError(f"bench:goal names unknown op {name!r}; known: {sorted(ops)}")
+    if ver != "best" and ver not in ops[name].impls:
+        raise ValueError(f"bench:goal: {name} has no version {ver}; it has {sorted(ops[name].impls)}")
+    if ops[name].metric != op.metric or op.lower_is_better or ops[name].lower_is_better:
+        raise ValueError(f"bench:goal: {op.name} and {name} are not both rates in one metric "
+                         f"({op.metric}, {ops[name].metric}); a versus term compares rates")
+
+
+def _versus_record(other_op: Op, ver: str, entry: dict | None, size: dict, dtype: str | None) -> dict | None:
+    """The other op's record on the same GPU at the same size (every key of ``size`` equal), in its headline
+    dtype unless it was measured in ``dtype``; ``best``: its book's fastest there. None when not measured."""
+    if entry is None:
+        return None
+    rows = [r for r in entry["records"] if all(r["size"].get(k) == v for k, v in size.items())]
+    dtypes = {r["dtype"] for r in rows}
+    want = dtype if dtype in dtypes else _headline_dtype(other_op, entry)
+    recs = {r["impl"]: r for r in rows if r["dtype"] == want}
+    if ver == "best":
+        ver = best_book_version(other_op, recs) or ""
+    return recs.get(ver)
 
 
 def best_book_version(op: Op, recs: dict[str, dict]) -> str | None:
@@ -62,6 +95,9 @@ def _goal_row(op: Op, ver: str, term: tuple[str, str | None, float], recs: dict[
         goal = f"{who} at least {100 * x:g}% of the {_cname(ceiling['name'] if ceiling else op.ceiling)} ceiling"
     elif kind == "rate":
         goal = f"{who} at least {x:,g} {op.metric}"
+    elif kind == "versus":
+        name, v = other.split(".")
+        goal = f"{who} at least {x:g}x the {op.metric} of `{name}` {'its book best' if v == 'best' else v}"
     else:
         goal = f"{who} holds at most {x:g}x the peak memory of {other} ({op.impls[other].desc})"
     needed = [ver] + ([other] if other else [])
@@ -77,6 +113,11 @@ def _goal_row(op: Op, ver: str, term: tuple[str, str | None, float], recs: dict[
         measured, met = f"{100 * value:.1f}% ({r['value']:,.1f} {op.metric})", value >= x
     elif kind == "rate":
         measured, met = f"{r['value']:,.1f} {op.metric}", r["value"] >= x
+    elif kind == "versus":
+        o = recs[other]
+        value = r["value"] / o["value"]
+        measured = f"{value:.3g}x ({r['value']:,.1f} against {o['impl']}'s {o['value']:,.1f} {op.metric})"
+        met = value >= x
     else:
         mine, theirs = r["peak_extra_bytes"], recs[other]["peak_extra_bytes"]
         value = mine / theirs if theirs else float("inf") if mine else 0.0
@@ -86,22 +127,25 @@ def _goal_row(op: Op, ver: str, term: tuple[str, str | None, float], recs: dict[
         measured = f"{ver}: {measured}"
     old = [v for v in needed if v in stale]
     verdict = (f"stale ({', '.join(old)} changed since)" if old else "**met**" if met else "**not met**")
-    if not old and not met and kind == "speed" and "ms_p10" in r and "ms_p90" in recs[other]:
-        # the two timings' 10th-90th percentile ranges reach the goal: a difference inside the run's noise
-        if recs[other]["ms_p90"] / r["ms_p10"] >= x:
+    # a ratio of two timings (versus: of two rates, each its work over its time, so the median ratio
+    # times a ratio of times): where the 10th-90th percentile ranges say otherwise than the medians
+    per_ms = 1.0 if kind == "speed" else value * r["ms"] / recs[other]["ms"] if kind == "versus" else None
+    if not old and per_ms and not met and "ms_p10" in r and "ms_p90" in recs[other]:
+        # the two timings' ranges reach the goal: a difference inside the run's noise
+        if per_ms * recs[other]["ms_p90"] / r["ms_p10"] >= x:
             verdict += " (within the timings' 10th-90th percentile spread)"
-    if not old and met and kind == "speed" and "ms_p90" in r and "ms_p10" in recs[other]:
+    if not old and per_ms and met and "ms_p90" in r and "ms_p10" in recs[other]:
         # and the other way: a goal met by the medians that the spreads do not carry (a noisy or
         # bimodal baseline whose fast runs would miss it)
-        if recs[other]["ms_p10"] / r["ms_p90"] < x:
+        if per_ms * recs[other]["ms_p10"] / r["ms_p90"] < x:
             verdict += " (but not across the timings' 10th-90th percentile spread)"
     return goal, measured, verdict
 
 
 def render_goal(op: Op, ver: str, terms: list[tuple[str, str | None, float]], results: dict[str, dict],
-                dtype: str | None = None, size: str | None = None) -> str:
+                dtype: str | None = None, size: str | None = None, ops: dict[str, Op] | None = None) -> str:
     """A chapter's goal for one version, each term checked against the headline records of every GPU that
-    measured the op (see the module docstring for the terms)."""
+    measured the op (see the module docstring for the terms); ``ops`` resolves versus terms' other ops."""
     import hashlib
 
     tag = hashlib.sha256(repr((op.name, ver, terms, dtype, size)).encode()).hexdigest()[:6]
@@ -129,6 +173,14 @@ def render_goal(op: Op, ver: str, terms: list[tuple[str, str | None, float]], re
         if ver == "best":  # the book's fastest version on this GPU, whichever it is
             here, shown = best_book_version(op, recs) or "best", "the book's best version"
         for t in terms:
+            if t[0] == "versus":  # the other op's record at this size on this GPU, and its freshness
+                name, v = t[1].split(".")
+                other_op = (ops or {})[name]
+                o_entry = data["ops"].get(name)
+                o = _versus_record(other_op, v, o_entry, rows[0]["size"], rows[0]["dtype"])
+                recs = {**recs, t[1]: o} if o else {k: r for k, r in recs.items() if k != t[1]}
+                if o and o["impl"] in stale_impls(other_op, o_entry):
+                    stale = stale | {t[1]}
             goal, measured, verdict = _goal_row(op, here, t, recs, stale, entry["ceiling"], shown)
             rows_out.append(f"| {goal} | {gpu_short(gpu)}[^{label}] | {measured} | {verdict} |")
     if not rows_out:

@@ -77,7 +77,7 @@ def _versus(c: Ctx) -> str:
 def _goal(c: Ctx) -> str:
     from snippets.site.goals import parse_goal, render_goal
 
-    return render_goal(*parse_goal(c.pos, c.ops), c.results, c.kw.get("dtype"), c.kw.get("size"))
+    return render_goal(*parse_goal(c.pos, c.ops), c.results, c.kw.get("dtype"), c.kw.get("size"), c.ops)
 
 
 def _timeline(c: Ctx) -> str:
