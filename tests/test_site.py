@@ -391,7 +391,7 @@ def test_goal_versus_term(tmp_path):
     rows = _goal_rows(site.render_page(f"<!-- bench:goal fp8_gemm v6 hopper_gemm.best:{ratio * 0.99:.6f} "
                                        f"hopper_gemm.best:{ratio * 1.01:.6f} -->\n", "p.md", tmp_path))
     assert len(rows) == 2 and rows[0].endswith("**met** |") and rows[1].endswith("**not met** |")
-    assert f"{ratio:.3g}x" in rows[0] and f"against {best}'s" in rows[0] and "`hopper_gemm` its book best" in rows[0]
+    assert f"{ratio:.3g}x" in rows[0] and f"against {best}'s" in rows[0] and "the book's best `hopper_gemm`" in rows[0]
     v2 = theirs["v2"]["value"]
     two = _goal_rows(site.render_page(f"<!-- bench:goal fp8_gemm v6 hopper_gemm.v2:{mine['value'] / v2 * 0.99:.6f} "
                                       "hopper_gemm.v1:0.1 -->\n", "p.md", tmp_path))

@@ -97,7 +97,8 @@ def _goal_row(op: Op, ver: str, term: tuple[str, str | None, float], recs: dict[
         goal = f"{who} at least {x:,g} {op.metric}"
     elif kind == "versus":
         name, v = other.split(".")
-        goal = f"{who} at least {x:g}x the {op.metric} of `{name}` {'its book best' if v == 'best' else v}"
+        of = f"the book's best `{name}`" if v == "best" else f"`{name}` {v}"
+        goal = f"{who} at least {x:g}x the {op.metric} of {of}"
     else:
         goal = f"{who} holds at most {x:g}x the peak memory of {other} ({op.impls[other].desc})"
     needed = [ver] + ([other] if other else [])
