@@ -588,6 +588,9 @@ def _inplace_op(mod):
                       f"torch.library.custom_op(f\"{{NAMESPACE}}::dropout_\", mutates_args=...)") from exc
 
 
+_GUARD, _GUARD_VALUE = 4096, 12345.0  # elements after x in its buffer, and what they hold
+
+
 def _check_inplace_op(run: Run) -> None:
     mod = run.module()
     with run.case("the schema of NAMESPACE::dropout_"):
@@ -622,13 +625,22 @@ def _check_inplace_op(run: Run) -> None:
                       hint="the kernel and launch() are given: x[i] * (1 / (1 - p)) where tl.rand(seed, i) >= p, "
                            "else 0, stored back into x (restore them if they were edited)"):
             x0 = randn(n, seed=41).to(run.device)
-            x = x0.clone()
+            # x is the front of a longer buffer whose tail holds a guard value: a GPU does not fault on a store a
+            # little past a tensor's end (the interpreter does), so the guard is what shows an unmasked tail
+            buf = torch.full((n + _GUARD,), _GUARD_VALUE, device=run.device)
+            x = buf[:n]
+            x.copy_(x0)
             ptr = x.data_ptr()
             ret = op(x, p, seed)
             if ret is not None:
                 raise Failure(f"the operator returned {type(ret).__name__}, not None")
             if x.data_ptr() != ptr or x.shape != x0.shape:
                 raise Failure("x was not written in place")
+            changed = int((buf[n:] != _GUARD_VALUE).sum())
+            if changed:
+                raise Failure(f"out-of-bounds stores: {changed} of the {_GUARD} elements just past the end of x "
+                              f"changed (x is {n} elements, the front of a longer buffer): the last block's lanes "
+                              f"past n must not store")
             got, ref = x.cpu(), x0.cpu()
             kept = got != 0
             expected = torch.where(kept, ref * np.float32(1 / (1 - p)), torch.zeros(()))

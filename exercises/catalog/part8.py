@@ -644,8 +644,13 @@ def _onnx_error(exc: BaseException) -> str:
 def _session(graph, optimised: bool):
     """An onnxruntime session on the CPU: the graph as written (every graph optimisation off), or
     as onnxruntime serves it by default (all of them on, fusions included)."""
+    import onnx
     import onnxruntime as ort
 
+    # onnx's make_model stamps the newest file format (IR version) the installed onnx knows, which an older
+    # onnxruntime may refuse although it runs the opset; the graph needs no more than its opsets' minimum
+    graph = onnx.ModelProto.FromString(graph.SerializeToString())
+    graph.ir_version = min(graph.ir_version, onnx.helper.find_min_ir_version_for(list(graph.opset_import)))
     opts = ort.SessionOptions()
     opts.log_severity_level = 4                      # its errors come back as exceptions
     if not optimised:
