@@ -23,7 +23,8 @@
 # all of them). KM_JOBS: jobs at once (default 16); KM_FILE_TIMEOUT: seconds per job (default 500); KM_BUDGET: seconds for the
 # whole run (default 560, under one 600 s device call): a job that starts late gets what is left, so the summary
 # is always written. Liger-Kernel (a baseline the tests compare against) is installed from .whl/ when a wheel is
-# there (the runner has no network). Exit status 1 if any job failed or timed out.
+# there (the runner has no network), and the nvidia-cutlass wheel that hopper_gemm v8 unpacks is taken from .whl/
+# too (or from build/, where cute_gemm looks first): without it v8's GPU tests fail. Exit status 1 if any job failed or timed out.
 set -uo pipefail
 OUTDIR=${1:-gpu-out}
 shift || true
@@ -33,6 +34,9 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 REQUIRE_GPU
 PY=${PYTHON:-python3}
 START=$(date +%s)
 DEADLINE=$((START + ${KM_BUDGET:-560}))
+# hopper_gemm v8 (CuTe's C++) needs the nvidia-cutlass wheel's headers: from build/ (carried), or from .whl/ here
+CUTLASS_WHL=$(ls .whl/nvidia_cutlass-*.whl 2> /dev/null | head -1)
+[ -z "${KM_CUTLASS_WHEEL:-}" ] && [ -n "$CUTLASS_WHL" ] && export KM_CUTLASS_WHEEL=$PWD/$CUTLASS_WHL
 if ls .whl/liger_kernel-*.whl > /dev/null 2>&1 && ! $PY -c "import liger_kernel" 2> /dev/null; then
   $PY -m pip install -q --no-deps --no-index --target /tmp/km-wheels .whl/liger_kernel-*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/km-wheels
