@@ -1,6 +1,7 @@
 // FP8 GEMMs for sm_90a with wider tiles (Part 6, "FP8 GEMMs"): fp8_gemm v4, v5 and v6,
-// fp8_gemm_blockscaled v5. fp8_gemm.cu's kernels, whose 128 x 128 tile was set by the registers the
-// promotion needs, with the tile's columns split into two slices that are promoted one at a time.
+// fp8_gemm_blockscaled v5 and v6. fp8_gemm.cu's kernels, whose 128 x 128 tile was set by the
+// registers the promotion needs, with the tile's columns split into two slices that are promoted
+// one at a time.
 //
 // Why wider: a tile of BM x BN reads (BM + BN) x 128 bytes of A and B for every 128-deep K-block
 // and does 2 BM BN 128 FLOPs with them. At fp8's rate the 128 x 128 tile asks the L2 cache for a
@@ -17,8 +18,9 @@
 //   fp8_gemm_tensor_sliced (v5): W = 96, two temporaries, 96 + 2 x 48 = 192 registers. The second
 //     slice's wgmmas are issued before the first slice is added, so the consumer adds while its
 //     own wgmmas run; only the second slice's addition waits.
-//   fp8_gemm_tensor_lean (v6): v5 with less work around the same wgmmas and adds: descriptors made
-//     by addition and a leaner mbarrier wait (the lean region).
+//   fp8_gemm_tensor_lean / fp8_gemm_block_lean (v6 / blockscaled v6): v5 / blockscaled v5 with less
+//     work around the same wgmmas and adds: descriptors made by addition and a leaner mbarrier wait
+//     (the lean region).
 // BLOCKWISE needs W = 128: a slice then lies in one 128 x 128 scale block of B and has one scale.
 //
 // Everything else (TMA, mbarriers, descriptors, the persistent grouped order, setmaxnreg) is

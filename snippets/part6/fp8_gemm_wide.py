@@ -1,5 +1,5 @@
-"""fp8_gemm v4, v5 and v6, fp8_gemm_blockscaled v5 and v6: the CUDA FP8 GEMMs with wider tiles whose
-columns are promoted one slice at a time (``csrc/fp8/fp8_gemm_wide.cu``).
+"""fp8_gemm v4, v5 and v6, fp8_gemm_blockscaled v5 and v6: the CUDA FP8 GEMMs with wider tiles
+whose columns are promoted one slice at a time (``csrc/fp8/fp8_gemm_wide.cu``).
 
 Registered from their own module, so that the measured results of the versions before them keep
 their source hashes (those cover ``snippets/part6/fp8_gemm.py`` and ``csrc/fp8/fp8_gemm.cu``).
