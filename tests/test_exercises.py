@@ -29,6 +29,20 @@ from exercises.engine import MARK, PLANTED, ROOT, SOLUTIONS, Exercise, check, pl
 REPO_ROOT = Path(__file__).resolve().parent.parent
 IDS = list(EXERCISES)
 PLANTED_CASES = [(ex_id, name) for ex_id, ex in EXERCISES.items() for name in ex.planted]
+# Part 7's exercises check on gloo ranks, in plain tensors and on the meta device: they have no GPU path, so the
+# GPU suite leaves them to the CPU suite (marked cpu_only; they took over half of this file's time on the runner).
+# test_the_cpu_only_exercises_use_no_gpu holds them to it.
+CPU_ONLY_PARTS = (7,)
+
+
+def _cases(cases: list) -> list:
+    """``cases`` (exercise ids, or (id, planted name) pairs) as parameters, those of CPU_ONLY_PARTS marked cpu_only."""
+    def part(case) -> int:
+        return EXERCISES[case if isinstance(case, str) else case[0]].part
+
+    return [pytest.param(*([c] if isinstance(c, str) else c), id=c if isinstance(c, str) else "-".join(c),
+                         marks=[pytest.mark.cpu_only] if part(c) in CPU_ONLY_PARTS else [])
+            for c in cases]
 
 
 def _runnable(ex: Exercise) -> None:
@@ -38,7 +52,7 @@ def _runnable(ex: Exercise) -> None:
 
 
 @pytest.mark.exercise
-@pytest.mark.parametrize("ex_id", IDS)
+@pytest.mark.parametrize("ex_id", _cases(IDS))
 def test_solution_passes(ex_id):
     ex = EXERCISES[ex_id]
     _runnable(ex)
@@ -46,7 +60,7 @@ def test_solution_passes(ex_id):
     assert result.passed, result.report()
 
 
-@pytest.mark.parametrize("ex_id", IDS)
+@pytest.mark.parametrize("ex_id", _cases(IDS))
 def test_untouched_file_fails(ex_id):
     ex = EXERCISES[ex_id]
     _runnable(ex)
@@ -59,7 +73,7 @@ def test_untouched_file_fails(ex_id):
     assert MARK in result.report()  # the report says the file is not done yet
 
 
-@pytest.mark.parametrize("ex_id,name", PLANTED_CASES, ids=[f"{i}-{n}" for i, n in PLANTED_CASES])
+@pytest.mark.parametrize("ex_id,name", _cases(PLANTED_CASES))
 def test_planted_solution_fails_and_says_why(ex_id, name):
     ex = EXERCISES[ex_id]
     _runnable(ex)
@@ -69,6 +83,22 @@ def test_planted_solution_fails_and_says_why(ex_id, name):
     assert any(w in result.failure for w in wanted), (f"the failure should mention one of {wanted}:\n"
                                                       + result.report())
     assert result.hint, result.report()
+
+
+@pytest.mark.cpu_only
+def test_the_cpu_only_exercises_use_no_gpu():
+    """What the GPU suite leaves out of this file must not need the GPU: no CUDA in the checks of CPU_ONLY_PARTS'
+    catalogues, their learners' files or their solutions (test_gpu_suite's rule for cpu_only tests)."""
+    from test_gpu_suite import GPU_USE
+
+    paths = [REPO_ROOT / "exercises" / "catalog" / f"part{n}.py" for n in CPU_ONLY_PARTS]
+    paths += [base / rel for ex in EXERCISES.values() if ex.part in CPU_ONLY_PARTS for rel in ex.files
+              for base in (ROOT, SOLUTIONS)]
+    assert len(paths) > len(CPU_ONLY_PARTS)
+    for path in paths:
+        found = GPU_USE.search(path.read_text())
+        assert not found, f"{path} uses the GPU ({found[0]!r}): its exercise must not be cpu_only"
+    assert {"cuda"} & {ex.kind for ex in EXERCISES.values() if ex.part in CPU_ONLY_PARTS} == set()
 
 
 # ---------------------------------------------------------------------------------------------- the catalogue
