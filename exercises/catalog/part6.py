@@ -864,6 +864,81 @@ fp8_blockscaled = Exercise(
 )
 
 
+# -------------------------------------------------------------------------------------------- fp8-gemm.7
+def _lean_offsets(cfg, consumer: int, stage: int, slice_: int, kk: int) -> tuple[int, int]:
+    """fp8_gemm v6's offsets from its two base descriptors, from the launcher's config: the stage's
+    bytes, consumer c's 64 rows of A, slice p of B (block_n / 2 rows), the K step's 32 bytes."""
+    row = cfg.block_k  # one byte per e4m3 value: a row of a K-block is block_k bytes
+    s = stage * cfg.stage_bytes
+    return ((s + consumer * 64 * row + kk * 32) // 16,
+            (s + slice_ * (cfg.block_n // 2) * row + kk * 32) // 16)
+
+
+def _largest_start(cfg, smem_limit: int) -> int:
+    """The launcher's allocation (cfg.smem_bytes) placed as late as smem_limit allows, the tiles at
+    the next 1024, then the last stage's second slice of B at the last K step."""
+    base = -(-(smem_limit - cfg.smem_bytes) // 1024) * 1024
+    return (base + (cfg.stages - 1) * cfg.stage_bytes + cfg.block_m * cfg.block_k
+            + (cfg.block_n // 2) * cfg.block_k + (cfg.block_k // 32 - 1) * 32)
+
+
+def _check_lean_offsets(run: Run) -> None:
+    from snippets.part6.fp8_gemm import CudaConfig
+    from snippets.part6.fp8_gemm_wide import SLICED_CONFIG, WIDE_CONFIG
+
+    mod = run.module()
+    configs = {"v6 (128 x 192, 5 stages)": SLICED_CONFIG, "blockscaled v6 (128 x 256, 4 stages)": WIDE_CONFIG,
+               "128 x 128, 6 stages": CudaConfig()}
+    for label, cfg in configs.items():
+        with run.case(
+            f"offsets() of {label}: both consumers, every stage, both slices, every K step",
+            hint="a stage is (128 + block_n) rows of 128 bytes, A's rows first; consumer c's rows of A start "
+            "c * 64 rows in, slice p of B starts p * block_n / 2 rows into B; a K step is 32 bytes of each "
+            "row; everything divided by 16 at the end",
+        ):
+            cases = [(cfg.block_n, c, s, p, kk) for c in range(2) for s in range(cfg.stages)
+                     for p in range(2) for kk in range(cfg.block_k // 32)]
+            compare.functions("offsets", getattr(mod, "offsets", None),
+                              lambda n, c, s, p, kk, cfg=cfg: _lean_offsets(cfg, c, s, p, kk), cases)
+    limits = (book_hopper.SMEM_LIMIT_SM90, 220 * 1024, 216 * 1024 + 16)
+    with run.case(
+        f"largest_start() of the three at shared-memory limits {', '.join(map(str, limits))} bytes",
+        hint="the allocation is stages * stage bytes + 1024 + 16 * stages; it starts at most at the limit "
+        "minus that, the tiles at the next multiple of 1024 (round up), and the last descriptor is the "
+        "last stage's second slice of B at the last K step",
+    ):
+        cases = [(cfg.block_n, cfg.stages, lim) for cfg in configs.values() for lim in limits
+                 if cfg.smem_bytes <= lim]
+        by_shape = {(cfg.block_n, cfg.stages): cfg for cfg in configs.values()}
+        compare.functions("largest_start", getattr(mod, "largest_start", None),
+                          lambda n, st, lim: _largest_start(by_shape[(n, st)], lim), cases)
+    if not all(_largest_start(cfg, book_hopper.SMEM_LIMIT_SM90) < book_hopper.SMEM_WINDOW
+               for cfg in configs.values()):
+        raise Failure("the book's configurations reach past the descriptor's window")  # the kernel's premise
+
+
+lean_offsets = Exercise(
+    id="part6.fp8-gemm.7",
+    title="v6's descriptor offsets, and how far the window reaches",
+    difficulty=2,
+    kind="model",
+    files=("part6/lean_offsets.py",),
+    task="fp8_gemm v6 adds offsets to two base descriptors instead of building each one. Write "
+    "offsets(block_n, consumer, stage, slice_, kk): the 16-byte units it adds to consumer 0's rows of A "
+    "and to B's first slice (both of stage 0) for a consumer's rows, a stage, a slice and a K step; and "
+    "largest_start(block_n, stages, smem_limit): the largest address in any descriptor when the dynamic "
+    "shared memory starts as late as the limit allows. Checked against the launchers' configs.",
+    hint="stage bytes (128 + block_n) * 128; A: stage + consumer * 64 * 128 + kk * 32; B: stage + slice * "
+    "block_n / 2 * 128 + kk * 32; both // 16. The allocation's latest start rounds up to 1024",
+    check=_check_lean_offsets,
+    planted={
+        "bytes_not_units": "offsets(",
+        "slice_on_a": "offsets(",
+        "floor_not_ceil": "largest_start(",
+    },
+)
+
+
 # ------------------------------------------------------------------------------------------ hopper-gemm.9
 _QUAD_MASKS = [1, 1, 2, 2]  # quad_transpose: round 1 two shuffles with lane q ^ 1, round 2 two with q ^ 2
 
@@ -1329,4 +1404,4 @@ fp8_heads = Exercise(
 
 
 EXERCISES = [crd2idx, coalesce, swizzle, complement, fp8_scale, wgmma_desc, dq_frag, tv_copy, tv_mma_b,
-             fp8_blockscaled, quad_transpose, smem_layout, fp8_heads]
+             fp8_blockscaled, lean_offsets, quad_transpose, smem_layout, fp8_heads]
