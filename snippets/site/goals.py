@@ -176,7 +176,9 @@ def render_goal(op: Op, ver: str, terms: list[tuple[str, str | None, float]], re
         for t in terms:
             if t[0] == "versus":  # the other op's record at this size on this GPU, and its freshness
                 name, v = t[1].split(".")
-                other_op = (ops or {})[name]
+                if not ops or name not in ops:
+                    raise ValueError(f"bench:goal: a versus term needs the ops to find {name!r} (pass ops)")
+                other_op = ops[name]
                 o_entry = data["ops"].get(name)
                 o = _versus_record(other_op, v, o_entry, rows[0]["size"], rows[0]["dtype"])
                 recs = {**recs, t[1]: o} if o else {k: r for k, r in recs.items() if k != t[1]}
