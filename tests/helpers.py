@@ -164,6 +164,25 @@ def sass_by_function(binary) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
+def sass_loop(code: str, marker: str) -> list[str]:
+    """The instructions of the innermost loop of one function's SASS that holds every instruction
+    containing ``marker`` (a kernel's K loop, for ``marker`` its MMA opcode): from the target of a
+    backward branch to that branch, the shortest such span around all of them (an inner wait's
+    retry path included, the epilogue and a persistent kernel's tile loop not)."""
+    import re
+
+    ins = [(int(a, 16), text) for a, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", code)]
+    marks = [a for a, text in ins if marker in text]
+    assert marks, f"no {marker} in the SASS"
+    loops = []
+    for a, text in ins:
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) <= marks[0] and a >= marks[-1]:
+            loops.append([t for x, t in ins if int(target.group(1), 16) <= x <= a])
+    assert loops, f"no loop around the {marker}s"
+    return min(loops, key=len)
+
+
 def gemm_operands(m: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16 A (m, k) and K-major B (n, k) of standard normal values on the GPU, from ``seed``."""
     gen = torch.Generator(device="cuda").manual_seed(seed)

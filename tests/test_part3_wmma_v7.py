@@ -100,18 +100,12 @@ INTEGER = ("IMAD", "LEA", "SHF", "IADD3", "VIADD", "LOP3", "SEL", "ISETP", "IABS
 
 
 def _k_loop(sass: str) -> Counter:
-    """Opcode counts (without modifiers) of the longest backward-branch loop that holds HMMAs:
-    the K loop of one kernel's SASS."""
-    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
-    best: list[str] = []
-    for addr, ins in lines:
-        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", ins)
-        if target and int(target.group(1), 16) < int(addr, 16):
-            body = [i for a, i in lines if int(target.group(1), 16) <= int(a, 16) <= int(addr, 16)]
-            if any("HMMA" in i for i in body) and len(body) > len(best):
-                best = body
-    assert best, "no loop with HMMAs found in the SASS"
-    return Counter(re.sub(r"^@!?U?P\w+\s+", "", i.strip()).split()[0].split(".")[0] for i in best)
+    """Opcode counts (without modifiers) of the K loop of one kernel's SASS: the innermost loop
+    around its HMMAs."""
+    from helpers import sass_loop
+
+    return Counter(re.sub(r"^@!?U?P\w+\s+", "", i.strip()).split()[0].split(".")[0]
+                   for i in sass_loop(sass, "HMMA"))
 
 
 @pytest.fixture(scope="module")

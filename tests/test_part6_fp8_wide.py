@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import nvcc_with_report, sass_by_function
+from helpers import nvcc_with_report, sass_by_function, sass_loop
 from test_cuda_compile import parse_ptxas, spilling_functions
 from test_part6_fp8_cuda import _per_tensor, _skip_unless_sm90
 from test_part6_fp8_gemm import _blockscaled
@@ -107,20 +107,6 @@ def test_sass_has_two_promoted_slices_and_v5s_overlap(built):
         assert ("SR_CLOCKLO" in code) == (name not in LEAN), name
 
 
-def k_loop(code: str) -> list[str]:
-    """The consumers' K-loop of one function's SASS: the instructions from the target of the
-    backward branch that closes the loop around the QGMMAs to that branch (the wait's retry path
-    included, the epilogue and the trap paths not)."""
-    ins = [(int(a, 16), text) for a, text in re.findall(r"^\s+/\*([0-9a-f]+)\*/\s+([^;]*);", code,
-                                                        re.M)]
-    qgmma = [a for a, text in ins if "QGMMA" in text]
-    for a, text in ins:
-        target = re.search(r"BRA (0x[0-9a-f]+)", text)
-        if a > qgmma[-1] and target and int(target[1], 16) <= qgmma[0]:
-            return [t for x, t in ins if int(target[1], 16) <= x <= a]
-    raise AssertionError("no loop around the QGMMAs")
-
-
 @pytest.mark.op("fp8_gemm")
 @pytest.mark.op("fp8_gemm_blockscaled")
 @requires_nvcc
@@ -131,7 +117,7 @@ def test_v6_issues_fewer_instructions_per_k_block_than_v5(built, blockwise):
     sass = sass_by_function(built[0])
     v5 = w.WIDE_KERNELS[True] if blockwise else w.SLICED_KERNEL
     v6 = w.LEAN_KERNELS[blockwise]
-    loops = {name: k_loop(sass[name]) for name in (v5, v6)}
+    loops = {name: sass_loop(sass[name], "QGMMA") for name in (v5, v6)}
     width = KERNELS[v6][1]
     for name, loop in loops.items():
         assert sum(f"QGMMA.64x{width}x32" in t for t in loop) == 8, name
