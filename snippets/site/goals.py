@@ -39,8 +39,6 @@ def parse_goal(pos: list[str], ops: dict[str, Op]) -> tuple[Op, str, list[tuple[
             raise ValueError(f"bench:goal: {op_name} has no ceiling to be a fraction of")
         if kind == "versus":
             _check_versus(op, other, ops)
-            parsed.append((kind, other, float(m.group("x"))))
-            continue
         parsed.append((kind, other, float(m.group("x"))))
     for v in [*([] if ver == "best" else [ver]), *(o for k, o, _ in parsed if o and k != "versus")]:
         if v not in op.impls:
