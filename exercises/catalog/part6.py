@@ -912,9 +912,6 @@ def _check_lean_offsets(run: Run) -> None:
         by_shape = {(cfg.block_n, cfg.stages): cfg for cfg in configs.values()}
         compare.functions("largest_start", getattr(mod, "largest_start", None),
                           lambda n, st, lim: _largest_start(by_shape[(n, st)], lim), cases)
-    if not all(_largest_start(cfg, book_hopper.SMEM_LIMIT_SM90) < book_hopper.SMEM_WINDOW
-               for cfg in configs.values()):
-        raise Failure("the book's configurations reach past the descriptor's window")  # the kernel's premise
 
 
 lean_offsets = Exercise(
