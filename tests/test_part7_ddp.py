@@ -41,10 +41,11 @@ def micro_batches(step: int, rank: int, world: int, micro: int):
 
 
 def train(rank: int, world: int, dtype, wrapper: str, steps: int = STEPS, micro: int = 1,
-          device: str = "cpu"):
+          device: str = "cpu", set_to_none: bool = True):
     """Train tiny_model(SEED) for ``steps`` SGD steps; returns (local losses, parameters, log of the
-    last backward). ``wrapper``: "ours" (BucketedDDP), "torch" (DistributedDataParallel) or
-    "none" (a single process: rank 0 of a world of 1)."""
+    last backward, whether every ``.grad`` is a view of its bucket at the end). ``wrapper``: "ours"
+    (BucketedDDP), "torch" (DistributedDataParallel) or "none" (a single process: rank 0 of a world
+    of 1). ``set_to_none``: how ``zero_grad`` clears the gradients before each step."""
     model = tiny_model(SEED, dtype).to(device)
     if wrapper == "ours":
         wrapped = BucketedDDP(model, bucket_bytes=BUCKET_BYTES)
@@ -55,7 +56,7 @@ def train(rank: int, world: int, dtype, wrapper: str, steps: int = STEPS, micro:
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     losses = []
     for step in range(steps):
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=set_to_none)
         total = 0.0
         batches = micro_batches(step, rank, world, micro)
         for k, (tokens, targets) in enumerate(batches):
@@ -69,7 +70,10 @@ def train(rank: int, world: int, dtype, wrapper: str, steps: int = STEPS, micro:
         opt.step()
         losses.append(total)
     log = list(wrapped.log) if wrapper == "ours" else []
-    return losses, [p.detach().cpu() for p in model.parameters()], log
+    views = wrapper == "ours" and all(
+        p.grad.data_ptr() == bucket.flat[start:].data_ptr()
+        for bucket in wrapped.buckets for p, start in zip(bucket.params, bucket.offsets))
+    return losses, [p.detach().cpu() for p in model.parameters()], log, views
 
 
 def ddp_world(rank: int, world: int) -> dict:
@@ -79,6 +83,7 @@ def ddp_world(rank: int, world: int) -> dict:
             out[wrapper, dtype] = train(rank, world, dtype, wrapper)
     out["no_sync"] = train(rank, world, torch.float64, "ours", steps=4, micro=2)
     out["torch no_sync"] = train(rank, world, torch.float64, "torch", steps=4, micro=2)
+    out["kept"] = train(rank, world, torch.float64, "ours", steps=4, micro=2, set_to_none=False)
     # replicas that start different are made equal by the broadcast from rank 0
     start = BucketedDDP(tiny_model(100 + rank), bucket_bytes=BUCKET_BYTES)
     out["broadcast"] = [p.detach().clone() for p in start.parameters()]
@@ -125,7 +130,7 @@ def assert_same_run(results, ref, tol):
     # the losses are near 4, where one float32 rounding is 4.8e-7: relative and absolute tol
     torch.testing.assert_close(losses, torch.tensor(ref_losses, dtype=torch.float64),
                                atol=tol, rtol=tol)
-    for rank, (_, params, _) in enumerate(results):
+    for rank, (_, params, *_) in enumerate(results):
         assert len(params) == len(ref_params)
         for p, q in zip(params, ref_params):
             torch.testing.assert_close(p, q, atol=tol, rtol=0, msg=lambda m: f"rank {rank}: {m}")
@@ -169,6 +174,18 @@ def test_on_two_ranks_ours_and_torchs_ddp_agree_bit_for_bit(world):
         pytest.skip("a sum of more than two values depends on the order of the additions")
     for rank, r in enumerate(results):
         assert_float64_steps_equal_torchs(r, rank)
+
+
+def test_gradients_are_views_of_the_buckets_and_survive_zeroing_in_place(world):
+    """After a step every ``.grad`` of BucketedDDP is a view of its slice of the bucket (nothing is
+    copied back), and clearing them in place (``zero_grad(set_to_none=False)``, which keeps the
+    views, so that autograd accumulates into the buckets) trains exactly as setting them to None:
+    two micro-batches with no_sync, bit for bit in float64."""
+    _, results = world
+    for rank, r in enumerate(results):
+        assert r["ours", torch.float64][3] and r["kept"][3], rank
+        assert r["kept"][0] == r["no_sync"][0], rank
+        assert all(torch.equal(a, b) for a, b in zip(r["kept"][1], r["no_sync"][1])), rank
 
 
 def test_construction_broadcasts_rank0s_weights(world):

@@ -16,22 +16,26 @@ it fast is *when* that happens and *in what units*:
   call their collectives in the same order.
 - **Divide on the way in.** Each gradient is multiplied by 1/p as it is copied into its bucket,
   so the all-reduce's sum is already the average: no pass over the buckets after the backward.
+- **Gradients live in the buckets.** Once a gradient has been copied into its bucket, ``.grad``
+  becomes a view of that slice of the bucket: the all-reduce averages it in place, and nothing is
+  copied back. The tensor autograd produced is freed, so the gradients take no memory beside the
+  buckets.
 - **The end of backward.** The first hook of a backward queues a callback on autograd's engine,
-  which runs once the whole backward has finished: it launches what is left, waits for the
-  buckets and writes the averages back into ``.grad``. On a GPU, a bucket launched during the
-  backward is written back on a side stream as soon as its all-reduce lands, so only the last
-  buckets' copies are left for the end. (torch's DDP does the rest of this from C++.)
+  which runs once the whole backward has finished: it launches what is left and waits for every
+  bucket (on NCCL: makes the current stream wait), so the optimizer reads averages. (torch's DDP
+  does all of this from C++.)
 - **no_sync.** Inside ``with model.no_sync():`` the hooks do nothing and gradients accumulate
   locally; the first backward outside it all-reduces the accumulated sums. Gradient accumulation
   over k micro-batches thus costs one all-reduce, not k.
 
 A parameter that received no gradient in a backward (unused on this rank) contributes zeros to its
-bucket, which is launched at the end of backward; the result is the average over the ranks that
-used it, and is written to ``.grad`` all the same.
+bucket, which is launched at the end of backward; the result is the sum of the other ranks'
+gradients divided by p, and it is this parameter's ``.grad`` all the same.
 
 Differences from ``torch.nn.parallel.DistributedDataParallel``: torch's DDP makes its first bucket
-small, can let ``.grad`` be a view into the bucket (``gradient_as_bucket_view``) instead of
-copying, writes every average back after the backward, rebuilds its buckets after the first step
+small, by default copies every average back into a ``.grad`` of its own after the backward
+(``gradient_as_bucket_view=True`` leaves views, as this class always does), rebuilds its buckets
+after the first step
 in the order in which gradients actually arrived, and handles sparse gradients, buffers, mixed
 devices and many more cases.
 """
@@ -115,9 +119,6 @@ class BucketedDDP(nn.Module):
         params = [p for p in module.parameters() if p.requires_grad]
         self.buckets = [self._bucket([params[i] for i in idx])
                         for idx in assign_buckets(params, bucket_bytes, close)]
-        # on a GPU, buckets launched during the backward are averaged into .grad on this stream
-        cuda = bool(params) and params[0].device.type == "cuda"
-        self._side = torch.cuda.Stream(params[0].device) if cuda else None
         self.require_sync = True
         self.log: list[tuple[str, int]] = []
         self._next = 0              # the next bucket to launch: buckets go in order on every rank
@@ -151,18 +152,15 @@ class BucketedDDP(nn.Module):
             torch.autograd.Variable._execution_engine.queue_callback(self.finish)
         bucket = self.buckets[b]
         start = bucket.offsets[i]
-        # divide while copying: the all-reduce's sum is then the average
-        torch.mul(param.grad.reshape(-1), 1 / self.world_size,
-                  out=bucket.flat[start:start + param.numel()])
+        view = bucket.flat[start:start + param.numel()]
+        # divide while copying: the all-reduce's sum is then the average (in place if .grad is
+        # already this view: a zero_grad(set_to_none=False) keeps it)
+        torch.mul(param.grad.reshape(-1), 1 / self.world_size, out=view)
+        param.grad = view.view_as(param)    # the all-reduce will average .grad in place
         bucket.arrived[i] = True
         self.log.append(("grad", b))
         while self._next < len(self.buckets) and self.buckets[self._next].full():
             self._launch(self._next)
-            if self._side is not None:
-                # the side stream waits for the all-reduce (the CPU and the backward do not) and
-                # writes the averages back while the backward goes on
-                with torch.cuda.stream(self._side):
-                    self._write_back(self.buckets[self._next - 1])
 
     def _launch(self, b: int) -> None:
         bucket = self.buckets[b]
@@ -170,23 +168,10 @@ class BucketedDDP(nn.Module):
         self.log.append(("launch", b))
         self._next = b + 1
 
-    @staticmethod
-    def _write_back(bucket: Bucket) -> None:
-        """Wait for the bucket's all-reduce (on NCCL: make the current stream wait) and copy the
-        averages into ``.grad``."""
-        bucket.work.wait()
-        for p, start in zip(bucket.params, bucket.offsets):
-            average = bucket.flat[start:start + p.numel()].view_as(p)
-            if p.grad is None:
-                p.grad = average.clone()
-            else:
-                p.grad.copy_(average)
-        bucket.work = None
-
     def finish(self) -> None:
         """Runs when the backward has finished (queued by the first hook): launch what is left (a
-        parameter that got no gradient gives zeros) and write back every average not yet written.
-        Does nothing if no synchronised backward is pending."""
+        parameter that got no gradient gives zeros, and gets the average as its ``.grad`` too) and
+        wait for every bucket. Does nothing if no synchronised backward is pending."""
         if not self._pending:
             return
         for b in range(self._next, len(self.buckets)):
@@ -194,14 +179,14 @@ class BucketedDDP(nn.Module):
             for i, p in enumerate(bucket.params):
                 if not bucket.arrived[i]:
                     start = bucket.offsets[i]
-                    bucket.flat[start:start + p.numel()].zero_()
+                    view = bucket.flat[start:start + p.numel()]
+                    view.zero_()
+                    p.grad = view.view_as(p)
             self._launch(b)
         for bucket in self.buckets:
-            if bucket.work is not None:
-                self._write_back(bucket)
+            bucket.work.wait()          # on NCCL: the current stream, which the optimizer uses, waits
+            bucket.work = None
             bucket.arrived = [False] * len(bucket.params)
-        if self._side is not None:      # the optimizer reads .grad on the current stream
-            torch.cuda.current_stream().wait_stream(self._side)
         self._next = 0
         self._pending = False
         self.log.append(("end", -1))
