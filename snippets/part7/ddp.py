@@ -184,7 +184,7 @@ class BucketedDDP(nn.Module):
                     p.grad = view.view_as(p)
             self._launch(b)
         for bucket in self.buckets:
-            bucket.work.wait()          # on NCCL: the current stream, which the optimizer uses, waits
+            bucket.work.wait()      # on NCCL: the current stream (the optimizer's) waits
             bucket.work = None
             bucket.arrived = [False] * len(bucket.params)
         self._next = 0
