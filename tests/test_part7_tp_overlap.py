@@ -363,10 +363,11 @@ def test_measurement_dry_run(world):
         kinds = {(r["variant"], r["chunks"]) for r in timed if r["sp"] == sp}
         assert kinds >= {("compute", 1), ("comm", 1), ("comm", 2), ("tp", 1), ("overlap", 1),
                          ("overlap", 2), ("overlap", 3)}
+        assert (("ring", 1) in kinds) == sp               # the ring block is sequence-parallel
     skipped = [r for r in m["records"] if r["variant"] == "async_tp"]
     assert len(skipped) == 1 and "CUDA" in skipped[0]["skipped"]
     assert all(r["seconds"] > 0 for r in timed)
-    assert len(m["hidden"]) == 2 * 4                 # tp and overlap 1, 2, 3, per layout
+    assert len(m["hidden"]) == 2 * 4 + 1             # tp and overlap 1, 2, 3, per layout; ring
     assert m == results[1]["measure"]                # the slowest rank's times, on every rank
 
 
@@ -428,7 +429,8 @@ def test_measure_refuses_bad_input_before_any_collective():
 
 @pytest.mark.gpu
 def test_async_tp_on_gpus():
-    """PyTorch's fused async-TP operators give the reference block's output and gradients."""
+    """PyTorch's fused async-TP operators, the chunked block and the ring block (NCCL's sends and
+    receives) give the reference block's output and gradients."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     results = run_world(_async_tp_gpu, 2, backend="nccl", timeout_s=240)
@@ -436,6 +438,7 @@ def test_async_tp_on_gpus():
         # float32 on GPUs: NCCL and the fused operators add in another order than gloo
         assert_same(r["async"], r["tp"], 1e-5, f"rank {rank} async-TP vs TensorParallelMLP")
         assert_same(r["overlap"], r["tp"], 1e-5, f"rank {rank} overlap vs TensorParallelMLP")
+        assert_same(r["ring"], r["tp"], 1e-5, f"rank {rank} ring vs TensorParallelMLP")
 
 
 def _async_tp_gpu(rank: int, world: int) -> dict:
@@ -445,7 +448,8 @@ def _async_tp_gpu(rank: int, world: int) -> dict:
     x, w = (t.to(device) for t in data(torch.float32))
     out = {}
     blocks = {"tp": TensorParallelMLP(up, down, sp=True),
-              "overlap": tpo.OverlappedTensorParallelMLP(up, down, sp=True, chunks=2)}
+              "overlap": tpo.OverlappedTensorParallelMLP(up, down, sp=True, chunks=2),
+              "ring": tpo.RingTPMLP(up, down)}
     why = tpo.async_tp_unavailable(device)
     if why is not None:
         raise RuntimeError(why)

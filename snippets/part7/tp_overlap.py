@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import warnings
 from typing import Any
 
@@ -47,6 +48,7 @@ from snippets.part7.collectives import (
     reduce_scatter_tensor,
 )
 from snippets.part7.launch import device_for
+from snippets.part7.ring_tp import P2P_CHUNK_BYTES, RingTPMLP
 from snippets.part7.sweep import provenance, slowest_time
 from snippets.part7.tensor_parallel import TensorParallelMLP
 
@@ -359,7 +361,7 @@ def hidden_fraction(compute_s: float, comm_s: float, step_s: float) -> float:
 
 
 # --8<-- [start:measure]
-VARIANTS = ("compute", "comm", "tp", "overlap", "async_tp")
+VARIANTS = ("compute", "comm", "tp", "overlap", "ring", "async_tp")
 
 
 def _comm_only(n: int, d: int, chunks: int, sp: bool, group, like: torch.Tensor):
@@ -394,10 +396,12 @@ def measure(tokens: int = 8192, hidden: int = 8192, ffn: int = 28672,
     - comm: its collectives alone, on tensors of the same sizes (unchunked, and per chunk count);
     - tp: tensor_parallel.py's ``TensorParallelMLP``, no overlap;
     - overlap: ``OverlappedTensorParallelMLP`` for each of ``chunk_counts`` (and 1);
+    - ring: ring_tp.py's ``RingTPMLP`` (sequence-parallel layout): the collectives as rings of
+      messages, each hidden behind one shard's product;
     - async_tp: PyTorch's async-TP (sequence-parallel layout, CUDA only; otherwise a reason).
 
-    Returns {"records": [...], "hidden": [...]}: hidden fraction (a + b - t) / b of tp and of each
-    overlap, with a compute and b the unchunked comm of the same layout."""
+    Returns {"records": [...], "hidden": [...]}: hidden fraction (a + b - t) / b of tp, of each
+    overlap, of ring and of async_tp, with a compute and b the unchunked comm of the same layout."""
     for name, v in (("tokens", tokens), ("hidden", hidden), ("ffn", ffn), ("iters", iters)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"measure: {name} must be an int >= 1, got {v!r}")
@@ -448,6 +452,10 @@ def measure(tokens: int = 8192, hidden: int = 8192, ffn: int = 28672,
         for c, block in blocks.items():
             timed("overlap", sp, c, fwd_bwd(block, x, grad))
         if sp:
+            ring = RingTPMLP(up, down, group)
+            ring(x).sum()
+            ring.check = False
+            timed("ring", sp, 1, fwd_bwd(ring, x, grad))
             why = async_tp_unavailable(device)
             if why is None:
                 timed("async_tp", sp, 1, fwd_bwd(AsyncTPMLP(up, down, group), x, grad))
@@ -458,8 +466,8 @@ def measure(tokens: int = 8192, hidden: int = 8192, ffn: int = 28672,
 
 
 def hidden_fractions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For every timed tp, overlap and async_tp record: its hidden fraction against the compute
-    and the unchunked comm of its layout."""
+    """For every timed tp, overlap, ring and async_tp record: its hidden fraction against the
+    compute and the unchunked comm of its layout."""
     out = []
     for sp in sorted({r["sp"] for r in records}):
         mine = [r for r in records if r["sp"] == sp and "seconds" in r]
@@ -469,7 +477,7 @@ def hidden_fractions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if a is None or b is None:
             continue
         for r in mine:
-            if r["variant"] in ("tp", "overlap", "async_tp"):
+            if r["variant"] in ("tp", "overlap", "ring", "async_tp"):
                 out.append({"variant": r["variant"], "sp": sp, "chunks": r["chunks"],
                             "hidden_fraction": hidden_fraction(a, b, r["seconds"])})
     return out
@@ -492,8 +500,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--world", type=int, help="spawn this many processes here (without torchrun)")
+    ap.add_argument("--p2p-chunk-bytes", type=int, default=P2P_CHUNK_BYTES,
+                    help="NCCL_P2P_NVL_CHUNKSIZE for this process (the ring block's messages), "
+                         "set before NCCL starts unless the environment sets it (0: NCCL's "
+                         "default)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.p2p_chunk_bytes < 0:
+        raise ValueError(f"--p2p-chunk-bytes must be >= 0, got {args.p2p_chunk_bytes}")
+    if args.p2p_chunk_bytes:
+        os.environ.setdefault("NCCL_P2P_NVL_CHUNKSIZE", str(args.p2p_chunk_bytes))
     kw = {"tokens": args.tokens, "hidden": args.hidden, "ffn": args.ffn,
           "dtype": DTYPES[args.dtype], "iters": args.iters, "warmup": args.warmup,
           "chunk_counts": tuple(int(c) for c in args.chunks.split(",") if c)}
@@ -510,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
         if rank != 0:
             return 0
     prov = result["provenance"]
+    chunk = os.environ.get("NCCL_P2P_NVL_CHUNKSIZE")       # None: NCCL's default
+    result["nccl_p2p_chunk_bytes"] = int(chunk) if chunk else None
     result = {"gpu": prov["gpu"], "world_size": prov["world_size"], "torch": prov["torch"],
               "date": prov["date"], "config": {**kw, "dtype": args.dtype}, **result}
     with open(args.out, "w") as f:
