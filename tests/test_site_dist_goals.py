@@ -211,3 +211,38 @@ def test_the_one_shot_goal_takes_the_best_book_version(tmp_path):
     text = render_dist(["one_shot"], tmp_path / "r")
     assert "| book, one kernel (µs) |" in text and "| 256 KiB | 10.0 | 12.0 | 6.0 | – | 0.60 |" in text
     assert "0.7x NCCL's latency: 0.60x, **met**." in text and "CUDA-graph replays" in text
+
+
+def _file_tp_overlap(tmp_path, plain_s: float, ring_s: float) -> str:
+    """One layout (TP + SP) of hand-made records: compute 10 ms, communication 1 ms, the
+    unoverlapped block ``plain_s`` and the ring block ``ring_s``."""
+    from snippets.part7.tp_overlap import hidden_fractions
+
+    out = tmp_path / "out"
+    out.mkdir()
+    recs = [{"variant": v, "sp": True, "chunks": 1, "seconds": t}
+            for v, t in (("compute", 10e-3), ("comm", 1e-3), ("tp", plain_s), ("ring", ring_s))]
+    prov = {"backend": "nccl", "world_size": 2, "gpu": "NVIDIA H200", "torch": "2.11.0",
+            "nccl": "2.28.9", "python": "3.12", "topology": "GPU0\tX\n",
+            "date": "2026-11-26T00:00:00Z"}
+    data = {"records": recs, "hidden": hidden_fractions(recs), "provenance": prov,
+            "config": {"tokens": 8192, "hidden": 8192, "ffn": 28672, "dtype": "bfloat16"},
+            "nccl_p2p_chunk_bytes": 65536}
+    (out / "tp_overlap.json").write_text(json.dumps(data))
+    dr.record(out, "abc", REPO_ROOT, tmp_path / "r" / "distributed")
+    return render_dist(["tp_overlap"], tmp_path / "r")
+
+
+@pytest.mark.parametrize("plain_s, ring_s, shown, flagged", [
+    (10.8e-3, 10.2e-3, "best 80% (ring of messages (book), TP + SP), **met**.", False),
+    (10.5e-3, 10.45e-3, "best 55% (ring of messages (book), TP + SP), **met**.", True),
+    (10.95e-3, 10.7e-3, "best 30% (ring of messages (book), TP + SP), **not met**.", False)])
+def test_tp_goal_names_the_best_book_version_and_flags_a_tie_with_no_overlap(
+        tmp_path, plain_s, ring_s, shown, flagged):
+    """The goal judges the best of the book's versions and names it; when the block that overlaps
+    nothing scores within the noise margin of it, the line says so."""
+    text = _file_tp_overlap(tmp_path, plain_s, ring_s)
+    assert shown in text
+    assert ("no better than no overlap" in text) == flagged
+    assert "| TP + SP | ring of messages (book) | 1 |" in text
+    assert "which only the ring's messages use: 64 KiB" in text

@@ -328,10 +328,14 @@ def render_scaling(results_dir: Path) -> str:
 
 TP_NAMES = {"compute": "compute only (a)", "comm": "communication only (b)",
             "tp": "TensorParallelMLP, no overlap", "overlap": "chunked overlap (book)",
-            "async_tp": "async-TP (library)"}
+            "ring": "ring of messages (book)", "async_tp": "async-TP (library)"}
 
 
 BOOK_TP = ("overlap", "ring")      # the book's overlapped versions, which the goal judges
+# a best hidden fraction less than this above the unoverlapped block's (same layout, same run) is
+# read as no better than no overlap: between runs on the same machine, the unoverlapped block's own
+# "hidden fraction" moved by at least this much
+TP_NOISE = 0.10
 
 
 def render_tp_overlap(results_dir: Path) -> str:
@@ -364,10 +368,17 @@ def render_tp_overlap(results_dir: Path) -> str:
             count = best["chunks"]
             chunks = (f", {count} chunk{'s' if count > 1 else ''}" if best["variant"] == "overlap"
                       else "")
-            lines += ["", f"Goal: the book's overlapped block hides \\(\\ge\\) "
-                      f"{TP_OVERLAP_GOAL:.0%} of the communication: best "
-                      f"{best['hidden_fraction']:.0%} ({TP_NAMES[best['variant']]}, {layout}"
-                      f"{chunks}), **{verdict}**."]
+            line = (f"Goal: the book's overlapped block hides \\(\\ge\\) {TP_OVERLAP_GOAL:.0%} "
+                    f"of the communication: best {best['hidden_fraction']:.0%} "
+                    f"({TP_NAMES[best['variant']]}, {layout}{chunks}), **{verdict}**.")
+            plain = next((h["hidden_fraction"] for h in e["hidden"]
+                          if h["variant"] == "tp" and h["sp"] == best["sp"]), None)
+            if plain is not None and best["hidden_fraction"] - plain < TP_NOISE:
+                # the measure's baseline problem: a block that overlaps nothing scores as well
+                line += (f" TensorParallelMLP, which overlaps nothing, shows {plain:.0%} in the "
+                         "same layout and run: the book's best is no better than no overlap "
+                         "beyond the measure's noise.")
+            lines += ["", line]
         return lines
 
     return _render(results_dir, "tp_overlap", "tp-overlap", body)
