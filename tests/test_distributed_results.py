@@ -147,4 +147,6 @@ def test_tp_overlap_filed_and_rendered(tmp_path):
     (out / "tp_overlap.json").write_text(json.dumps(data))
     dr.record(out, "abc", REPO_ROOT, tmp_path / "r" / "distributed")
     text = render_dist(["tp_overlap"], tmp_path / "r")
-    assert "best 60%, **met**" in text and "| 60% |" in text and "needs CUDA" in text
+    assert "best 60% (chunked overlap (book), TP, 4 chunks), **met**." in text
+    assert "| 60% |" in text and "needs CUDA" in text
+    assert "no better than no overlap" not in text      # the unoverlapped block hides 0%
