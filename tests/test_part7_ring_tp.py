@@ -106,6 +106,7 @@ def world_main(rank: int, world: int) -> dict:
         out["ring", dtype] = run_block(ring_tp.RingTPMLP(up, down), True, dtype)
     out["rings"] = rings(rank, world)
     out["refusals"] = refusals(rank, world)
+    out["hop group"] = ring_tp.hop_group(None) is None     # gloo: the messages use the group given
     dist.barrier()
     return out
 
@@ -152,6 +153,11 @@ def test_each_hop_is_posted_before_the_product_that_hides_it(world):
                 want += [("post", s), ("between", s)]
         assert r["rings"]["rs log"] == want, rank
         assert want[-2] == ("partial", rank) or want[-3] == ("partial", rank)
+
+
+def test_off_nccl_the_messages_use_the_group_given(world):
+    _, results = world
+    assert all(r["hop group"] for r in results)
 
 
 def test_refusals_before_any_message(world):
