@@ -331,6 +331,15 @@ TP_NAMES = {"compute": "compute only (a)", "comm": "communication only (b)",
             "ring": "ring of messages (book)", "async_tp": "async-TP (library)"}
 
 
+def _p2p_chunk_note(e: dict[str, Any], users: str = "", after: str = "") -> str:
+    """The line under a table whose run may set NCCL's point-to-point chunk (``nccl_p2p_chunk_bytes``
+    in the filed entry; None: NCCL's default): ``users`` says what uses it, ``after`` what does not."""
+    chunk = e.get("nccl_p2p_chunk_bytes")
+    return (f"NCCL's point-to-point chunk over NVLink (`NCCL_P2P_NVL_CHUNKSIZE`){users}: "
+            + (f"{_size(chunk)}, set by the run before NCCL starts{after}." if chunk
+               else "NCCL's default."))
+
+
 BOOK_TP = ("overlap", "ring")      # the book's overlapped versions, which the goal judges
 # a best hidden fraction less than this above the unoverlapped block's (same layout, same run) is
 # read as no better than no overlap: between runs on the same machine, the unoverlapped block's own
@@ -356,10 +365,7 @@ def render_tp_overlap(results_dir: Path) -> str:
             lines.append(f"| {layout} | {TP_NAMES[r['variant']]} | {r['chunks']} | "
                          f"{r['seconds'] * 1e3:.2f} | {cell} |")
         if any(r["variant"] == "ring" for r in e["records"]):
-            chunk = e.get("nccl_p2p_chunk_bytes")
-            lines += ["", ("NCCL's point-to-point chunk over NVLink (`NCCL_P2P_NVL_CHUNKSIZE`), which "
-                           "only the ring's messages use: " + (f"{_size(chunk)}, set by the run "
-                           "before NCCL starts." if chunk else "NCCL's default."))]
+            lines += ["", _p2p_chunk_note(e, users=", which only the ring's messages use")]
         book = [h for h in e["hidden"] if h["variant"] in BOOK_TP]
         if book:
             best = max(book, key=lambda h: h["hidden_fraction"])
@@ -437,10 +443,7 @@ def render_halving(results_dir: Path) -> str:
             lines.append(f"| {_size(n)} | {v['nccl']['busbw'] / 1e9:.0f} | {ring} | "
                          f"{v['halving_doubling']['busbw'] / 1e9:.0f} | "
                          f"{v['halving_doubling']['busbw'] / v['nccl']['busbw']:.2f} |")
-        chunk = e.get("nccl_p2p_chunk_bytes")
-        lines += ["", ("NCCL's point-to-point chunk over NVLink (`NCCL_P2P_NVL_CHUNKSIZE`): "
-                       + (f"{_size(chunk)}, set by the run before NCCL starts; NCCL's all-reduce "
-                          "does not use it." if chunk else "NCCL's default.")),
+        lines += ["", _p2p_chunk_note(e, after="; NCCL's all-reduce does not use it"),
                   "", TIMING_NOTE[_preferred([r for r in e["records"] if "seconds" in r])[1]]]
         at = table.get(256 << 20)
         if at:
