@@ -43,6 +43,7 @@ NEW_OP_MODULES = (
     "snippets.part3.wmma_v7",
     "snippets.part3.sgemm_v15",
     "snippets.part3.scan_v10",
+    "snippets.part3.scan_v11",
     "snippets.part6.fp8_gemm_wide",
 )
 

@@ -16,10 +16,12 @@ from snippets import cuda
 from snippets.part3 import scan as sc
 from snippets.part3 import scan_v9 as sc9
 from snippets.part3 import scan_v10 as sc10  # registers v10, in a module of its own
+from snippets.part3 import scan_v11 as sc11  # registers v11, in a module of its own
 
 CUDA_FNS = {"v1": sc.scan_kogge_stone, "v2": sc.scan_brent_kung, "v3": sc.scan_reduce_then_scan,
             "v5": sc.scan_lookback, "v6": sc.scan_lookback_warp, "v7": sc.scan_lookback_v7,
-            "v8": sc.scan_lookback_v8, "v9": sc9.scan_lookback_v9, "v10": sc10.scan_lookback_v10}
+            "v8": sc.scan_lookback_v8, "v9": sc9.scan_lookback_v9, "v10": sc10.scan_lookback_v10,
+            "v11": sc11.scan_lookback_v11}
 ALL_FNS = {"v0": sc.scan_torch, **CUDA_FNS, "v4": sc.scan_triton}
 SIZES = (1, 31, 32, 33, 1023, 1024, 1025, 4095, 4096, 4097, 100003)
 # 1024 * 1024 + 1: v1/v2 need three levels (1025 tile sums, then 2); 2**22 + 4097 crosses many 4096-tiles.
@@ -142,7 +144,7 @@ def test_gpu_relative_error_large_n(name):
 
 @pytest.mark.gpu
 @pytest.mark.op("scan")
-@pytest.mark.parametrize("name", ("v5", "v6", "v7", "v8", "v9", "v10"))
+@pytest.mark.parametrize("name", ("v5", "v6", "v7", "v8", "v9", "v10", "v11"))
 def test_gpu_lookback_repeatable(name):
     """The look-back orders tiles by an atomic counter; run it many times to shake out a race."""
     x = _small_ints(2**21, torch.int32, "cuda")
@@ -405,3 +407,64 @@ def test_gpu_v10_matches_v8(n):
 def test_gpu_v10_holds_five_blocks_an_sm():
     fn = cuda.kernel(sc10.V10_FILE, "scan_lookback_v10_f32", sc10.V10_OPTIONS)
     assert cuda.resident_blocks(fn, sc10.V10_THREADS) >= sc10.V10_BLOCKS
+
+
+# ---------------------------------------------------------------- v11: scanned where the lanes load it
+def test_v11_tile_is_three_of_v10s():
+    """v11's tile, 256 threads x 96 elements, is three of v10's, at two blocks an SM."""
+    assert (sc11.V11_THREADS, sc11.V11_ITEMS, sc11.V11_BLOCKS) == (256, 96, 2)
+    assert sc11.V11_TILE == 3 * sc10.V10_TILE
+    assert sc.scan.impls["v11"].lang == "CUDA"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_v11_has_no_tile_in_shared_memory(tmp_path):
+    """Compiled for sm_90: no spills, registers for V11_BLOCKS blocks of V11_THREADS an SM, a few
+    dozen bytes of shared memory (the warp totals, the tile number, the carry: no tile), and no
+    shared-memory traffic in the scan itself: the only shared stores are those words, while v10's
+    transposes store every element. Its loads and stores are v10's evict-first 16-byte vectors."""
+    from pathlib import Path
+
+    from test_cuda_compile import parse_ptxas
+    out = tmp_path / "scan_v11.cubin"
+    report = nvcc_with_report([shutil.which("nvcc"), "-std=c++17", "-cubin", "-arch=sm_90", "-I",
+                               "csrc/common", *sc11.V11_OPTIONS, "csrc/" + sc11.V11_FILE,
+                               "-o", str(out)], Path(__file__).resolve().parent.parent)
+    sass = sass_by_function(out)
+    for name in ("scan_lookback_v11_f32", "scan_lookback_v11_i32"):
+        f = parse_ptxas(report)[name]
+        assert f["spill_store_bytes"] == f["spill_load_bytes"] == 0, f
+        regs_per_warp = -(-f["registers"] * 32 // 256) * 256
+        assert sc11.V11_BLOCKS * (sc11.V11_THREADS // 32) * regs_per_warp <= 65536, f
+        assert f["smem_bytes"] <= 64, f  # 8 warp totals, the tile number, the carry
+        code = sass[name]
+        assert "LDG.E.EF.128" in code and "STG.E.EF.128" in code, name
+        # the full tile's 24 rows a lane: loaded and stored as vectors, never through shared memory
+        assert code.count("LDG.E.EF.128") == sc11.V11_ITEMS // 4, name
+        assert code.count("STS") <= 4, name  # sTile, sWarp[warp], sCarry (and nothing per element)
+        assert "SHFL.UP" in code, name
+
+
+@pytest.mark.gpu
+@pytest.mark.op("scan")
+@pytest.mark.parametrize("n", [1, 383, 24575, 24576, 24577, 3 * 24576 + 6, 2**22 + 3, 2**26])
+def test_gpu_v11_exact_and_close(n):
+    """int32: the exact prefix sums (a lost or doubled row, lane or tile shows exactly), also from an
+    unaligned start (one element in: the element-wise path for every tile). fp32: no further from
+    the float64 scan than a few times CUB's (torch.cumsum) error on the same input."""
+    g = torch.Generator(device="cuda").manual_seed(n)
+    xi = torch.randint(-1000, 1000, (n + 1,), generator=g, device="cuda", dtype=torch.int32)
+    for x in (xi[:n], xi[1:]):
+        assert torch.equal(sc11.scan_lookback_v11(x), torch.cumsum(x.long(), 0).int())
+    xf = torch.randn(n, generator=g, device="cuda")
+    ref = torch.cumsum(xf.double(), 0)
+    cub = (torch.cumsum(xf, 0).double() - ref).abs().max().item()
+    err = (sc11.scan_lookback_v11(xf).double() - ref).abs().max().item()
+    assert err <= 4 * cub + 1e-4, (err, cub)
+
+
+@pytest.mark.gpu
+@pytest.mark.op("scan")
+def test_gpu_v11_holds_two_blocks_an_sm():
+    fn = cuda.kernel(sc11.V11_FILE, "scan_lookback_v11_f32", sc11.V11_OPTIONS)
+    assert cuda.resident_blocks(fn, sc11.V11_THREADS) >= sc11.V11_BLOCKS
