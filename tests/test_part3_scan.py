@@ -468,3 +468,24 @@ def test_gpu_v11_exact_and_close(n):
 def test_gpu_v11_holds_two_blocks_an_sm():
     fn = cuda.kernel(sc11.V11_FILE, "scan_lookback_v11_f32", sc11.V11_OPTIONS)
     assert cuda.resident_blocks(fn, sc11.V11_THREADS) >= sc11.V11_BLOCKS
+
+
+@pytest.mark.gpu
+@pytest.mark.op("scan")
+def test_gpu_v11_first_warp_is_exercise_10s_model():
+    """The first warp of the first tile has no carry and no offset among the warps, so its fp32
+    output is the row scan alone: bit for bit the NumPy model of exercise 10 (the same additions in
+    the same order), which the chapter says it is."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "exercises/solutions/part3/striped_scan.py"
+    spec = importlib.util.spec_from_file_location("striped_scan_solution", path)
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    g = torch.Generator(device="cuda").manual_seed(10)
+    x = torch.randn(2 * sc11.V11_TILE, generator=g, device="cuda")
+    seg = 32 * sc11.V11_ITEMS
+    got = sc11.scan_lookback_v11(x)[:seg].cpu().numpy()
+    want = model.striped_scan(x[:seg].cpu().numpy())
+    assert (got.view(np.int32) == want.view(np.int32)).all()

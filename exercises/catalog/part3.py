@@ -701,5 +701,53 @@ hoisted_ldmatrix = Exercise(
 )
 
 
+# ------------------------------------------------------------------------------------------- scan.10
+def _check_striped_scan(run: Run) -> None:
+    import numpy as np
+
+    mine, ref = run.module(), run.solution()
+    fn = getattr(mine, "striped_scan", None)
+    if fn is None:
+        raise Failure("striped_scan() is missing")
+    order = ("each lane's four in order; the warp's inclusive scan of the lanes' last sums; the lane before's "
+             "value (0 for lane 0) added to the running total of the rows before, and that onto the lane's four; "
+             "then lane 31's inclusive value onto the running total")
+    with run.case("striped_scan() on integers: the exact prefix sums (one row, and v11's 24 rows)",
+                  hint="every element gets the sum of all elements up to it: " + order):
+        for rows, seed in ((1, 0), (24, 1)):
+            x = np.random.default_rng(seed).integers(-1000, 1000, rows * 128).astype(np.int32)
+            got = np.asarray(fn(x.copy()))
+            want = np.cumsum(x.astype(np.int64))
+            if got.shape != x.shape or not np.array_equal(got.astype(np.int64), want):
+                bad = int(np.flatnonzero(got.reshape(-1).astype(np.int64) != want)[0]) if got.shape == x.shape else 0
+                raise Failure(f"{rows} row(s): wrong from element {bad} (row {bad // 128}, lane {bad % 128 // 4})")
+    with run.case("striped_scan() on float32: v11's sums bit for bit (the same additions in the same order)",
+                  hint="integers cannot tell orders apart, rounding can: " + order):
+        x = np.random.default_rng(2).standard_normal(24 * 128).astype(np.float32)
+        got = np.asarray(fn(x.copy()))
+        want = ref.striped_scan(x.copy())
+        if got.dtype != np.float32:
+            raise Failure(f"the result is {got.dtype}, not float32: v11 adds in float32")
+        if not np.array_equal(got.view(np.int32), want.view(np.int32)):
+            bad = int(np.flatnonzero(got.view(np.int32) != want.view(np.int32))[0])
+            raise Failure(f"element {bad} (row {bad // 128}, lane {bad % 128 // 4}) is {got[bad]!r}, v11 computes "
+                          f"{want[bad]!r}: right within rounding, but not v11's order of additions")
+
+
+striped_scan = Exercise(
+    id="part3.scan.10", title="v11's order of additions, bit for bit", difficulty=3, kind="python",
+    files=("part3/striped_scan.py",),
+    task="v11 scans a warp's segment where its 16-byte loads put it: row k is 128 consecutive elements, lane l "
+         "holding elements 4l .. 4l + 3 of it. Write the segment's inclusive prefix sums in exactly v11's order of "
+         "additions (the listing's step 2), so that float32 results equal the kernel's bit for bit.",
+    hint="rows = segment.reshape(-1, 32, 4); per row: the lane's running sums over its four, incl = "
+         "warp_inclusive_scan(the lanes' last sums), excl = incl shifted down one lane (0 for lane 0), "
+         "before = seg + excl added to the four, then seg = seg + incl[31]",
+    check=_check_striped_scan,
+    planted={"no_row_chain": "wrong from element 128", "lane_inclusive": "wrong from element 0",
+             "carry_last": "not v11's order of additions"},
+)
+
+
 EXERCISES = [metrics, fused_intensity, gemm_intensity, scan_work, warp_scan, atomic_sum, matmul_cuda, validate,
-             hist_per_warp, ncu_counters, pipeline_time, hoisted_ldmatrix]
+             hist_per_warp, ncu_counters, pipeline_time, hoisted_ldmatrix, striped_scan]
