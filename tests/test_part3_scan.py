@@ -476,13 +476,9 @@ def test_gpu_v11_first_warp_is_exercise_10s_model():
     """The first warp of the first tile has no carry and no offset among the warps, so its fp32
     output is the row scan alone: bit for bit the NumPy model of exercise 10 (the same additions in
     the same order), which the chapter says it is."""
-    import importlib.util
-    from pathlib import Path
+    from exercises.engine import SOLUTIONS, load_module
 
-    path = Path(__file__).resolve().parent.parent / "exercises/solutions/part3/striped_scan.py"
-    spec = importlib.util.spec_from_file_location("striped_scan_solution", path)
-    model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(model)
+    model = load_module(SOLUTIONS / "part3/striped_scan.py")
     g = torch.Generator(device="cuda").manual_seed(10)
     x = torch.randn(2 * sc11.V11_TILE, generator=g, device="cuda")
     seg = 32 * sc11.V11_ITEMS

@@ -718,8 +718,10 @@ def _check_striped_scan(run: Run) -> None:
             x = np.random.default_rng(seed).integers(-1000, 1000, rows * 128).astype(np.int32)
             got = np.asarray(fn(x.copy()))
             want = np.cumsum(x.astype(np.int64))
-            if got.shape != x.shape or not np.array_equal(got.astype(np.int64), want):
-                bad = int(np.flatnonzero(got.reshape(-1).astype(np.int64) != want)[0]) if got.shape == x.shape else 0
+            if got.shape != x.shape:
+                raise Failure(f"{rows} row(s): the result has shape {got.shape}, the segment {x.shape}")
+            if not np.array_equal(got.astype(np.int64), want):
+                bad = int(np.flatnonzero(got.astype(np.int64) != want)[0])
                 raise Failure(f"{rows} row(s): wrong from element {bad} (row {bad // 128}, lane {bad % 128 // 4})")
     with run.case("striped_scan() on float32: v11's sums bit for bit (the same additions in the same order)",
                   hint="integers cannot tell orders apart, rounding can: " + order):
