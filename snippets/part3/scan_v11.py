@@ -14,13 +14,11 @@ A version of Part 3's ``scan`` op, registered from its own module.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
-import triton
 
 from snippets import cuda
-from snippets._checks import check_tensors, refuse_grad
-from snippets.part3.scan import DTYPES, SINGLE, SUFFIX, scan
+from snippets.part3.scan import SINGLE, scan
+from snippets.part3.scan_v10 import launch_tiles
 from snippets.registry import Impl
 
 V11_FILE = "scan/scan_v11.cu"
@@ -35,22 +33,8 @@ V11_OPTIONS = cuda.defines(V11_FILE, V11_THREADS=V11_THREADS, V11_ITEMS=V11_ITEM
 # --8<-- [start:launch]
 def scan_lookback_v11(x: torch.Tensor) -> torch.Tensor:
     """v11: one block per V11_TILE elements, each taking its tile number from the counter in
-    state[0] and scanning its rows where they were loaded."""
-    refuse_grad("scan_lookback_v11", x, instead="torch.cumsum")
-    cuda.require_gpu()
-    check_tensors(("x",), (x,), dtypes=DTYPES, device="cuda", allow_empty=False)
-    if x.dim() != 1:  # the op's rule (scan.py): 1-D only
-        raise ValueError(f"x must be 1-D, got shape {tuple(x.shape)}; flatten it first "
-                         "(x.reshape(-1))")
-    n = x.numel()
-    out = torch.empty_like(x)
-    tiles = triton.cdiv(n, V11_TILE)
-    # [0]: tile counter; then one word per tile, as in v5 to v10
-    state = torch.zeros(tiles + 1, dtype=torch.int64, device=x.device)
-    with torch.cuda.device(x.device):
-        fn = cuda.kernel(V11_FILE, f"scan_lookback_v11_{SUFFIX[x.dtype]}", V11_OPTIONS)
-        cuda.launch(fn, tiles, V11_THREADS, (x, out, state, np.int64(n)))
-    return out
+    state[0] and scanning its rows where they were loaded (v10's launch)."""
+    return launch_tiles("scan_lookback_v11", x, V11_FILE, V11_OPTIONS, V11_THREADS, V11_TILE)
 # --8<-- [end:launch]
 
 
