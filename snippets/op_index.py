@@ -45,6 +45,7 @@ NEW_OP_MODULES = (
     "snippets.part3.scan_v10",
     "snippets.part3.scan_v11",
     "snippets.part6.fp8_gemm_wide",
+    "snippets.part3.mma_rate",
 )
 
 
