@@ -132,3 +132,28 @@ def _bad(kind):
 def test_refuses_bad_arguments_before_launch(fn, kind, error, match):
     with pytest.raises(error, match=match):
         fn(*_bad(kind))
+
+
+# scripts/capture_mma_power.py: what it reads from nvidia-smi, checked on the CPU
+def test_power_samples_parse_and_settle():
+    from helpers import load_script
+
+    power = load_script("capture_mma_power")
+    text = "clocks.sm [MHz], power.draw [W], clocks_event_reasons.active\n" \
+           "1980, 350.5, 0x0000000000000000\n1980, 690.1, 0x0000000000000004\n[N/A], 1, 0x0\n" \
+           "1500, 695.0, 0x0000000000000004\n1470, 692.0, 0x0000000000000004\n"
+    samples = power.parse_samples(text)
+    assert samples == [(1980.0, 350.5, 0), (1980.0, 690.1, 4), (1500.0, 695.0, 4), (1470.0, 692.0, 4)]
+    mhz, watts, why = power.settled(samples)
+    assert (mhz, watts, why) == (1485.0, 693.5, "software power cap")
+    with pytest.raises(ValueError, match="no nvidia-smi samples"):
+        power.settled([])
+
+
+def test_power_capture_runs_what_its_producer_hashes():
+    from helpers import load_script
+
+    from snippets.bench import captures
+
+    power = load_script("capture_mma_power")
+    assert captures.PRODUCERS["mma_power"].impls({}) == [(op, v) for _, op, v, _ in power.KERNELS]

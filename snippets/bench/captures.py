@@ -56,6 +56,11 @@ class Producer:
     impls: Callable[[dict], list[tuple[str, str]]] | None = None
 
 
+def _mma_power_impls(params: dict) -> list[tuple[str, str]]:
+    """The kernels scripts/capture_mma_power.py runs (its KERNELS)."""
+    return [("mma_rate", "v1"), ("mma_rate", "v2"), ("wmma_gemm", "v0"), ("wmma_gemm", "v7")]
+
+
 def _ncu_target(name: str) -> Callable[[dict], list[tuple[str, str]]]:
     def impls(params: dict) -> list[tuple[str, str]]:
         from snippets.part3.profiling import NCU_TARGETS
@@ -130,6 +135,7 @@ PRODUCERS: dict[str, Producer] = {
     "autotune_matmul": Producer(("scripts/capture_autotune.py",)),
     "matmul_shapes": Producer(("scripts/capture_matmul_shapes.py",)),
     "linear_ce_chunks": Producer(("scripts/capture_linear_ce_chunks.py",)),
+    "mma_power": Producer(("scripts/capture_mma_power.py",), impls=_mma_power_impls),
     # Nsight Compute counters behind measured puzzles, one table per group (its own script: adding
     # them to capture_profiles.sh would have staled every capture that script wrote)
     "ncu_counters_transpose": Producer(NCU_COUNTERS, impls=_param_impls),

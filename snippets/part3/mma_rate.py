@@ -132,6 +132,7 @@ mma_rate = register(Op(
     headline=HEADLINE, sweep=SWEEP, sweep_axis="blocks", dtypes=(torch.float16,),
     test_sizes=[{"blocks": 1, "steps": 1}, {"blocks": 3, "steps": 2}, {"blocks": 2, "steps": 7},
                 {"blocks": 5, "steps": 100}],
+    output_dtypes={torch.float16: torch.float32},  # fp32 sums
     tolerances={torch.float16: (0.0, 0.0)}))  # small-integer sums: exact
 SOURCES = (*cuda.source_files(CU_FILE), _launch, _check)
 mma_rate.add(Impl("v1", mma_rate_registers, "CUDA",
