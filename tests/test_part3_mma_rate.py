@@ -157,3 +157,14 @@ def test_power_capture_runs_what_its_producer_hashes():
 
     power = load_script("capture_mma_power")
     assert captures.PRODUCERS["mma_power"].impls({}) == [(op, v) for _, op, v, _ in power.KERNELS]
+
+
+def test_line_count_of_a_named_kernel_stays_in_its_file():
+    """The chapter's versus table names each version's kernel: counted in mma_rate.cu, which defines it,
+    not looked for in the headers that file includes."""
+    from snippets.bench.loc import impl_lines
+
+    for version, kernel in r.KERNELS.items():
+        count = impl_lines(r.mma_rate.impls[version], [kernel])
+        assert count.what == f"{kernel} in csrc/wmma/mma_rate.cu with what they use there"
+        assert 20 < count.kernel < 100

@@ -353,7 +353,14 @@ def impl_lines(impl: Impl, kernels: Iterable[str] | None = None) -> LineCount:
             host_sources.append(src)
     for path in files:
         text = path.read_text()
-        names = list(kernels) if kernels else launched_kernels(text, impl.name, host_sources)
+        if kernels:  # named kernels: counted in the file that defines them; a file that defines
+            # none of them (a header the kernels' file includes) adds what they use from it
+            defined = {d.name for d in c_definitions(text)}
+            names = [k for k in kernels if k in defined]
+            if not names:
+                continue
+        else:
+            names = launched_kernels(text, impl.name, host_sources)
         rel = (path.resolve().relative_to(REPO_ROOT)
                if path.resolve().is_relative_to(REPO_ROOT) else path)
         if names:
