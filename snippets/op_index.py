@@ -46,6 +46,7 @@ NEW_OP_MODULES = (
     "snippets.part3.scan_v11",
     "snippets.part6.fp8_gemm_wide",
     "snippets.part3.mma_rate",
+    "snippets.part5.rmsnorm_v4",
 )
 
 

@@ -296,3 +296,49 @@ def test_gpu_liger_in_place_backward():
     _assert_close(rn.rmsnorm_liger(x, w), rn.rmsnorm_ref(x.double(), w.double()), torch.bfloat16, "liger y")
     for name, o, r in zip(("dx", "dw"), rn.rmsnorm_fwd_bwd_liger(x, w, dy), refs):
         _assert_close(o, r, torch.bfloat16, f"liger {name}")
+
+
+# ---------------------------------------------------------------- v4: v3 with w loaded before the sum
+
+@pytest.mark.op("rmsnorm")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("m, n", [(1, 1), (7, 31), (3, 1024), (9, 1025), (1000, 64)])
+def test_v4_is_v3_bit_for_bit(m, n, dtype, device):
+    """The same arithmetic in the same order, and v3's launch table (rows per program included)."""
+    from snippets.part5 import rmsnorm_v4 as r4
+
+    x, w, _ = _inputs(m, n, dtype, device, seed=5)
+    assert torch.equal(r4.rmsnorm_hoisted(x, w), rn.rmsnorm_triton(x, w))
+    assert torch.equal(r4.rmsnorm_hoisted(x, w, eps=0.25), rn.rmsnorm_triton(x, w, eps=0.25))
+
+
+@pytest.mark.op("rmsnorm")
+def test_v4_loads_w_before_the_reduction():
+    import inspect
+
+    from snippets.part5 import rmsnorm_v4 as r4
+
+    src = inspect.getsource(r4._rmsnorm_fwd_v4_kernel.fn)
+    assert src.index("tl.load(w_ptr") < src.index("tl.sum(")
+
+
+@pytest.mark.op("rmsnorm")
+def test_v4_gives_gradients(device):
+    """With a gradient to give, v4 takes v3's autograd path: x and w get theirs, as from the reference."""
+    from snippets.part5 import rmsnorm_v4 as r4
+
+    x, w, dy = _inputs(37, 100, device=device, seed=3)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    r4.rmsnorm_hoisted(x, w).backward(dy)
+    want = rn.rmsnorm_fwd_bwd_ref(x.detach().double(), w.detach().double(), dy.double())
+    _assert_close(x.grad, want[0], torch.float32, "dx through v4")
+    _assert_close(w.grad, want[1], torch.float32, "dw through v4")
+
+
+@pytest.mark.op("rmsnorm")
+@pytest.mark.parametrize("case", range(len(_bad_inputs("cpu"))))
+def test_v4_refuses_bad_input(case, device):
+    from snippets.part5 import rmsnorm_v4 as r4
+
+    assert_refuses(r4.rmsnorm_hoisted, _bad_inputs(device)[case])
