@@ -342,3 +342,26 @@ def test_v4_refuses_bad_input(case, device):
     from snippets.part5 import rmsnorm_v4 as r4
 
     assert_refuses(r4.rmsnorm_hoisted, _bad_inputs(device)[case])
+
+
+@pytest.mark.op("rmsnorm")
+def test_v4_launch_table():
+    """v3's table but 8 warps a row at 8192 and 16384 elements."""
+    from snippets.part5 import rmsnorm_v4 as r4
+
+    for n in (1, 100, 1024, 2048, 4096, 32768, 65536):
+        block_n, cfg = rn.config_for(n)
+        assert r4.launch_config(n) == (block_n, cfg.rows, cfg.fwd_warps)
+    assert r4.launch_config(8192) == (8192, 1, 8) and r4.launch_config(16384) == (16384, 1, 8)
+    assert rn.config_for(16384)[1].fwd_warps == 16
+
+
+@pytest.mark.op("rmsnorm")
+@pytest.mark.parametrize("n", [5000, 16384])
+def test_v4_long_rows(n, device):
+    """Where v4's warps differ from v3's: against the float64 reference."""
+    from snippets.part5 import rmsnorm_v4 as r4
+
+    x, w, _ = _inputs(3, n, device=device, seed=4)
+    _assert_close(r4.rmsnorm_hoisted(x, w), rn.rmsnorm_ref(x.double(), w.double()), torch.float32,
+                  f"y, rows of {n}")
