@@ -61,7 +61,8 @@ def scan_ref(x: torch.Tensor) -> torch.Tensor:
 # --8<-- [end:reference]
 
 
-def _check(x: torch.Tensor, device: str) -> None:
+def check_scan_input(x: torch.Tensor, device: str) -> None:
+    """The op's rule for every version: one 1-D tensor of DTYPES on ``device``, not empty."""
     check_tensors(("x",), (x,), dtypes=DTYPES, device=device, allow_empty=False)
     if x.dim() != 1:
         raise ValueError(f"x must be 1-D, got shape {tuple(x.shape)}; flatten it first "
@@ -70,7 +71,7 @@ def _check(x: torch.Tensor, device: str) -> None:
 
 def scan_torch(x: torch.Tensor) -> torch.Tensor:
     """v0: torch.cumsum (on CUDA, CUB's single-pass scan)."""
-    _check(x, x.device.type if isinstance(x, torch.Tensor) else "cuda")
+    check_scan_input(x, x.device.type if isinstance(x, torch.Tensor) else "cuda")
     return torch.cumsum(x, dim=0, dtype=x.dtype)
 
 
@@ -122,7 +123,7 @@ def scan_kogge_stone(x: torch.Tensor) -> torch.Tensor:
     device-wide scheme."""
     refuse_grad("scan_kogge_stone", x, instead="torch.cumsum")
     cuda.require_gpu()
-    _check(x, "cuda")
+    check_scan_input(x, "cuda")
     return _scan_three_phase(x, torch.empty_like(x), "scan_tiles_ks", TILE)
 
 
@@ -131,7 +132,7 @@ def scan_brent_kung(x: torch.Tensor) -> torch.Tensor:
     log n."""
     refuse_grad("scan_brent_kung", x, instead="torch.cumsum")
     cuda.require_gpu()
-    _check(x, "cuda")
+    check_scan_input(x, "cuda")
     return _scan_three_phase(x, torch.empty_like(x), "scan_tiles_bk", TILE // 2)
 
 
@@ -141,7 +142,7 @@ def scan_reduce_then_scan(x: torch.Tensor) -> torch.Tensor:
     sums each tile: no tile is written twice, and the tile sums fit one block's scan at any n."""
     refuse_grad("scan_reduce_then_scan", x, instead="torch.cumsum")
     cuda.require_gpu()
-    _check(x, "cuda")
+    check_scan_input(x, "cuda")
     n = x.numel()
     out = torch.empty_like(x)
     tiles = triton.cdiv(n, RTS_TILE)
@@ -157,7 +158,7 @@ def _launch_lookback(x: torch.Tensor, kernel: str) -> torch.Tensor:
     """The single-pass scans: one block per tile and a zeroed status array (a tile counter, then one
     word per tile)."""
     cuda.require_gpu()
-    _check(x, "cuda")
+    check_scan_input(x, "cuda")
     n = x.numel()
     out = torch.empty_like(x)
     tiles = triton.cdiv(n, RTS_TILE)
@@ -190,7 +191,7 @@ def _lookback_tiles(name: str, x: torch.Tensor, threads: int, tile: int) -> torc
     the counter in state[0]."""
     refuse_grad(name, x, instead="torch.cumsum")
     cuda.require_gpu()
-    _check(x, "cuda")
+    check_scan_input(x, "cuda")
     n = x.numel()
     out = torch.empty_like(x)
     tiles = triton.cdiv(n, tile)
@@ -258,7 +259,7 @@ def scan_triton(x: torch.Tensor) -> torch.Tensor:
     """v4: the v3 scheme in Triton: block sums, one carry program, tl.cumsum per block plus
     its offset."""
     refuse_grad("scan_triton", x, instead="torch.cumsum")
-    _check(x, triton_device())
+    check_scan_input(x, triton_device())
     n = x.numel()
     out = torch.empty_like(x)
     tiles = triton.cdiv(n, BLOCK)
@@ -295,8 +296,8 @@ TOLERANCES = {torch.float32: (2e-4, 1e-6), torch.int32: (0.0, 0.0)}
 HEADLINE = {"n": 2**28}  # 1 GiB in, 1 GiB out: far beyond the L2
 SWEEP = [{"n": 2**k} for k in (20, 22, 24, 26, 28)]
 TEST_SIZES = [{"n": n} for n in (1, 31, 32, 33, 1023, 1024, 1025, 4097, 100003)]
-THREE_PHASE = (cuda.source_path(CU_FILE), _scan_three_phase, _check)
-SINGLE = (cuda.source_path(CU_FILE), _check)
+THREE_PHASE = (cuda.source_path(CU_FILE), _scan_three_phase, check_scan_input)
+SINGLE = (cuda.source_path(CU_FILE), check_scan_input)
 
 scan = register(Op(
     name="scan", part=3, chapter="part3/scan.md", title="Inclusive scan (prefix sum)",

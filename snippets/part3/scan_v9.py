@@ -17,8 +17,8 @@ import torch
 import triton
 
 from snippets import cuda
-from snippets._checks import check_tensors, refuse_grad
-from snippets.part3.scan import DTYPES, SINGLE, SUFFIX, scan
+from snippets._checks import refuse_grad
+from snippets.part3.scan import SINGLE, SUFFIX, check_scan_input, scan
 from snippets.registry import Impl
 
 V9_FILE = "scan/scan_v9.cu"
@@ -44,10 +44,7 @@ def scan_lookback_v9(x: torch.Tensor) -> torch.Tensor:
     before the look-back of the current one."""
     refuse_grad("scan_lookback_v9", x, instead="torch.cumsum")
     cuda.require_gpu()
-    check_tensors(("x",), (x,), dtypes=DTYPES, device="cuda", allow_empty=False)
-    if x.dim() != 1:  # the op's rule (scan.py): 1-D only
-        raise ValueError(f"x must be 1-D, got shape {tuple(x.shape)}; flatten it first "
-                         "(x.reshape(-1))")
+    check_scan_input(x, "cuda")  # the op's rule (scan.py): 1-D only
     n = x.numel()
     out = torch.empty_like(x)
     tiles = triton.cdiv(n, V9_TILE)
