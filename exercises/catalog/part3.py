@@ -701,6 +701,65 @@ hoisted_ldmatrix = Exercise(
 )
 
 
+# ------------------------------------------------------------------------------------------- tensor-cores.14
+# The PTX ISA's fragment layouts of mma.sync.m16n8k16 (f16 inputs, f32 sums), with g = lane // 4, t = lane % 4;
+# what snippets/part3/mma_rate.py's reference uses and the GPU confirms (tests/test_ops.py on mma_rate).
+_MMA_LAYOUTS = {
+    "c_coords": ("sum e of C (16 x 8)", (16, 8), [(lane, e) for lane in range(32) for e in range(4)],
+                 lambda lane, e: (lane // 4 + 8 * (e // 2), 2 * (lane % 4) + e % 2),
+                 "sums e = 0, 1 are row g, columns 2t and 2t + 1; e = 2, 3 the same columns of row g + 8"),
+    "a_coords": ("half h of register r of A (16 x 16)", (16, 16),
+                 [(lane, r, h) for lane in range(32) for r in range(4) for h in range(2)],
+                 lambda lane, r, h: (lane // 4 + 8 * (r % 2), 2 * (lane % 4) + 8 * (r // 2) + h),
+                 "registers 0 and 1 are rows g and g + 8 at k = 2t, 2t + 1; registers 2 and 3 the same rows at "
+                 "k + 8: the row changes first"),
+    "b_coords": ("half h of register r of B (16 x 8)", (16, 8),
+                 [(lane, r, h) for lane in range(32) for r in range(2) for h in range(2)],
+                 lambda lane, r, h: (2 * (lane % 4) + 8 * r + h, lane // 4),
+                 "B is read by columns: lane (g, t) holds column g, at k = 2t, 2t + 1 (register 0) and k + 8 "
+                 "(register 1)"),
+}
+
+
+def _check_mma_layout(run: Run) -> None:
+    mod = run.module()
+    for name in _MMA_LAYOUTS:
+        if not callable(getattr(mod, name, None)):
+            raise Failure(f"{name} is missing or not a function")
+    for name, (what, shape, args, isa, hint) in _MMA_LAYOUTS.items():
+        with run.case(f"{name}: {what}, every lane", hint=hint):
+            seen: dict[tuple[int, int], tuple] = {}
+            for a in args:
+                got = _call(getattr(mod, name), name, *a)
+                if (not isinstance(got, tuple) or len(got) != 2
+                        or not all(isinstance(v, int) and not isinstance(v, bool) for v in got)):
+                    raise Failure(f"{name}{a} returned {got!r}: a (row, column) tuple of two ints")
+                if not (0 <= got[0] < shape[0] and 0 <= got[1] < shape[1]):
+                    raise Failure(f"{name}{a} = {got}, outside the {shape[0]} x {shape[1]} tile")
+                if got in seen:
+                    raise Failure(f"{name}{seen[got]} and {name}{a} are both {got}: each element of the tile "
+                                  "is held by exactly one lane and register")
+                seen[got] = a
+                want = isa(*a)
+                if got != want:
+                    lane = a[0]
+                    raise Failure(f"{name}{a} = {got}, the PTX ISA puts element {want} there (lane {lane}: "
+                                  f"g = {lane // 4}, t = {lane % 4})")
+
+
+mma_layout = Exercise(
+    id="part3.tensor-cores.14", title="Where mma.sync's fragments live", difficulty=2, kind="python",
+    files=("part3/mma_layout.py",),
+    task="mma.sync.m16n8k16 takes A (16 x 16), B (16 x 8) and C (16 x 8) spread over the 32 lanes of a warp, each "
+         "element at a place the PTX ISA fixes in terms of g = lane // 4 and t = lane % 4. Write the (row, column) "
+         "that each lane's sums of C, and each half of its registers of A and B, hold.",
+    hint="C: (g + 8 (e // 2), 2t + e % 2); A: (g + 8 (r % 2), 2t + 8 (r // 2) + h); B: (2t + 8 r + h, g)",
+    check=_check_mma_layout,
+    planted={"c_rows_by_t": "the PTX ISA puts element", "a_regs_k_first": "a_coords(",
+             "b_as_rows": "b_coords("},
+)
+
+
 # ------------------------------------------------------------------------------------------- scan.10
 def _check_striped_scan(run: Run) -> None:
     import numpy as np
@@ -752,4 +811,4 @@ striped_scan = Exercise(
 
 
 EXERCISES = [metrics, fused_intensity, gemm_intensity, scan_work, warp_scan, atomic_sum, matmul_cuda, validate,
-             hist_per_warp, ncu_counters, pipeline_time, hoisted_ldmatrix, striped_scan]
+             hist_per_warp, ncu_counters, pipeline_time, hoisted_ldmatrix, striped_scan, mma_layout]
