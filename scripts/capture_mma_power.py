@@ -29,8 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+import snippets.part3.wmma_v7  # noqa: E402,F401  (registers wmma_gemm v7)
 from snippets.bench.captures import record  # noqa: E402
-from snippets.op_index import get_op  # noqa: E402
+from snippets.part3.mma_rate import mma_rate  # noqa: E402
+from snippets.part3.wmma import wmma_gemm  # noqa: E402
+
+# the ops by name, imported directly (not through snippets.op_index, whose every new op would mark
+# this capture stale: a capture's hash covers the modules its script imports)
+OPS = {"mma_rate": mma_rate, "wmma_gemm": wmma_gemm}
 
 # (label, op, version, size): what runs; None takes the op's headline
 KERNELS = (("mma_rate v1 (registers)", "mma_rate", "v1", None),
@@ -104,7 +110,7 @@ def main() -> None:
              f"{'kernel':26} {'TFLOP/s':>8} {'SM MHz':>7} {'power W':>8} {'FLOP/SM/cycle':>14} "
              f"{'TFLOP/J':>8}  clock-event reasons"]
     for label, op_name, version, size in KERNELS:
-        op = get_op(op_name)
+        op = OPS[op_name]
         size = size or op.headline
         gen = torch.Generator().manual_seed(0)
         inputs = op.make_inputs(size, torch.float16, dev, gen)
