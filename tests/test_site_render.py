@@ -124,15 +124,15 @@ def test_gpu_short_names():
 def test_library_versions_are_marked_and_never_the_books_best(tmp_path):
     # torch.compile and Liger-Kernel are libraries even where they generate Triton
     assert origin_of(OPS["rmsnorm"], "v1") == "library" and origin_of(OPS["rmsnorm"], "v2") == "library"
-    assert origin_of(OPS["rmsnorm"], "v3") == "book" and origin_of(OPS["rmsnorm"], "v0") == "library"
-    fake_results(tmp_path, "rmsnorm")  # the fixture makes the last version fastest: ms = 1 / (k + 1)
+    assert origin_of(OPS["rmsnorm"], "v4") == "book" and origin_of(OPS["rmsnorm"], "v0") == "library"
+    fake_results(tmp_path, "rmsnorm")  # the fixture makes the last version (v4) fastest: ms = 1 / (k + 1)
     data = json.loads((tmp_path / "test-gpu.json").read_text())
     for r in data["ops"]["rmsnorm"]["records"]:  # make the library's v2 the fastest of all
         if r["impl"] == "v2":
             r["ms"], r["value"] = r["ms"] / 100, r["value"] * 100
     (tmp_path / "test-gpu.json").write_text(json.dumps(data))
     md = site.render_page("<!-- bench:headline rmsnorm dtype=float32 -->\n", "p.md", tmp_path)
-    assert "book's best: **v3**" in md and "library's best: **v2**" in md
+    assert "book's best: **v4**" in md and "library's best: **v2**" in md
 
 
 def test_long_captured_output_is_folded(tmp_path):
@@ -159,7 +159,7 @@ def test_report_credits_a_library_result_to_the_library(tmp_path):
             r["ms"], r["value"] = r["ms"] / 100, r["value"] * 100
     (tmp_path / "test-gpu.json").write_text(json.dumps(data))
     rec = next(r for r in report.report(tmp_path) if r["op"] == "rmsnorm" and r["device"])
-    assert rec["best_impl"] == "v3" and rec["library_impl"] == "v2" and rec["book_vs_library"] < 1
+    assert rec["best_impl"] == "v4" and rec["library_impl"] == "v2" and rec["book_vs_library"] < 1
     row = site.render_summary(tmp_path)
     line = next(x for x in row.splitlines() if "`rmsnorm`" in x)
-    assert "| v3 Triton" in line and "| v2 Triton |" in line
+    assert "| v4 Triton" in line and "| v2 Triton |" in line
