@@ -154,17 +154,23 @@ def scan_reduce_then_scan(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _launch_lookback(x: torch.Tensor, kernel: str) -> torch.Tensor:
-    """The single-pass scans: one block per tile and a zeroed status array (a tile counter, then one
-    word per tile)."""
+def launch_lookback(name: str, x: torch.Tensor, threads: int, tile: int, file: str = CU_FILE,
+                    options: tuple[str, ...] = CU_OPTIONS) -> torch.Tensor:
+    """The single-pass scans (v5 to v8, v10, v11): one block of ``threads`` per ``tile`` elements
+    and a zeroed status array (a tile counter, then one word per tile). Each block takes its tile
+    number from the counter, not from blockIdx.x. The kernel is ``<name>_f32`` or ``<name>_i32`` of
+    ``csrc/<file>`` compiled with ``options``."""
+    refuse_grad(name, x, instead="torch.cumsum")
     cuda.require_gpu()
     check_scan_input(x, "cuda")
     n = x.numel()
     out = torch.empty_like(x)
-    tiles = triton.cdiv(n, RTS_TILE)
+    tiles = triton.cdiv(n, tile)
     # [0]: tile counter; then one word per tile
     state = torch.zeros(tiles + 1, dtype=torch.int64, device=x.device)
-    cuda.launch(_kernel(kernel, x.dtype), tiles, RTS_THREADS, (x, out, state, np.int64(n)))
+    with torch.cuda.device(x.device):
+        fn = cuda.kernel(file, f"{name}_{SUFFIX[x.dtype]}", options)
+        cuda.launch(fn, tiles, threads, (x, out, state, np.int64(n)))
     return out
 
 
@@ -172,40 +178,23 @@ def scan_lookback(x: torch.Tensor) -> torch.Tensor:
     """v5: like v3, but one pass: each tile publishes its sum, then its inclusive prefix, in a
     zeroed status array, and finds its offset by looking back at its predecessors, one at a time. x
     is read once."""
-    refuse_grad("scan_lookback", x, instead="torch.cumsum")
-    return _launch_lookback(x, "scan_lookback")
+    return launch_lookback("scan_lookback", x, RTS_THREADS, RTS_TILE)
 
 
 def scan_lookback_warp(x: torch.Tensor) -> torch.Tensor:
     """v6: like v5, but a whole warp looks back, 32 predecessors per round trip to L2 instead of
     one: the look-back of one thread was a chain of dependent loads that the whole block waited for.
     It also scans each tile once instead of twice."""
-    refuse_grad("scan_lookback_warp", x, instead="torch.cumsum")
-    return _launch_lookback(x, "scan_lookback_warp")
+    return launch_lookback("scan_lookback_warp", x, RTS_THREADS, RTS_TILE)
 # --8<-- [end:rts_launch]
 
 
 # --8<-- [start:v7_launch]
-def _lookback_tiles(name: str, x: torch.Tensor, threads: int, tile: int) -> torch.Tensor:
-    """v7 and v8: one block of ``threads`` per ``tile`` elements, each taking its tile number from
-    the counter in state[0]."""
-    refuse_grad(name, x, instead="torch.cumsum")
-    cuda.require_gpu()
-    check_scan_input(x, "cuda")
-    n = x.numel()
-    out = torch.empty_like(x)
-    tiles = triton.cdiv(n, tile)
-    # [0]: tile counter; then one word per tile, as in v5 and v6
-    state = torch.zeros(tiles + 1, dtype=torch.int64, device=x.device)
-    cuda.launch(_kernel(name, x.dtype), tiles, threads, (x, out, state, np.int64(n)))
-    return out
-
-
 def scan_lookback_v7(x: torch.Tensor) -> torch.Tensor:
     """v7: like v6, but CUB's recipe: V7_TILE-element tiles (512 threads x 16) read and written
     with 16-byte vectors, the tile's sum published after one block barrier instead of three, and
     the look-back warp's wait overlapped with the other warps' local work. x is read once."""
-    return _lookback_tiles("scan_lookback_v7", x, V7_THREADS, V7_TILE)
+    return launch_lookback("scan_lookback_v7", x, V7_THREADS, V7_TILE)
 # --8<-- [end:v7_launch]
 
 
@@ -213,7 +202,7 @@ def scan_lookback_v7(x: torch.Tensor) -> torch.Tensor:
 def scan_lookback_v8(x: torch.Tensor) -> torch.Tensor:
     """v8: v7's kernel with the same 8192-element tile as 256 threads x 32: half the warps, twice
     the 16-byte loads in flight per thread."""
-    return _lookback_tiles("scan_lookback_v8", x, V8_THREADS, V8_TILE)
+    return launch_lookback("scan_lookback_v8", x, V8_THREADS, V8_TILE)
 # --8<-- [end:v8_launch]
 
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 import torch
 
 from snippets import cuda
-from snippets.part3.scan import SINGLE, scan
-from snippets.part3.scan_v10 import launch_tiles
+from snippets.part3.scan import SINGLE, launch_lookback, scan
 from snippets.registry import Impl
 
 V11_FILE = "scan/scan_v11.cu"
@@ -33,8 +32,8 @@ V11_OPTIONS = cuda.defines(V11_FILE, V11_THREADS=V11_THREADS, V11_ITEMS=V11_ITEM
 # --8<-- [start:launch]
 def scan_lookback_v11(x: torch.Tensor) -> torch.Tensor:
     """v11: one block per V11_TILE elements, each taking its tile number from the counter in
-    state[0] and scanning its rows where they were loaded (v10's launch)."""
-    return launch_tiles("scan_lookback_v11", x, V11_FILE, V11_OPTIONS, V11_THREADS, V11_TILE)
+    state[0] and scanning its rows where they were loaded."""
+    return launch_lookback("scan_lookback_v11", x, V11_THREADS, V11_TILE, V11_FILE, V11_OPTIONS)
 # --8<-- [end:launch]
 
 
